@@ -1,0 +1,73 @@
+// Shared run options: parsing into RunSpec and ProbePlan.
+#include "harness/cli/run_options.h"
+
+#include "harness/model/errors.h"
+
+namespace mla::cli {
+
+std::vector<std::string> split_list(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const auto next = s.find(sep, pos);
+    const std::string item = s.substr(pos, next == std::string::npos ? std::string::npos : next - pos);
+    if (!item.empty()) out.push_back(item);
+    if (next == std::string::npos) break;
+    pos = next + 1;
+  }
+  return out;
+}
+
+void add_run_options(CLI::App& app, RunOptions& o) {
+  app.add_option("--model", o.model, "Preset (deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, glm-4.7-flash, "
+                                      "glm-5, tiny) or a path to an HF config.json")->capture_default_str();
+  app.add_option("--mode", o.mode, "prefill | decode | chunked")->capture_default_str();
+  app.add_option("--attention", o.attention, "Attention form: mha (prefill form) or absorbed (MQA over the latent "
+                                             "cache); default mha for prefill/chunked, absorbed for decode");
+  app.add_option("--tokens", o.tokens, "New tokens per sequence (default: 64 prefill, 1 decode, 32 chunked)");
+  app.add_option("--batch", o.batch, "Sequences in the step")->capture_default_str();
+  app.add_option("--context", o.context, "Cached tokens per sequence before the step: one value or a comma list "
+                                         "(default: 200 decode, 100 chunked, 0 prefill)");
+  app.add_option("--tp", o.tp, "Tensor-parallel ranks (heads must divide)")->capture_default_str();
+  app.add_option("--layers", o.layers, "Stacked layers (> 1: each starts at h with input_layernorm)")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the synthetic inputs")->capture_default_str();
+  app.add_option("--weight-seed", o.weight_seed, "Seed of the synthetic weights")->capture_default_str();
+  app.add_option("--probe-level", o.probe_level, "stats | sketch | full")->capture_default_str();
+  app.add_option("--full-probes", o.full_probes, "Comma list of probes captured in full regardless of --probe-level");
+}
+
+RunSpec RunOptions::to_spec() const {
+  RunSpec s;
+  s.mode = parse_mode(mode);
+  s.form = attention.empty() ? default_form(s.mode) : parse_form(attention);
+  s.tp = tp;
+  s.layers = layers;
+  s.batch = batch;
+  s.seed = seed;
+  s.tokens = tokens > 0 ? tokens
+             : s.mode == Mode::Mode_prefill ? 64
+             : s.mode == Mode::Mode_decode  ? 1
+                                            : 32;
+  if (tokens < 0) throw UsageError("--tokens must be positive, got " + std::to_string(tokens));
+  for (const auto& c : split_list(context)) {
+    try {
+      size_t used = 0;
+      const int v = std::stoi(c, &used);
+      if (used != c.size()) throw std::invalid_argument(c);
+      s.context.push_back(v);
+    } catch (const std::exception&) {
+      throw UsageError("--context: '" + c + "' is not an integer");
+    }
+  }
+  if (s.context.empty() && s.mode != Mode::Mode_prefill) s.context = {s.mode == Mode::Mode_decode ? 200 : 100};
+  return s;
+}
+
+ProbePlan RunOptions::to_plan() const {
+  ProbePlan p;
+  p.level = parse_probe_level(probe_level);
+  for (auto& n : split_list(full_probes)) p.full.insert(n);
+  return p;
+}
+
+}  // namespace mla::cli

@@ -1,0 +1,35 @@
+// Options shared by every command that runs an engine (run, bench, and later bisect, golden).
+#pragma once
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "harness/model/batch.h"
+#include "harness/model/config.h"
+#include "probes/probe.h"
+
+namespace mla::cli {
+
+struct RunOptions {
+  std::string model = "deepseek-v3";
+  std::string mode = "prefill";
+  std::string attention;  // empty: the mode's default
+  int tokens = 0;         // 0: the mode's default
+  int batch = 1;
+  std::string context;    // "L" or "L1,L2,..."
+  int tp = 1;
+  int layers = 1;
+  uint64_t seed = 0;
+  uint64_t weight_seed = 0;
+  std::string probe_level = "sketch";
+  std::string full_probes;  // comma list
+
+  RunSpec to_spec() const;   // throws UsageError
+  ProbePlan to_plan() const;
+};
+
+void add_run_options(CLI::App& app, RunOptions& o);
+std::vector<std::string> split_list(const std::string& s, char sep = ',');
+
+}  // namespace mla::cli

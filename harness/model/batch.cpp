@@ -1,0 +1,78 @@
+// Token layout and block table of a step.
+#include "harness/model/batch.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "harness/model/errors.h"
+
+namespace mla {
+
+int Batch::first_token(int b) const {
+  int t = 0;
+  for (int i = 0; i < b; ++i) t += new_lens[i];
+  return t;
+}
+
+GraphShape RunSpec::graph_shape() const {
+  GraphShape g;
+  g.tokens = static_cast<int64_t>(tokens) * batch;
+  g.mode = mode;
+  g.form = form;
+  g.input_norm = input_norm || layers > 1;
+  return g;
+}
+
+void RunSpec::validate(const MlaConfig& cfg) const {
+  cfg.validate_tp(tp);
+  if (tokens <= 0) throw UsageError("--tokens must be positive, got " + std::to_string(tokens));
+  if (batch <= 0) throw UsageError("--batch must be positive, got " + std::to_string(batch));
+  if (layers <= 0) throw UsageError("--layers must be positive, got " + std::to_string(layers));
+  if (position_offset < 0) throw UsageError("--position-offset must be >= 0");
+  if (!context.empty() && static_cast<int>(context.size()) != 1 && static_cast<int>(context.size()) != batch)
+    throw UsageError("--context has " + std::to_string(context.size()) + " values for --batch " +
+                     std::to_string(batch) + " (give one value, or one per sequence)");
+  for (int c : context)
+    if (c < 0) throw UsageError("--context values must be >= 0, got " + std::to_string(c));
+  if (mode == Mode::Mode_prefill)
+    for (int c : context)
+      if (c != 0) throw UsageError("--context is for decode and chunked modes; prefill starts with an empty cache");
+  if (static_cast<int64_t>(tokens) * batch > (1 << 22))
+    throw UsageError("--tokens x --batch is larger than 4M tokens");
+}
+
+Batch make_batch(const RunSpec& spec) {
+  Batch b;
+  const int B = spec.batch;
+  b.new_lens.assign(B, spec.tokens);
+  b.context_lens.assign(B, 0);
+  for (int i = 0; i < B; ++i)
+    if (!spec.context.empty()) b.context_lens[i] = spec.context.size() == 1 ? spec.context[0] : spec.context[i];
+  int total_pages = 0;
+  for (int i = 0; i < B; ++i) {
+    const int len = b.context_lens[i] + b.new_lens[i];
+    b.max_blocks = std::max(b.max_blocks, (len + kPageSize - 1) / kPageSize);
+    total_pages += (len + kPageSize - 1) / kPageSize;
+  }
+  b.max_blocks += 1;  // one spare slot per row: out-of-range reads land on a real (spare) page
+  b.num_blocks = total_pages + 1;
+  std::vector<int> ids(b.num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937_64 rng(spec.seed * 7919 + 17);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const int spare = ids.back();
+  b.block_table.assign(static_cast<size_t>(B) * b.max_blocks, spare);
+  int next = 0;
+  for (int i = 0; i < B; ++i) {
+    const int len = b.context_lens[i] + b.new_lens[i];
+    for (int j = 0; j < (len + kPageSize - 1) / kPageSize; ++j) b.block_table[i * b.max_blocks + j] = ids[next++];
+    for (int t = 0; t < b.new_lens[i]; ++t) {
+      b.positions.push_back(spec.mode == Mode::Mode_prefill ? spec.position_offset + t : b.context_lens[i] + t);
+      b.token_seq.push_back(i);
+    }
+  }
+  return b;
+}
+
+}  // namespace mla

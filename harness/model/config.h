@@ -1,0 +1,73 @@
+// MlaConfig: the dimensions and constants of one MLA attention block (MLA.md §11), its presets,
+// HF config.json parsing, validation, and the values derived once (YaRN frequencies, softmax scale).
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace mla {
+
+enum class RopeScaling { RopeScaling_none, RopeScaling_yarn };
+// How the R rope lanes are paired: (2i, 2i+1) in checkpoints (DeepSeek, vLLM is_neox_style=False),
+// or (i, i+R/2) "rotate half" (neox). MLA.md §3.
+enum class RopeStyle { RopeStyle_interleaved, RopeStyle_neox };
+
+struct YarnParams {
+  double factor = 1.0;            // s
+  int original_max_position = 0;  // O
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+};
+
+struct MlaConfig {
+  std::string name;        // preset name or the path it came from
+  std::string model_type;  // HF model_type (deepseek_v3, glm_moe_dsa, ...)
+  int hidden = 0;          // H
+  int heads = 0;           // N
+  int q_lora_rank = 0;     // Lq; 0 = no q LoRA (q_proj directly from x)
+  int kv_lora_rank = 0;    // L
+  int qk_nope = 0;         // P
+  int qk_rope = 0;         // R
+  int v_head = 0;          // V
+  int num_layers = 1;      // of the real model (informational)
+  double rope_theta = 10000.0;
+  double rms_eps = 1e-6;
+  RopeScaling rope_scaling = RopeScaling::RopeScaling_none;
+  YarnParams yarn;
+  RopeStyle rope_style = RopeStyle::RopeStyle_interleaved;
+  int index_topk = 0;  // DSA (GLM-5, V3.2): parsed, not modelled
+
+  // Derived by derive(); never set by hand.
+  std::vector<double> inv_freq;  // [R/2] after YaRN
+  double rope_mscale = 1.0;      // cos/sin multiplier: get_mscale(s, mscale) / get_mscale(s, mscale_all_dim)
+  double softmax_scale = 0.0;    // get_mscale(s, mscale_all_dim)^2 / sqrt(P + R)
+  int yarn_low = 0, yarn_high = 0;
+
+  int qk_head() const { return qk_nope + qk_rope; }      // D = P + R
+  int cache_row() const { return kv_lora_rank + qk_rope; }  // 576 for every real model
+  bool has_q_lora() const { return q_lora_rank > 0; }
+
+  void derive();                    // compute the derived values; call after any change
+  void validate() const;            // throws UsageError naming the bad field
+  void validate_tp(int tp) const;   // N % tp == 0, else UsageError naming heads and tp
+  nlohmann::json to_json() const;
+};
+
+double yarn_get_mscale(double scale, double mscale);
+// dim(β) of MLA.md §3 (HF yarn_find_correction_dim).
+double yarn_correction_dim(double num_rotations, int dim, double base, int original_max_position);
+
+std::vector<std::string> preset_names();
+std::optional<MlaConfig> find_preset(const std::string& name);
+
+// HF config.json text (DeepSeek-V2/V3, Kimi-K2, glm4_moe_lite, glm_moe_dsa). `origin` names the file in errors.
+MlaConfig parse_hf_config(const std::string& json_text, const std::string& origin);
+MlaConfig config_from_json(const nlohmann::json& j);  // our own to_json() form (dumps)
+// A preset name, or a path to config.json (or a directory holding one).
+MlaConfig load_model_config(const std::string& spec);
+
+}  // namespace mla

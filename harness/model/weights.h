@@ -1,0 +1,33 @@
+// The MLA weights of one layer, global (unsharded) and FP32, stored [out, in] (MLA.md conventions),
+// and the head-block slices a tensor-parallel rank holds (MLA.md §9).
+#pragma once
+#include <vector>
+
+#include "harness/model/config.h"
+#include "harness/model/tensor.h"
+
+namespace mla {
+
+struct LayerWeights {
+  Tensor input_norm;  // [H] input_layernorm (empty when the layer starts at x)
+  Tensor q_a_proj;    // [Lq, H]            (empty without q LoRA)
+  Tensor q_a_norm;    // [Lq]
+  Tensor q_b_proj;    // [N*(P+R), Lq], or q_proj [N*(P+R), H] without q LoRA; rows grouped per head
+  Tensor kv_a_proj;   // [L+R, H]  kv_a_proj_with_mqa
+  Tensor kv_a_norm;   // [L]
+  Tensor kv_b_proj;   // [N*(P+V), L]; per head P k_nope rows then V v rows
+  Tensor o_proj;      // [H, N*V]
+};
+
+// Rank `rank` of `tp`: column-parallel slices of q_b/q_proj and kv_b (head blocks), the row-parallel
+// slice of o_proj (its input columns), everything else replicated.
+LayerWeights shard_layer(const LayerWeights& w, const MlaConfig& cfg, int tp, int rank);
+
+// Seeded synthetic weights: N(0,1)/sqrt(fan_in), norm weights 1 + N(0, 0.1); bf16-exact values
+// (checkpoints are bf16, so a bf16 engine sees exactly what the FP32 reference sees).
+std::vector<LayerWeights> synthetic_weights(const MlaConfig& cfg, int layers, bool input_norm, uint64_t seed);
+
+// Counter-based normal numbers: value i of stream (seed, stream) — reproducible on any machine.
+void fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, float stddev);
+
+}  // namespace mla

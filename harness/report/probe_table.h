@@ -1,0 +1,50 @@
+// A probe sink that keeps per-probe summaries and prints them as a terminal table (the `run` command),
+// and a progress line for terminals.
+#pragma once
+#include <chrono>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "probes/probe.h"
+
+namespace mla {
+
+struct ProbeSummary {
+  int layer = 0;
+  std::string name;
+  std::string contract;
+  std::vector<int64_t> shape;  // global
+  std::string dtype;
+  double l2 = 0, absmax = 0;   // over the gathered tensor (partials: rank 0's, until compare gathers them)
+  int64_t nan = 0, inf = 0;
+  int ranks = 0;
+};
+
+class TableSink : public ProbeSink {
+ public:
+  void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  const std::vector<ProbeSummary>& rows() const { return rows_; }
+  void print(std::ostream& os) const;
+
+ private:
+  std::vector<ProbeSummary> rows_;
+  std::vector<double> sumsq_;
+};
+
+// Forwards to another sink and draws "layer l/N stage s rank r" on stderr when it is a terminal.
+class ProgressSink : public ProbeSink {
+ public:
+  ProgressSink(ProbeSink& inner, int layers, int stages, int tp);
+  void stage_begin(int layer, Stage stage, int rank) override;
+  void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  void finish(const std::string& status) override;
+
+ private:
+  ProbeSink& inner_;
+  int layers_, stages_, tp_, done_ = 0;
+  bool tty_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+}  // namespace mla

@@ -1,0 +1,32 @@
+// The Runner owns the dataflow of a run: it walks the stage graph layer by layer, stage by stage, rank by
+// rank, hands each stage to the engine, and sends every probe to the sink.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "harness/model/inputs.h"
+#include "harness/model/stage_graph.h"
+#include "harness/model/weights.h"
+#include "harness/run/engine.h"
+#include "probes/probe.h"
+
+namespace mla {
+
+class Runner {
+ public:
+  Runner(const MlaConfig& cfg, const RunSpec& spec);  // validates: throws UsageError
+  const StageGraph& graph() const { return graph_; }
+
+  // Called before each stage of each rank; isolation uses it to upload reference inputs.
+  using BeforeStage = std::function<void(Engine&, const StageSpec&, int layer, int rank)>;
+
+  void run(Engine& engine, const std::vector<LayerWeights>& weights, const Inputs& inputs, const ProbePlan& plan,
+           ProbeSink& sink, const BeforeStage& before = nullptr) const;
+
+ private:
+  MlaConfig cfg_;
+  RunSpec spec_;
+  StageGraph graph_;
+};
+
+}  // namespace mla

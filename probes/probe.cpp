@@ -1,0 +1,138 @@
+// Host-side probe statistics and sketches (the reference engine's, and the checker for the GPU ones).
+#include "probes/probe.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "harness/model/errors.h"
+
+namespace mla {
+
+const char* probe_level_name(ProbeLevel l) {
+  switch (l) {
+    case ProbeLevel::ProbeLevel_stats: return "stats";
+    case ProbeLevel::ProbeLevel_sketch: return "sketch";
+    case ProbeLevel::ProbeLevel_full: return "full";
+  }
+  return "?";
+}
+
+ProbeLevel parse_probe_level(const std::string& s) {
+  if (s == "stats") return ProbeLevel::ProbeLevel_stats;
+  if (s == "sketch") return ProbeLevel::ProbeLevel_sketch;
+  if (s == "full") return ProbeLevel::ProbeLevel_full;
+  throw UsageError("unknown probe level '" + s + "' (expected stats, sketch or full)");
+}
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
+  auto p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t probe_key(const std::string& name) { return fnv1a(name.data(), name.size()); }
+
+static inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float sketch_coeff(uint64_t key, int64_t column, int lane) {
+  const uint64_t h = splitmix64(key ^ splitmix64(static_cast<uint64_t>(column) * kSketchDim + lane));
+  constexpr float kScale = 0.17677669529663687f;  // 1/sqrt(32)
+  return (h >> 63) ? kScale : -kScale;
+}
+
+ProbeRequest make_probe_request(const ProbeSpec& p, int tp, int rank, ProbeLevel level) {
+  ProbeRequest r;
+  r.level = level;
+  r.tokens = p.shape.empty() ? 0 : p.shape[0];
+  r.probe_key = probe_key(p.name);
+  const auto local = local_shape(p, tp);
+  if (p.heads_axis >= 0) r.heads = local[p.heads_axis];
+  if (p.contract == Contract::Contract_heads) {
+    const int64_t cols = r.tokens ? shape_numel(local) / r.tokens : 0;
+    r.col_offset = static_cast<int64_t>(rank) * cols;
+  }
+  return r;
+}
+
+ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, const ProbeRequest& req) {
+  ProbeRecord rec;
+  rec.shape = t.shape;
+  rec.dtype = dtype;
+  rec.level = req.level;
+  const int64_t n = t.numel();
+  const int64_t T = req.tokens > 0 ? req.tokens : 1;
+  const int64_t C = n / T;
+  double sum = 0, sumsq = 0, amax = 0;
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = t.data[i];
+    if (std::isnan(v)) { ++rec.nan; }
+    else if (std::isinf(v)) { ++rec.inf; }
+    else {
+      sum += v;
+      sumsq += static_cast<double>(v) * v;
+      amax = std::max(amax, static_cast<double>(std::fabs(v)));
+    }
+    if (dtype == "bf16") {
+      const uint16_t b = to_bf16_bits(v);
+      h = fnv1a(&b, 2, h);
+    } else if (dtype == "fp16") {
+      const uint16_t b = to_fp16_bits(v);
+      h = fnv1a(&b, 2, h);
+    } else {
+      h = fnv1a(&v, 4, h);
+    }
+  }
+  const int64_t finite = n - rec.nan - rec.inf;
+  rec.l2 = std::sqrt(sumsq);
+  rec.absmax = amax;
+  rec.mean = finite ? sum / finite : 0.0;
+  rec.std = finite ? std::sqrt(std::max(0.0, sumsq / finite - rec.mean * rec.mean)) : 0.0;
+  rec.checksum = h;
+
+  // Non-finite values propagate into the per-token maps on purpose: a NaN token shows as NaN.
+  rec.token_l2.assign(T, 0.f);
+  for (int64_t r = 0; r < T; ++r) {
+    double s = 0;
+    for (int64_t c = 0; c < C; ++c) s += static_cast<double>(t.data[r * C + c]) * t.data[r * C + c];
+    rec.token_l2[r] = static_cast<float>(std::sqrt(s));
+  }
+  if (req.heads > 0) {
+    const int64_t X = C / req.heads;
+    rec.head_l2.assign(T * req.heads, 0.f);
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t hd = 0; hd < req.heads; ++hd) {
+        double s = 0;
+        const float* p = t.ptr() + r * C + hd * X;
+        for (int64_t c = 0; c < X; ++c) s += static_cast<double>(p[c]) * p[c];
+        rec.head_l2[r * req.heads + hd] = static_cast<float>(std::sqrt(s));
+      }
+  }
+  if (req.level != ProbeLevel::ProbeLevel_stats) {
+    rec.sketch.assign(T * kSketchDim, 0.f);
+    std::vector<float> coeff(C * kSketchDim);
+    for (int64_t c = 0; c < C; ++c)
+      for (int k = 0; k < kSketchDim; ++k) coeff[c * kSketchDim + k] = sketch_coeff(req.probe_key, req.col_offset + c, k);
+    for (int64_t r = 0; r < T; ++r) {
+      double acc[kSketchDim] = {};
+      const float* row = t.ptr() + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const float* cf = &coeff[c * kSketchDim];
+        for (int k = 0; k < kSketchDim; ++k) acc[k] += static_cast<double>(row[c]) * cf[k];
+      }
+      for (int k = 0; k < kSketchDim; ++k) rec.sketch[r * kSketchDim + k] = static_cast<float>(acc[k]);
+    }
+  }
+  if (req.level == ProbeLevel::ProbeLevel_full) rec.data = t;
+  return rec;
+}
+
+}  // namespace mla

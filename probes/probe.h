@@ -1,0 +1,71 @@
+// Probe records: what a run captured at one probe, on one rank. Stats always; a sketch (per-token random
+// projection) by default; the full tensor on request. Engines compute these on their own side.
+#pragma once
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness/model/stage_graph.h"
+#include "harness/model/tensor.h"
+
+namespace mla {
+
+enum class ProbeLevel { ProbeLevel_stats, ProbeLevel_sketch, ProbeLevel_full };
+const char* probe_level_name(ProbeLevel l);
+ProbeLevel parse_probe_level(const std::string& s);
+
+constexpr int kSketchDim = 32;  // k of the per-token projection
+
+// What to capture at a probe, and where this rank's shard sits in the global row.
+struct ProbeRequest {
+  ProbeLevel level = ProbeLevel::ProbeLevel_sketch;
+  int64_t tokens = 0;      // T (first axis)
+  int64_t heads = 0;       // heads held by this rank (0: no heads axis)
+  int64_t col_offset = 0;  // this shard's first column in the global [T, C] row layout
+  uint64_t probe_key = 0;  // hash of the probe name: seeds the sketch matrix
+};
+
+ProbeRequest make_probe_request(const ProbeSpec& p, int tp, int rank, ProbeLevel level);
+
+struct ProbeRecord {
+  std::vector<int64_t> shape;  // this rank's shape
+  std::string dtype;           // the engine's dtype for this tensor (fp32, bf16, ...)
+  double l2 = 0, absmax = 0, mean = 0, std = 0;
+  int64_t nan = 0, inf = 0;
+  uint64_t checksum = 0;        // FNV-1a over the engine's raw bytes
+  std::vector<float> token_l2;  // [T]
+  std::vector<float> head_l2;   // [T, heads] (empty without a heads axis)
+  std::vector<float> sketch;    // [T, kSketchDim] (empty below sketch level)
+  Tensor data;                  // full level only: the tensor as float32
+  ProbeLevel level = ProbeLevel::ProbeLevel_stats;
+};
+
+// Sketch matrix entry for global column c, sketch lane k: ±1/sqrt(k) from a counter hash. Never stored.
+float sketch_coeff(uint64_t probe_key, int64_t column, int lane);
+uint64_t probe_key(const std::string& probe_name);
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
+
+// Host implementation (the reference engine's, and the fallback for any engine): `dtype` says which raw
+// bytes the checksum covers (bf16/fp16 values are hashed as their 16-bit patterns).
+ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, const ProbeRequest& req);
+
+// Which probes get which level in a run.
+struct ProbePlan {
+  ProbeLevel level = ProbeLevel::ProbeLevel_sketch;
+  std::set<std::string> full;  // probes captured in full regardless of level
+  ProbeLevel level_for(const std::string& probe) const {
+    return full.count(probe) ? ProbeLevel::ProbeLevel_full : level;
+  }
+};
+
+// Receives every probe a run records, in graph order, and the progress markers.
+class ProbeSink {
+ public:
+  virtual ~ProbeSink() = default;
+  virtual void stage_begin(int /*layer*/, Stage /*stage*/, int /*rank*/) {}
+  virtual void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) = 0;
+  virtual void finish(const std::string& /*status*/) {}
+};
+
+}  // namespace mla

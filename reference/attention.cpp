@@ -1,0 +1,137 @@
+// Softmax attention (MLA.md §5-8): the shared core `attend`, the LSE merge, and both forms.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "reference/stages.h"
+
+namespace mla::ref {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Rows [t0, t0+n) of x [T, X...] as a tensor [n, X...].
+Tensor rows_of(const Tensor& x, int64_t t0, int64_t n) {
+  auto shape = x.shape;
+  const int64_t per = x.numel() / x.dim(0);
+  shape[0] = n;
+  Tensor out(shape);
+  std::memcpy(out.ptr(), x.ptr() + t0 * per, sizeof(float) * n * per);
+  return out;
+}
+
+// [T, n, A] ++ [T, n or 1, B] along the last axis -> [T, n, A+B] (a 1 in b's middle axis broadcasts).
+Tensor concat_last(const Tensor& a, const Tensor& b) {
+  const int64_t T = a.dim(0), n = a.dim(1), A = a.dim(2), B = b.dim(-1);
+  const bool bcast = b.rank() == 2 || b.dim(1) == 1;
+  Tensor out({T, n, A + B});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < n; ++h) {
+      float* dst = out.ptr() + (t * n + h) * (A + B);
+      std::memcpy(dst, a.ptr() + (t * n + h) * A, sizeof(float) * A);
+      std::memcpy(dst + A, b.ptr() + (bcast ? t : t * n + h) * B, sizeof(float) * B);
+    }
+  return out;
+}
+
+void copy_rows_into(Attn& dst, const Attn& src, int64_t t0) {
+  std::memcpy(dst.out.ptr() + t0 * (src.out.numel() / std::max<int64_t>(src.out.dim(0), 1)), src.out.ptr(),
+              sizeof(float) * src.out.numel());
+  std::memcpy(dst.lse.ptr() + t0 * (src.lse.numel() / std::max<int64_t>(src.lse.dim(0), 1)), src.lse.ptr(),
+              sizeof(float) * src.lse.numel());
+}
+}  // namespace
+
+Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal) {
+  const int64_t Tq = q.dim(0), Nl = q.dim(1), Dk = q.dim(2), Tk = k.dim(0), Dv = v.dim(-1);
+  const int64_t kh = k.rank() == 2 ? 1 : k.dim(1), vh = v.rank() == 2 ? 1 : v.dim(1);
+  Attn a{Tensor({Tq, Nl, Dv}), Tensor({Tq, Nl}, kNegInf)};
+  if (Tk == 0) return a;
+  using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+  for (int64_t h = 0; h < Nl; ++h) {
+    Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
+    Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));
+    Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
+    RowMatrix S = (Q * K.transpose()) * static_cast<float>(scale);  // [Tq, Tk]
+    for (int64_t i = 0; i < Tq; ++i) {
+      const int64_t visible = causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk;
+      float m = kNegInf;
+      for (int64_t j = 0; j < visible; ++j) m = std::max(m, S(i, j));
+      float sum = 0.f;
+      for (int64_t j = 0; j < Tk; ++j) {
+        S(i, j) = (j < visible && m != kNegInf) ? std::exp(S(i, j) - m) : 0.f;
+        sum += S(i, j);
+      }
+      if (sum > 0.f) {
+        S.row(i) /= sum;
+        a.lse.data[i * Nl + h] = m + std::log(sum);
+      }
+    }
+    Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> O(a.out.ptr() + h * Dv, Tq, Dv, Eigen::OuterStride<>(Nl * Dv));
+    O.noalias() = S * Vm;
+  }
+  return a;
+}
+
+Attn merge_lse(const Attn& x, const Attn& y) {
+  Attn m{Tensor(x.out.shape), Tensor(x.lse.shape)};
+  const int64_t rows = x.lse.numel(), Dv = x.out.dim(-1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float lx = x.lse.data[r], ly = y.lse.data[r], mx = std::max(lx, ly);
+    if (mx == kNegInf) {  // both empty
+      m.lse.data[r] = kNegInf;
+      continue;
+    }
+    const float ex = std::exp(lx - mx), ey = std::exp(ly - mx);
+    const float wx = ex / (ex + ey);
+    for (int64_t d = 0; d < Dv; ++d)
+      m.out.data[r * Dv + d] = wx * x.out.data[r * Dv + d] + (1.0f - wx) * y.out.data[r * Dv + d];
+    m.lse.data[r] = mx + std::log(ex + ey);
+  }
+  return m;
+}
+
+Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& k_nope, const Tensor& k_pe_rope,
+                   const Tensor& v, const Tensor& cache, const Batch& batch, const Tensor& w_kvb_local,
+                   const MlaConfig& cfg) {
+  const int64_t T = q_nope.dim(0), Nl = q_nope.dim(1), L = cfg.kv_lora_rank;
+  Attn all{Tensor({T, Nl, static_cast<int64_t>(cfg.v_head)}), Tensor({T, Nl})};
+  const Tensor Q = concat_last(q_nope, q_pe_rope);  // [T, Nl, P+R]
+  const Tensor K = concat_last(k_nope, k_pe_rope);  // [T, Nl, P+R], k_pe broadcast over heads
+  for (int b = 0; b < batch.num_seqs(); ++b) {
+    const int64_t t0 = batch.first_token(b), n = batch.new_lens[b], ctx = batch.context_lens[b];
+    Attn part = attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale, true);
+    if (ctx > 0) {
+      // Context: latent rows from the cache, up-projected through kv_b_proj, attended without a mask.
+      const Tensor rows = gather_cache_rows(cache, batch, b, static_cast<int>(ctx));  // [ctx, L+R]
+      Tensor c_kv({ctx, L}), c_pe({ctx, static_cast<int64_t>(cfg.qk_rope)});
+      for (int64_t s = 0; s < ctx; ++s) {
+        std::memcpy(c_kv.ptr() + s * L, rows.ptr() + s * (L + cfg.qk_rope), sizeof(float) * L);
+        std::memcpy(c_pe.ptr() + s * cfg.qk_rope, rows.ptr() + s * (L + cfg.qk_rope) + L, sizeof(float) * cfg.qk_rope);
+      }
+      const KvB up = kv_b_proj(c_kv, w_kvb_local, cfg);
+      const Attn ctx_part = attend(rows_of(Q, t0, n), concat_last(up.k_nope, c_pe), up.v, cfg.softmax_scale, false);
+      part = merge_lse(part, ctx_part);
+    }
+    copy_rows_into(all, part, t0);
+  }
+  return all;
+}
+
+Attn attention_mqa(const Tensor& q_latent, const Tensor& q_pe_rope, const Tensor& cache, const Batch& batch,
+                   const MlaConfig& cfg) {
+  const int64_t T = q_latent.dim(0), Nl = q_latent.dim(1), L = cfg.kv_lora_rank, W = L + cfg.qk_rope;
+  Attn all{Tensor({T, Nl, L}), Tensor({T, Nl})};
+  const Tensor Q = concat_last(q_latent, q_pe_rope);  // [T, Nl, L+R]
+  for (int b = 0; b < batch.num_seqs(); ++b) {
+    const int64_t t0 = batch.first_token(b), n = batch.new_lens[b];
+    const int rows = batch.context_lens[b] + batch.new_lens[b];
+    const Tensor C = gather_cache_rows(cache, batch, b, rows);  // [rows, L+R]: key = whole row
+    Tensor values({rows, L});                                      // value = the first L lanes of the same row
+    for (int s = 0; s < rows; ++s) std::memcpy(values.ptr() + s * L, C.ptr() + s * W, sizeof(float) * L);
+    copy_rows_into(all, attend(rows_of(Q, t0, n), C, values, cfg.softmax_scale, true), t0);
+  }
+  return all;
+}
+
+}  // namespace mla::ref

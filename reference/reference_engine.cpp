@@ -1,0 +1,141 @@
+// Reference engine: dispatch of stages to reference/stages.h, per-rank state, precision emulation.
+#include "reference/reference_engine.h"
+
+#include "harness/model/errors.h"
+#include "reference/stages.h"
+
+namespace mla {
+
+ReferenceEngine::ReferenceEngine(const std::map<std::string, std::string>& options) {
+  for (auto& [k, v] : options) {
+    if (k == "precision") precision_ = parse_precision(v);
+    else throw UsageError("reference engine: unknown option '" + k + "' (known: precision=fp32|bf16|fp16)");
+  }
+}
+
+std::string ReferenceEngine::options() const { return std::string("precision=") + precision_name(precision_); }
+
+void ReferenceEngine::prepare(const RunContext& ctx) {
+  ctx_ = ctx;
+  const auto& cfg = *ctx.cfg;
+  const int tp = ctx.spec->tp;
+  weights_ = *ctx.weights;
+  if (precision_ != Precision::Precision_fp32)
+    for (auto& w : weights_)
+      for (Tensor* t : {&w.input_norm, &w.q_a_proj, &w.q_a_norm, &w.q_b_proj, &w.kv_a_proj, &w.kv_a_norm,
+                        &w.kv_b_proj, &w.o_proj})
+        round_in_place(*t, precision_);
+  ranks_.assign(tp, {});
+  for (int r = 0; r < tp; ++r) {
+    auto& rs = ranks_[r];
+    rs.cache = ctx.inputs->kv_cache;
+    for (auto& c : rs.cache) round_in_place(c, precision_);
+    if (tp > 1)
+      for (const auto& w : weights_) {
+        LayerWeights s;
+        const auto full = shard_layer(w, cfg, tp, r);
+        s.q_b_proj = full.q_b_proj;
+        s.kv_b_proj = full.kv_b_proj;
+        s.o_proj = full.o_proj;
+        rs.shards.push_back(std::move(s));
+      }
+    Tensor x = ctx.inputs->x;
+    round_in_place(x, precision_);
+    rs.tensors[ctx.graph->stages.front().outputs.front()] = std::move(x);
+  }
+}
+
+const Tensor& ReferenceEngine::sharded(int layer, int rank, const Tensor LayerWeights::*w) const {
+  return ranks_.size() > 1 ? ranks_[rank].shards[layer].*w : weights_[layer].*w;
+}
+
+Tensor& ReferenceEngine::get(int rank, const std::string& name) {
+  auto& m = ranks_.at(rank).tensors;
+  auto it = m.find(name);
+  if (it == m.end()) throw EngineError("reference engine: rank " + std::to_string(rank) + " has no tensor '" + name + "'");
+  return it->second;
+}
+
+void ReferenceEngine::put(int rank, const std::string& name, Tensor t) {
+  round_in_place(t, precision_);
+  ranks_.at(rank).tensors[name] = std::move(t);
+}
+
+Tensor ReferenceEngine::download(int rank, const std::string& name) { return get(rank, name); }
+
+void ReferenceEngine::upload(int rank, const std::string& name, const Tensor& t) { put(rank, name, t); }
+
+void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
+  const auto& cfg = *ctx_.cfg;
+  const auto& batch = ctx_.inputs->batch;
+  const auto& W = global(layer);
+  auto& cache = ranks_[rank].cache[layer];
+  switch (st.stage) {
+    case Stage::Stage_layer_input:
+      if (layer > 0) put(rank, st.outputs[0], get(rank, "h_out"));
+      break;
+    case Stage::Stage_input_norm: put(rank, "x", ref::rms_norm(get(rank, "h"), W.input_norm, cfg.rms_eps)); break;
+    case Stage::Stage_q_a_proj: put(rank, "q_a", ref::linear(get(rank, "x"), W.q_a_proj)); break;
+    case Stage::Stage_q_a_norm: put(rank, "q_c", ref::rms_norm(get(rank, "q_a"), W.q_a_norm, cfg.rms_eps)); break;
+    case Stage::Stage_q_b_proj:
+    case Stage::Stage_q_proj: {
+      const Tensor& in = get(rank, st.stage == Stage::Stage_q_b_proj ? "q_c" : "x");
+      auto q = ref::q_b_proj(in, sharded(layer, rank, &LayerWeights::q_b_proj), cfg);
+      put(rank, "q_nope", std::move(q.q_nope));
+      put(rank, "q_pe", std::move(q.q_pe));
+      break;
+    }
+    case Stage::Stage_kv_a_proj: {
+      auto kv = ref::kv_a_proj(get(rank, "x"), W.kv_a_proj, cfg);
+      put(rank, "kv_c", std::move(kv.kv_c));
+      put(rank, "k_pe", std::move(kv.k_pe));
+      break;
+    }
+    case Stage::Stage_kv_a_norm: put(rank, "kv_c_norm", ref::rms_norm(get(rank, "kv_c"), W.kv_a_norm, cfg.rms_eps)); break;
+    case Stage::Stage_rope:
+      put(rank, "q_pe_rope", ref::rope(get(rank, "q_pe"), batch.positions, cfg.inv_freq, cfg.rope_mscale, cfg.rope_style));
+      put(rank, "k_pe_rope", ref::rope(get(rank, "k_pe"), batch.positions, cfg.inv_freq, cfg.rope_mscale, cfg.rope_style));
+      break;
+    case Stage::Stage_cache_write:
+      put(rank, "kv_cache", ref::cache_write(cache, batch, get(rank, "kv_c_norm"), get(rank, "k_pe_rope")));
+      round_in_place(cache, precision_);
+      break;
+    case Stage::Stage_kv_b_proj: {
+      auto kv = ref::kv_b_proj(get(rank, "kv_c_norm"), sharded(layer, rank, &LayerWeights::kv_b_proj), cfg);
+      put(rank, "k_nope", std::move(kv.k_nope));
+      put(rank, "v", std::move(kv.v));
+      break;
+    }
+    case Stage::Stage_attention_mha: {
+      auto a = ref::attention_mha(get(rank, "q_nope"), get(rank, "q_pe_rope"), get(rank, "k_nope"), get(rank, "k_pe_rope"),
+                                  get(rank, "v"), cache, batch, sharded(layer, rank, &LayerWeights::kv_b_proj), cfg);
+      put(rank, "attn_out", std::move(a.out));
+      put(rank, "lse", std::move(a.lse));
+      break;
+    }
+    case Stage::Stage_q_absorb:
+      put(rank, "q_latent", ref::q_absorb(get(rank, "q_nope"), sharded(layer, rank, &LayerWeights::kv_b_proj), cfg));
+      break;
+    case Stage::Stage_attention_mqa: {
+      auto a = ref::attention_mqa(get(rank, "q_latent"), get(rank, "q_pe_rope"), cache, batch, cfg);
+      put(rank, "attn_latent", std::move(a.out));
+      put(rank, "lse", std::move(a.lse));
+      break;
+    }
+    case Stage::Stage_v_up:
+      put(rank, "attn_out", ref::v_up(get(rank, "attn_latent"), sharded(layer, rank, &LayerWeights::kv_b_proj), cfg));
+      break;
+    case Stage::Stage_o_proj:
+      put(rank, "o_partial", ref::o_proj(get(rank, "attn_out"), sharded(layer, rank, &LayerWeights::o_proj)));
+      break;
+    case Stage::Stage_all_reduce: {
+      std::vector<const Tensor*> parts;
+      for (size_t r = 0; r < ranks_.size(); ++r) parts.push_back(&get(static_cast<int>(r), "o_partial"));
+      put(rank, "o", ref::all_reduce(parts));
+      break;
+    }
+    case Stage::Stage_residual: put(rank, "h_out", ref::residual(get(rank, "h"), get(rank, "o"))); break;
+  }
+}
+
+}  // namespace mla

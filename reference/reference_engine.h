@@ -1,0 +1,42 @@
+// The reference engine: the functions of reference/stages.h behind the Engine interface, with tensor
+// parallelism emulated (one tensor table and one weight shard per rank) and optional precision emulation
+// (stage outputs and weights rounded to bf16/fp16; accumulation stays fp32).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/run/engine.h"
+
+namespace mla {
+
+class ReferenceEngine : public Engine {
+ public:
+  explicit ReferenceEngine(const std::map<std::string, std::string>& options);
+  std::string name() const override { return "reference"; }
+  std::string options() const override;
+  std::string dtype() const override { return precision_name(precision_); }
+
+  void prepare(const RunContext& ctx) override;
+  void run_stage(const StageSpec& stage, int layer, int rank) override;
+  Tensor download(int rank, const std::string& name) override;
+  void upload(int rank, const std::string& name, const Tensor& t) override;
+
+ private:
+  struct RankState {
+    std::map<std::string, Tensor> tensors;  // by probe name, this rank's shard
+    std::vector<Tensor> cache;               // per layer [blocks, 64, L+R] (replicated: each rank its own)
+    std::vector<LayerWeights> shards;        // per layer; only the head-sharded weights are filled when tp > 1
+  };
+  const LayerWeights& global(int layer) const { return weights_[layer]; }
+  const Tensor& sharded(int layer, int rank, const Tensor LayerWeights::*w) const;
+  Tensor& get(int rank, const std::string& name);
+  void put(int rank, const std::string& name, Tensor t);
+
+  Precision precision_ = Precision::Precision_fp32;
+  RunContext ctx_;
+  std::vector<LayerWeights> weights_;  // rounded copy (global)
+  std::vector<RankState> ranks_;
+};
+
+}  // namespace mla

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Configures and builds mla-bisect into build/ (binary: build/mla-bisect).
+#
+#   ./scripts/build.sh [extra cmake configure args, e.g. -DMLA_WITH_CUDA=OFF]
+#
+# Env: MLA_SKIP_SETUP=1 skips scripts/setup.sh; BUILD_TYPE (default Release);
+#      MLA_CMAKE_ARGS extra configure args (space-separated) for callers that cannot pass "$@".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${MLA_SKIP_SETUP:-0}" != 1 ]]; then
+  ./scripts/setup.sh
+fi
+
+# The Python the tests use: the project venv when there is one, else whatever python3 is.
+if [[ -x .venv/bin/python ]]; then
+  MLA_PYTHON="$PWD/.venv/bin/python"
+else
+  MLA_PYTHON="$(command -v python3 || true)"
+fi
+export MLA_PYTHON
+
+# A cache made for another source folder (a build/ copied from elsewhere) makes cmake refuse; start over.
+if [[ -f build/CMakeCache.txt ]]; then
+  cached_src="$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' build/CMakeCache.txt)"
+  if [[ -n "$cached_src" && "$(cd "$cached_src" 2>/dev/null && pwd -P)" != "$(pwd -P)" ]]; then
+    echo "build: build/ was configured for $cached_src; reconfiguring from scratch"
+    rm -rf build/CMakeCache.txt build/CMakeFiles
+  fi
+fi
+
+configure_args=(-S . -B build -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}")
+# An existing cache keeps its generator (cmake refuses a different one); a fresh one prefers Ninja.
+if [[ ! -f build/CMakeCache.txt ]] && command -v ninja >/dev/null 2>&1; then
+  configure_args+=(-G Ninja)
+fi
+if [[ -n "$MLA_PYTHON" ]]; then
+  configure_args+=(-DMLA_PYTHON="$MLA_PYTHON" -DPython3_EXECUTABLE="$MLA_PYTHON")
+fi
+# shellcheck disable=SC2206  # MLA_CMAKE_ARGS is deliberately word-split
+extra_env_args=(${MLA_CMAKE_ARGS:-})
+
+cmake "${configure_args[@]}" "${extra_env_args[@]}" "$@"
+cmake --build build -j"$(nproc 2>/dev/null || echo 2)"

@@ -1,0 +1,96 @@
+// Dumps: what one run recorded, as an HDF5 file (schema_version 1, DESIGN.md "Probes and the dump"),
+// written crash-safely: during the run every record goes to an append-only journal beside the file
+// (FILE.h5.journal, CRC'd records); the journal is folded into the HDF5 file at the end of the run or by
+// any later command that opens the dump, so probes recorded before a crash survive it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/model/batch.h"
+#include "harness/model/config.h"
+#include "harness/model/inputs.h"
+#include "probes/probe.h"
+
+namespace mla {
+
+// Provenance written as root attributes.
+struct DumpMeta {
+  std::string engine;          // "reference", "cuda"
+  std::string engine_options;  // canonical option string
+  std::string engine_dtype;    // activation dtype
+  std::string device = "cpu";  // device / driver / toolkit string
+  nlohmann::json model;        // MlaConfig::to_json()
+  nlohmann::json run_options;  // run spec and the command line
+  int tp = 1;
+  std::string mode;
+  uint64_t seed = 0;
+  std::string inject;          // injections the engine ran with ("" = none)
+  std::string probe_level;
+  std::string command;         // the command line that produced the dump
+};
+
+// One probe of one layer, every rank's record.
+struct DumpProbe {
+  int layer = 0;
+  std::string name;
+  std::string stage;
+  std::string contract;        // replicated | heads | partial
+  std::vector<int64_t> shape;  // global
+  int order = 0;               // position in the graph
+  int heads_axis = -1;
+  int rope_from = -1;
+  std::string engine_dtype;
+  std::vector<ProbeRecord> ranks;  // index = rank; fewer than tp when the run stopped mid-probe
+};
+
+struct Dump {
+  std::string path;
+  DumpMeta meta;
+  int schema_version = 1;
+  std::string tool_version, git_sha, created_utc;
+  std::string status;  // "complete" or "stopped: <where>"
+  bool has_inputs = false;
+  Inputs inputs;       // /inputs: x, positions, seq_lens, context_lens, block_table, kv_cache (per layer)
+  std::vector<DumpProbe> probes;  // in (layer, order) order
+  // Last stage each rank had begun when the run stopped (hang reports): "layer L stage S" per rank.
+  std::vector<std::string> last_stage;
+
+  bool complete() const { return status == "complete"; }
+  const DumpProbe* find(int layer, const std::string& name) const;
+  MlaConfig config() const;  // from meta.model
+  RunSpec spec() const;      // from meta.run_options
+};
+
+// The ProbeSink that writes a dump. Construction writes the journal header (meta, inputs) and fsyncs it;
+// each record is appended with write(2) (survives SIGKILL and abort: the kernel holds the bytes);
+// finish() writes the HDF5 file (temp + fsync + rename), then removes the journal.
+class DumpWriter : public ProbeSink {
+ public:
+  DumpWriter(std::string path, const DumpMeta& meta, const Inputs* inputs);  // inputs may be null
+  ~DumpWriter() override;
+  void stage_begin(int layer, Stage stage, int rank) override;
+  void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  void finish(const std::string& status) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads a dump. If a journal is beside it (the writer died), folds it first: every intact record is kept,
+// the status says where the run stopped. Throws UsageError with the path and what is wrong for a missing,
+// truncated, corrupt or foreign file.
+Dump read_dump(const std::string& path);
+
+// Folds FILE.h5.journal into FILE.h5 if present; returns true if it did. (read_dump calls this.)
+bool recover_dump(const std::string& path);
+
+// Writes a Dump as HDF5 atomically (temp file in the same directory, fsync, rename). Used by the writer,
+// by recovery, and by golden make.
+void write_dump_h5(const Dump& dump, const std::string& path);
+
+}  // namespace mla

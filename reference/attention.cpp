@@ -73,7 +73,7 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
   return a;
 }
 
-Attn merge_lse(const Attn& x, const Attn& y) {
+Attn merge_lse(const Attn& x, const Attn& y, bool base2) {
   Attn m{Tensor(x.out.shape), Tensor(x.lse.shape)};
   const int64_t rows = x.lse.numel(), Dv = x.out.dim(-1);
   for (int64_t r = 0; r < rows; ++r) {
@@ -82,25 +82,25 @@ Attn merge_lse(const Attn& x, const Attn& y) {
       m.lse.data[r] = kNegInf;
       continue;
     }
-    const float ex = std::exp(lx - mx), ey = std::exp(ly - mx);
+    const float ex = base2 ? std::exp2(lx - mx) : std::exp(lx - mx), ey = base2 ? std::exp2(ly - mx) : std::exp(ly - mx);
     const float wx = ex / (ex + ey);
     for (int64_t d = 0; d < Dv; ++d)
       m.out.data[r * Dv + d] = wx * x.out.data[r * Dv + d] + (1.0f - wx) * y.out.data[r * Dv + d];
-    m.lse.data[r] = mx + std::log(ex + ey);
+    m.lse.data[r] = mx + (base2 ? std::log2(ex + ey) : std::log(ex + ey));
   }
   return m;
 }
 
 Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& k_nope, const Tensor& k_pe_rope,
                    const Tensor& v, const Tensor& cache, const Batch& batch, const Tensor& w_kvb_local,
-                   const MlaConfig& cfg) {
+                   const MlaConfig& cfg, const MhaOptions& opt) {
   const int64_t T = q_nope.dim(0), Nl = q_nope.dim(1), L = cfg.kv_lora_rank;
   Attn all{Tensor({T, Nl, static_cast<int64_t>(cfg.v_head)}), Tensor({T, Nl})};
   const Tensor Q = concat_last(q_nope, q_pe_rope);  // [T, Nl, P+R]
   const Tensor K = concat_last(k_nope, k_pe_rope);  // [T, Nl, P+R], k_pe broadcast over heads
   for (int b = 0; b < batch.num_seqs(); ++b) {
     const int64_t t0 = batch.first_token(b), n = batch.new_lens[b], ctx = batch.context_lens[b];
-    Attn part = attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale, true);
+    Attn part = attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale, opt.causal);
     if (ctx > 0) {
       // Context: latent rows from the cache, up-projected through kv_b_proj, attended without a mask.
       const Tensor rows = gather_cache_rows(cache, batch, b, static_cast<int>(ctx));  // [ctx, L+R]
@@ -111,7 +111,7 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
       }
       const KvB up = kv_b_proj(c_kv, w_kvb_local, cfg);
       const Attn ctx_part = attend(rows_of(Q, t0, n), concat_last(up.k_nope, c_pe), up.v, cfg.softmax_scale, false);
-      part = merge_lse(part, ctx_part);
+      part = merge_lse(part, ctx_part, opt.lse_base2);
     }
     copy_rows_into(all, part, t0);
   }

@@ -1,7 +1,10 @@
 // Reference engine: dispatch of stages to reference/stages.h, per-rank state, precision emulation.
 #include "reference/reference_engine.h"
 
+#include <cmath>
+
 #include "harness/model/errors.h"
+#include "reference/injections.h"
 #include "reference/stages.h"
 
 namespace mla {
@@ -63,11 +66,32 @@ void ReferenceEngine::put(int rank, const std::string& name, Tensor t) {
 
 Tensor ReferenceEngine::download(int rank, const std::string& name) { return get(rank, name); }
 
+void ReferenceEngine::set_injections(const std::vector<Injection>& list) {
+  for (const auto& inj : list) {
+    const auto* z = find_zoo_entry(inj.name);
+    if (!is_generic_injection(inj) && (!z || z->needs_quantized))
+      throw UsageError("reference engine cannot plant '" + inj.name + "'" +
+                       (z && z->needs_quantized ? " (it corrupts quantized weights: needs --weight-format)" : ""));
+  }
+  injections_ = list;
+}
+
 void ReferenceEngine::upload(int rank, const std::string& name, const Tensor& t) { put(rank, name, t); }
 
 void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
-  const auto& cfg = *ctx_.cfg;
+  // Planted bugs act through a wrong copy of a constant, an option of the stage function, or a wrong variant.
+  MlaConfig cfg = *ctx_.cfg;
+  if (planted("rope-neox"))
+    cfg.rope_style = cfg.rope_style == RopeStyle::RopeStyle_interleaved ? RopeStyle::RopeStyle_neox
+                                                                         : RopeStyle::RopeStyle_interleaved;
+  if (planted("rope-mscale") && cfg.rope_scaling == RopeScaling::RopeScaling_yarn)
+    cfg.rope_mscale = yarn_get_mscale(cfg.yarn.factor, cfg.yarn.mscale);
+  if (planted("softmax-scale")) cfg.softmax_scale = 1.0 / std::sqrt(static_cast<double>(cfg.qk_head()));
+  const double q_norm_eps = planted("q-norm-eps") ? 1e-5 : cfg.rms_eps;
   const auto& batch = ctx_.inputs->batch;
+  std::vector<int> positions = batch.positions;
+  if (planted("position-offset"))
+    for (auto& p : positions) p += 1;
   const auto& W = global(layer);
   auto& cache = ranks_[rank].cache[layer];
   switch (st.stage) {
@@ -76,11 +100,12 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       break;
     case Stage::Stage_input_norm: put(rank, "x", ref::rms_norm(get(rank, "h"), W.input_norm, cfg.rms_eps)); break;
     case Stage::Stage_q_a_proj: put(rank, "q_a", ref::linear(get(rank, "x"), W.q_a_proj)); break;
-    case Stage::Stage_q_a_norm: put(rank, "q_c", ref::rms_norm(get(rank, "q_a"), W.q_a_norm, cfg.rms_eps)); break;
+    case Stage::Stage_q_a_norm: put(rank, "q_c", ref::rms_norm(get(rank, "q_a"), W.q_a_norm, q_norm_eps)); break;
     case Stage::Stage_q_b_proj:
     case Stage::Stage_q_proj: {
       const Tensor& in = get(rank, st.stage == Stage::Stage_q_b_proj ? "q_c" : "x");
-      auto q = ref::q_b_proj(in, sharded(layer, rank, &LayerWeights::q_b_proj), cfg);
+      const int src = planted("tp-head-offset") && rank >= 1 ? rank - 1 : rank;
+      auto q = ref::q_b_proj(in, sharded(layer, src, &LayerWeights::q_b_proj), cfg);
       put(rank, "q_nope", std::move(q.q_nope));
       put(rank, "q_pe", std::move(q.q_pe));
       break;
@@ -91,33 +116,44 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       put(rank, "k_pe", std::move(kv.k_pe));
       break;
     }
-    case Stage::Stage_kv_a_norm: put(rank, "kv_c_norm", ref::rms_norm(get(rank, "kv_c"), W.kv_a_norm, cfg.rms_eps)); break;
+    case Stage::Stage_kv_a_norm:
+      put(rank, "kv_c_norm", planted("kv-norm-skip") ? get(rank, "kv_c") : ref::rms_norm(get(rank, "kv_c"), W.kv_a_norm, cfg.rms_eps));
+      break;
     case Stage::Stage_rope:
-      put(rank, "q_pe_rope", ref::rope(get(rank, "q_pe"), batch.positions, cfg.inv_freq, cfg.rope_mscale, cfg.rope_style));
-      put(rank, "k_pe_rope", ref::rope(get(rank, "k_pe"), batch.positions, cfg.inv_freq, cfg.rope_mscale, cfg.rope_style));
+      put(rank, "q_pe_rope", ref::rope(get(rank, "q_pe"), positions, cfg.inv_freq, cfg.rope_mscale, cfg.rope_style));
+      put(rank, "k_pe_rope", ref::rope(get(rank, "k_pe"), positions, cfg.inv_freq, cfg.rope_mscale, cfg.rope_style));
       break;
     case Stage::Stage_cache_write:
+      if (planted("decode-empty-cache")) ranks_[rank].cache_before_write = cache;
       put(rank, "kv_cache", ref::cache_write(cache, batch, get(rank, "kv_c_norm"), get(rank, "k_pe_rope")));
       round_in_place(cache, precision_);
       break;
     case Stage::Stage_kv_b_proj: {
-      auto kv = ref::kv_b_proj(get(rank, "kv_c_norm"), sharded(layer, rank, &LayerWeights::kv_b_proj), cfg);
+      const Tensor& w_kvb = sharded(layer, rank, &LayerWeights::kv_b_proj);
+      auto kv = planted("kv-b-split") ? ref::bug::kv_b_proj_split_by_block(get(rank, "kv_c_norm"), w_kvb, cfg)
+                                      : ref::kv_b_proj(get(rank, "kv_c_norm"), w_kvb, cfg);
       put(rank, "k_nope", std::move(kv.k_nope));
       put(rank, "v", std::move(kv.v));
       break;
     }
     case Stage::Stage_attention_mha: {
       auto a = ref::attention_mha(get(rank, "q_nope"), get(rank, "q_pe_rope"), get(rank, "k_nope"), get(rank, "k_pe_rope"),
-                                  get(rank, "v"), cache, batch, sharded(layer, rank, &LayerWeights::kv_b_proj), cfg);
+                                  get(rank, "v"), cache, batch, sharded(layer, rank, &LayerWeights::kv_b_proj), cfg,
+                                  {.causal = !planted("causal-off"), .lse_base2 = planted("lse-base2")});
       put(rank, "attn_out", std::move(a.out));
       put(rank, "lse", std::move(a.lse));
       break;
     }
-    case Stage::Stage_q_absorb:
-      put(rank, "q_latent", ref::q_absorb(get(rank, "q_nope"), sharded(layer, rank, &LayerWeights::kv_b_proj), cfg));
+    case Stage::Stage_q_absorb: {
+      const Tensor& w_kvb = sharded(layer, rank, &LayerWeights::kv_b_proj);
+      put(rank, "q_latent", planted("wuk-transpose") ? ref::bug::q_absorb_wuk_transposed(get(rank, "q_nope"), w_kvb, cfg)
+                                                     : ref::q_absorb(get(rank, "q_nope"), w_kvb, cfg));
       break;
+    }
     case Stage::Stage_attention_mqa: {
-      auto a = ref::attention_mqa(get(rank, "q_latent"), get(rank, "q_pe_rope"), cache, batch, cfg);
+      const Batch shifted = planted("page-off-by-one") ? ref::bug::shift_block_table(batch) : batch;
+      const Tensor& seen = planted("decode-empty-cache") ? ranks_[rank].cache_before_write : cache;
+      auto a = ref::attention_mqa(get(rank, "q_latent"), get(rank, "q_pe_rope"), seen, shifted, cfg);
       put(rank, "attn_latent", std::move(a.out));
       put(rank, "lse", std::move(a.lse));
       break;
@@ -130,7 +166,8 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       break;
     case Stage::Stage_all_reduce: {
       std::vector<const Tensor*> parts;
-      for (size_t r = 0; r < ranks_.size(); ++r) parts.push_back(&get(static_cast<int>(r), "o_partial"));
+      for (size_t r = 0; r < (planted("allreduce-skip") ? 1 : ranks_.size()); ++r)
+        parts.push_back(&get(static_cast<int>(r), "o_partial"));
       put(rank, "o", ref::all_reduce(parts));
       break;
     }

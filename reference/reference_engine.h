@@ -21,13 +21,16 @@ class ReferenceEngine : public Engine {
   void run_stage(const StageSpec& stage, int layer, int rank) override;
   Tensor download(int rank, const std::string& name) override;
   void upload(int rank, const std::string& name, const Tensor& t) override;
+  void set_injections(const std::vector<Injection>& list) override;
 
  private:
   struct RankState {
     std::map<std::string, Tensor> tensors;  // by probe name, this rank's shard
     std::vector<Tensor> cache;               // per layer [blocks, 64, L+R] (replicated: each rank its own)
     std::vector<LayerWeights> shards;        // per layer; only the head-sharded weights are filled when tp > 1
+    Tensor cache_before_write;               // decode-empty-cache: the cache as attention wrongly sees it
   };
+  bool planted(const char* name) const { return has_injection(injections_, name); }
   const LayerWeights& global(int layer) const { return weights_[layer]; }
   const Tensor& sharded(int layer, int rank, const Tensor LayerWeights::*w) const;
   Tensor& get(int rank, const std::string& name);

@@ -57,14 +57,19 @@ struct Attn {
 Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal);
 
 // §8. LSE merge of two partial attentions over disjoint key sets (natural log).
-Attn merge_lse(const Attn& a, const Attn& b);
+// `base2` reads the LSEs as base 2 — a real bug (BUGS.md lse-base2), kept here so the zoo can plant it.
+Attn merge_lse(const Attn& a, const Attn& b, bool base2 = false);
 
 // §5 (+ §8 with context). Prefill form: Q = [q_nope | q_pe_rope], K = [k_nope | k_pe_rope broadcast], V = v.
 // New tokens attend causally among themselves; a sequence's cached context (from `cache`) is up-projected
 // through W_kvb and attended non-causally, then merged by LSE. -> attn_out [T, Nl, V], lse [T, Nl].
+struct MhaOptions {
+  bool causal = true;      // false plants causal-off
+  bool lse_base2 = false;  // true plants lse-base2 in the context merge
+};
 Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& k_nope, const Tensor& k_pe_rope,
                    const Tensor& v, const Tensor& cache, const Batch& batch, const Tensor& w_kvb_local,
-                   const MlaConfig& cfg);
+                   const MlaConfig& cfg, const MhaOptions& opt = {});
 
 // §6. q_latent_h = W_UK_hᵀ·q_nope_h. q_nope [T, Nl, P] -> [T, Nl, L]; W_UK_h = rows h(P+V)..h(P+V)+P-1 of W_kvb.
 Tensor q_absorb(const Tensor& q_nope, const Tensor& w_kvb_local, const MlaConfig& cfg);

@@ -47,6 +47,17 @@ ProbeRecord Engine::probe(int rank, const ProbeSpec& spec, const ProbeRequest& r
   return compute_probe_record(download(rank, spec.name), dtype(), req);
 }
 
+bool Engine::is_generic_injection(const Injection& inj) {
+  return inj.name == "nan-at" || inj.name == "hang-at" || inj.name == "crash-at";
+}
+
+void Engine::set_injections(const std::vector<Injection>& list) {
+  for (auto& inj : list)
+    if (!is_generic_injection(inj))
+      throw UsageError("engine '" + name() + "' cannot plant injection '" + inj.name + "'");
+  injections_ = list;
+}
+
 std::vector<std::string> engine_names() { return {"reference", "cuda"}; }
 
 std::unique_ptr<Engine> make_engine(const EngineSpec& spec) {

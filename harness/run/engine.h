@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/bisect/injection.h"
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/inputs.h"
@@ -53,6 +54,17 @@ class Engine {
   // The probe record of a tensor, computed where the tensor lives. Default: download and compute on the host.
   virtual ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req);
   virtual void synchronize() {}
+
+  // Plants bugs (BUGS.md) in this engine's own computation. nan-at, hang-at and crash-at are engine-agnostic
+  // (the Runner applies them through upload and at stage entry); an engine accepts the others it implements
+  // and throws UsageError naming any it cannot plant.
+  virtual void set_injections(const std::vector<Injection>& list);
+  const std::vector<Injection>& injections() const { return injections_; }
+
+ protected:
+  // The generic injections; engines call this for the ones they do not handle themselves.
+  static bool is_generic_injection(const Injection& inj);
+  std::vector<Injection> injections_;
 };
 
 std::unique_ptr<Engine> make_engine(const EngineSpec& spec);  // throws UsageError (unknown engine, no GPU)

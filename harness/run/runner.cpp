@@ -1,7 +1,51 @@
 // Runner: graph walk, probe capture.
 #include "harness/run/runner.h"
 
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <thread>
+
+#include "harness/model/errors.h"
+
 namespace mla {
+
+namespace {
+bool targets(const Injection& inj, const StageSpec& st, int rank) {
+  return inj.target == stage_name(st.stage) && (inj.rank < 0 || inj.rank == rank);
+}
+
+// The engine-agnostic injections: a hang or a crash at a stage's entry, one NaN written into a probe.
+void apply_entry_injections(const Engine& engine, const StageSpec& st, int rank) {
+  for (const auto& inj : engine.injections()) {
+    if (inj.name == "hang-at" && targets(inj, st, rank))
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    if (inj.name == "crash-at" && targets(inj, st, rank)) std::abort();
+  }
+}
+
+void apply_nan_injections(Engine& engine, const StageSpec& st, int rank) {
+  for (const auto& inj : engine.injections()) {
+    if (inj.name != "nan-at" || (inj.rank >= 0 ? inj.rank : 0) != rank) continue;
+    for (const auto& out : st.outputs)
+      if (out == inj.target) {
+        Tensor t = engine.download(rank, out);
+        if (inj.index >= t.numel())
+          throw UsageError("--inject " + inj.text + ": index " + std::to_string(inj.index) + " is outside " + out +
+                           " " + shape_string(t.shape) + " on rank " + std::to_string(rank));
+        t.data[inj.index] = std::numeric_limits<float>::quiet_NaN();
+        engine.upload(rank, out, t);
+      }
+  }
+}
+
+// MLA_TEST_SLOW_STAGE_MS: sleep per stage so kill tests can land mid-run (tests only).
+int slow_stage_ms() {
+  const char* v = std::getenv("MLA_TEST_SLOW_STAGE_MS");
+  return v ? std::atoi(v) : 0;
+}
+}  // namespace
 
 Runner::Runner(const MlaConfig& cfg, const RunSpec& spec) : cfg_(cfg), spec_(spec) {
   cfg_.validate();
@@ -13,12 +57,16 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
                  const ProbePlan& plan, ProbeSink& sink, const BeforeStage& before) const {
   RunContext ctx{&cfg_, &spec_, &graph_, &weights, &inputs};
   engine.prepare(ctx);
+  const int slow_ms = slow_stage_ms();
   for (int layer = 0; layer < spec_.layers; ++layer) {
     for (const auto& st : graph_.stages) {
       for (int rank = 0; rank < spec_.tp; ++rank) {
         sink.stage_begin(layer, st.stage, rank);
+        apply_entry_injections(engine, st, rank);
         if (before) before(engine, st, layer, rank);
+        if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
         engine.run_stage(st, layer, rank);
+        apply_nan_injections(engine, st, rank);
       }
       for (int rank = 0; rank < spec_.tp; ++rank)
         for (const auto& name : st.outputs) {

@@ -1,0 +1,96 @@
+// Injection parsing and the zoo table (BUGS.md).
+#include "harness/bisect/injection.h"
+
+#include "harness/model/errors.h"
+
+namespace mla {
+
+const std::vector<ZooEntry>& bug_zoo() {
+  static const std::vector<ZooEntry> zoo = {
+      {"rope-neox", {"q_pe_rope", "k_pe_rope"}, "token 0 exact; error only in rope channels, grows with position"},
+      {"rope-mscale", {"q_pe_rope", "k_pe_rope"}, "pure scale: cosine ~ 1, norm ratio ~ get_mscale(s, mscale)"},
+      {"position-offset", {"q_pe_rope", "k_pe_rope"}, "every token off, token 0 too"},
+      {"softmax-scale", {"attn_out", "lse", "attn_latent"}, "token 0 exact (causal), others off"},
+      {"causal-off", {"attn_out", "lse"}, "last token exact, earlier tokens off", "prefill", "mha"},
+      {"kv-b-split", {"k_nope", "v"}, "every head off; norms plausible, sketches differ (layout)", "", "mha"},
+      {"kv-norm-skip", {"kv_c_norm"}, "content kept, scale per token off"},
+      {"q-norm-eps", {}, "benign: must not be flagged at bf16 tolerance"},
+      {"tp-head-offset", {"q_nope", "q_pe"}, "only the heads of ranks >= 1", "", "", 2},
+      {"allreduce-skip", {"o"}, "o_partial agrees on every rank, o does not", "", "", 2},
+      {"wuk-transpose", {"q_latent"}, "every head off; absorbed form only", "", "absorbed"},
+      {"lse-base2", {"attn_out", "lse"}, "only tokens with cached context", "chunked", "mha"},
+      {"page-off-by-one", {"attn_latent", "lse"}, "only sequences longer than one page (64)", "decode", "absorbed"},
+      {"decode-empty-cache", {"attn_latent", "lse", "attn_out"}, "every token off; the step's cache rows unseen", "",
+       "absorbed"},
+      {"fp8-scale-transpose", {}, "blocks off, block-shaped error (128x128)", "", "", 1, true},
+      {"nvfp4-nibble-swap", {}, "content off, norms similar", "", "", 1, true},
+      {"nvfp4-global-recip", {}, "pure scale", "", "", 1, true},
+  };
+  return zoo;
+}
+
+const ZooEntry* find_zoo_entry(const std::string& name) {
+  for (auto& e : bug_zoo())
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+std::vector<Injection> parse_injections(const std::string& text) {
+  std::vector<Injection> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    auto comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? text.size() : comma + 1;
+    if (item.empty()) continue;
+    Injection inj;
+    inj.text = item;
+    const auto colon = item.find(':');
+    inj.name = item.substr(0, colon);
+    std::string arg = colon == std::string::npos ? "" : item.substr(colon + 1);
+    if (const auto at = arg.rfind('@'); at != std::string::npos) {
+      try {
+        inj.rank = std::stoi(arg.substr(at + 1));
+      } catch (const std::exception&) {
+        throw UsageError("--inject " + item + ": '@" + arg.substr(at + 1) + "' is not a rank number");
+      }
+      arg = arg.substr(0, at);
+    }
+    if (inj.name == "nan-at") {
+      const auto c2 = arg.find(':');
+      if (c2 == std::string::npos || c2 == 0)
+        throw UsageError("--inject " + item + ": expected nan-at:PROBE:INDEX[@rank]");
+      inj.target = arg.substr(0, c2);
+      try {
+        inj.index = std::stoll(arg.substr(c2 + 1));
+      } catch (const std::exception&) {
+        throw UsageError("--inject " + item + ": INDEX must be an integer");
+      }
+      if (inj.index < 0) throw UsageError("--inject " + item + ": INDEX must be >= 0");
+    } else if (inj.name == "hang-at" || inj.name == "crash-at") {
+      if (arg.empty()) throw UsageError("--inject " + item + ": expected " + inj.name + ":STAGE[@rank]");
+      inj.target = arg;
+    } else if (!find_zoo_entry(inj.name)) {
+      std::string names;
+      for (auto& e : bug_zoo()) names += " " + e.name;
+      throw UsageError("unknown injection '" + inj.name + "' (known:" + names +
+                       " nan-at:PROBE:INDEX hang-at:STAGE[@rank] crash-at:STAGE[@rank])");
+    } else if (!arg.empty()) {
+      throw UsageError("--inject " + item + ": '" + inj.name + "' takes no argument");
+    }
+    out.push_back(inj);
+  }
+  return out;
+}
+
+bool has_injection(const std::vector<Injection>& list, const std::string& name) {
+  return find_injection(list, name) != nullptr;
+}
+
+const Injection* find_injection(const std::vector<Injection>& list, const std::string& name) {
+  for (auto& i : list)
+    if (i.name == name) return &i;
+  return nullptr;
+}
+
+}  // namespace mla

@@ -1,0 +1,35 @@
+// The bug zoo (BUGS.md): named injections an engine can plant in its own computation, and what the harness
+// is expected to find for each. Only the zoo's scorer reads the expectations; localization never does.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mla {
+
+struct Injection {
+  std::string name;    // e.g. "rope-neox", "nan-at", "hang-at"
+  std::string target;  // probe (nan-at) or stage (hang-at, crash-at)
+  int64_t index = 0;   // nan-at: flat index into the rank's local tensor
+  int rank = -1;       // @rank; -1 = every rank (nan-at: rank 0)
+  std::string text;    // as given
+};
+
+// "rope-neox,nan-at:q_c:17,hang-at:rope@1" -> injections; throws UsageError for unknown names or bad syntax.
+std::vector<Injection> parse_injections(const std::string& text);
+bool has_injection(const std::vector<Injection>& list, const std::string& name);
+const Injection* find_injection(const std::vector<Injection>& list, const std::string& name);
+
+struct ZooEntry {
+  std::string name;
+  std::vector<std::string> expected;  // probes where the first divergence may be found ({} = benign)
+  std::string pattern;                // BUGS.md's right column, for the zoo table
+  std::string mode;                   // "" any, or the mode it needs (decode, chunked)
+  std::string form;                   // "" any, or the attention form it needs
+  int min_tp = 1;                     // 2 for sharding bugs
+  bool needs_quantized = false;       // needs --weight-format (the weights issue)
+};
+const std::vector<ZooEntry>& bug_zoo();
+const ZooEntry* find_zoo_entry(const std::string& name);
+
+}  // namespace mla

@@ -1,0 +1,339 @@
+// Metrics, tolerances, verdicts and the first divergence.
+#include "harness/compare/compare.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "harness/run/runner.h"
+#include "probes/collect.h"
+#include "reference/reference_engine.h"
+
+namespace mla {
+
+std::string Coord::to_string() const {
+  std::ostringstream os;
+  os << "layer " << layer;
+  if (rank >= 0) os << " rank " << rank;
+  if (token >= 0) os << " token " << token;
+  if (head >= 0) os << " head " << head;
+  if (channel >= 0) os << " channel " << channel;
+  return os.str();
+}
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::Verdict_pass: return "pass";
+    case Verdict::Verdict_diverge: return "DIVERGE";
+    case Verdict::Verdict_missing: return "missing";
+    case Verdict::Verdict_nonfinite: return "NAN/INF";
+  }
+  return "?";
+}
+
+Tolerance ToleranceModel::for_probe(const std::string& name, int layer) const {
+  Tolerance t = fallback;
+  if (auto it = per_probe.find(std::to_string(layer) + "/" + name); it != per_probe.end()) t = it->second;
+  else if (auto it2 = per_probe.find(name); it2 != per_probe.end()) t = it2->second;
+  if (auto o = overrides.find(name); o != overrides.end()) {
+    // The worst token keeps the calibrated ratio of token to whole (a single token is noisier than the whole).
+    const double token_factor = t.rel_l2 > 0 ? std::max(1.0, t.token_rel / t.rel_l2) : 4.0;
+    t.rel_l2 = o->second;
+    t.token_rel = o->second * token_factor;
+    t.origin = "--tol " + name + "=" + std::to_string(o->second) + " (override)";
+  }
+  return t;
+}
+
+namespace {
+
+double ratio(double num, double den) {
+  if (den > 0) return num / den;
+  return num > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+}
+
+// Per-token, per-head, per-rank and channel-group relative errors of two global tensors.
+Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int layer, int tp_a, const CompareOptions& opt) {
+  Metrics m;
+  m.basis = "full";
+  const int64_t T = p.shape.empty() ? 1 : p.shape[0];
+  const int64_t row = a.numel() / std::max<int64_t>(T, 1);
+  const int64_t N = p.heads_axis >= 0 ? p.shape[p.heads_axis] : 0;
+  const int64_t X = N > 0 ? row / N : row;  // channels per head (or per row)
+  const int64_t last = p.shape.back();
+  double dd = 0, bb = 0, aa = 0, ab = 0;
+  std::vector<double> tok_d(T), tok_b(T), head_d(N), head_b(N), rank_d(tp_a), rank_b(tp_a);
+  double nope_d = 0, nope_b = 0, rope_d = 0, rope_b = 0, h1_d = 0, h1_b = 0, h2_d = 0, h2_b = 0;
+  int64_t mismatches = 0, compared = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data[i], y = b.data[i];
+    const bool fx = std::isfinite(x), fy = std::isfinite(y);
+    m.nan_a += std::isnan(x);
+    m.nan_b += std::isnan(y);
+    m.inf_a += std::isinf(x);
+    m.inf_b += std::isinf(y);
+    const int64_t t = i / row, c = i % row, h = N > 0 ? c / X : -1, ch = c % last;
+    if (fx != fy || (!fx && !fy && !(std::isnan(x) && std::isnan(y)) && x != y)) {
+      if (m.nonfinite_agree) {
+        Coord at{layer, N > 0 && tp_a > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
+        std::ostringstream os;
+        os << (std::isnan(x) ? "NaN" : std::isinf(x) ? (x > 0 ? "+inf" : "-inf") : std::to_string(x)) << " vs "
+           << (std::isnan(y) ? "NaN" : std::isinf(y) ? (y > 0 ? "+inf" : "-inf") : std::to_string(y)) << " at "
+           << at.to_string();
+        m.first_nonfinite = os.str();
+      }
+      m.nonfinite_agree = false;
+      continue;
+    }
+    if (!fx) continue;  // both non-finite the same way
+    const double d = x - y;
+    dd += d * d;
+    bb += y * y;
+    aa += x * x;
+    ab += x * y;
+    tok_d[t] += d * d;
+    tok_b[t] += y * y;
+    if (N > 0) {
+      head_d[h] += d * d;
+      head_b[h] += y * y;
+      const int r = static_cast<int>(h / (N / tp_a));
+      rank_d[r] += d * d;
+      rank_b[r] += y * y;
+    }
+    if (p.rope_from >= 0) {
+      (ch >= p.rope_from ? rope_d : nope_d) += d * d;
+      (ch >= p.rope_from ? rope_b : nope_b) += y * y;
+    }
+    (ch < last / 2 ? h1_d : h2_d) += d * d;
+    (ch < last / 2 ? h1_b : h2_b) += y * y;
+    ++compared;
+    if (std::fabs(d) > opt.atol + opt.rtol * std::fabs(y)) ++mismatches;
+    if (std::fabs(d) > m.max_abs) {
+      m.max_abs = std::fabs(d);
+      m.max_at = Coord{layer, N > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
+      m.a_at_max = x;
+      m.b_at_max = y;
+    }
+  }
+  m.rel_l2 = ratio(std::sqrt(dd), std::sqrt(bb));
+  m.nmse = ratio(dd, bb);
+  m.cosine = (aa > 0 && bb > 0) ? ab / std::sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
+  m.norm_ratio = ratio(std::sqrt(aa), std::sqrt(bb));
+  m.mismatch = compared ? static_cast<double>(mismatches) / compared : 0.0;
+  m.token_rel.resize(T);
+  for (int64_t t = 0; t < T; ++t) {
+    m.token_rel[t] = ratio(std::sqrt(tok_d[t]), std::sqrt(tok_b[t]));
+    m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
+  }
+  for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio(std::sqrt(head_d[h]), std::sqrt(head_b[h])));
+  if (N > 0)
+    for (int r = 0; r < tp_a; ++r) m.rank_rel.push_back(ratio(std::sqrt(rank_d[r]), std::sqrt(rank_b[r])));
+  if (p.rope_from >= 0) {
+    m.rope_rel = ratio(std::sqrt(rope_d), std::sqrt(rope_b));
+    if (p.rope_from > 0) m.nope_rel = ratio(std::sqrt(nope_d), std::sqrt(nope_b));
+  }
+  m.first_half_rel = ratio(std::sqrt(h1_d), std::sqrt(h1_b));
+  m.second_half_rel = ratio(std::sqrt(h2_d), std::sqrt(h2_b));
+  return m;
+}
+
+// Without full tensors: sketches estimate the error (E‖Sx‖² = ‖x‖²); stats alone bound it from below.
+Metrics sketch_metrics(const Gathered& a, const Gathered& b, const DumpProbe& p) {
+  Metrics m;
+  const int64_t T = p.shape.empty() ? 1 : p.shape[0];
+  m.nan_a = a.nan;
+  m.nan_b = b.nan;
+  m.inf_a = a.inf;
+  m.inf_b = b.inf;
+  m.nonfinite_agree = a.nan == b.nan && a.inf == b.inf;
+  if (!m.nonfinite_agree)
+    m.first_nonfinite = "NaN/Inf counts differ: " + std::to_string(a.nan) + "/" + std::to_string(a.inf) + " vs " +
+                        std::to_string(b.nan) + "/" + std::to_string(b.inf);
+  if (a.l2 >= 0 && b.l2 >= 0) m.norm_ratio = ratio(a.l2, b.l2);
+  if (a.sketch && b.sketch && a.sketch_rows.size() == b.sketch_rows.size()) {
+    m.basis = "sketch";
+    double dd = 0, bb = 0, aa = 0, ab = 0;
+    m.token_rel.assign(T, 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      double td = 0, tb = 0;
+      for (int k = 0; k < kSketchDim; ++k) {
+        const double x = a.sketch_rows[t * kSketchDim + k], y = b.sketch_rows[t * kSketchDim + k];
+        if (!std::isfinite(x) || !std::isfinite(y)) continue;
+        td += (x - y) * (x - y);
+        tb += y * y;
+        aa += x * x;
+        ab += x * y;
+      }
+      dd += td;
+      bb += tb;
+      m.token_rel[t] = ratio(std::sqrt(td), std::sqrt(tb));
+      m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
+    }
+    m.rel_l2 = ratio(std::sqrt(dd), std::sqrt(bb));
+    m.nmse = m.rel_l2 * m.rel_l2;
+    m.cosine = (aa > 0 && bb > 0) ? ab / std::sqrt(aa * bb) : 1.0;
+    if (a.l2 < 0 || b.l2 < 0) m.norm_ratio = ratio(std::sqrt(aa), std::sqrt(bb));
+  } else {
+    m.basis = "stats (lower bound)";
+    m.rel_l2 = b.l2 > 0 ? std::fabs(a.l2 - b.l2) / b.l2 : 0.0;
+    m.token_rel.assign(T, 0.0);
+    for (int64_t t = 0; t < T && t < static_cast<int64_t>(a.token_l2.size()) && t < static_cast<int64_t>(b.token_l2.size()); ++t) {
+      m.token_rel[t] = ratio(std::fabs(a.token_l2[t] - b.token_l2[t]), b.token_l2[t]);
+      m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
+    }
+  }
+  // Per-head map from the norms (a lower bound of each head's error).
+  if (!a.head_l2.empty() && a.head_l2.size() == b.head_l2.size() && p.heads_axis >= 0) {
+    const int64_t N = p.shape[p.heads_axis];
+    std::vector<double> na(N), nb(N);
+    for (size_t i = 0; i < a.head_l2.size(); ++i) {
+      na[i % N] += std::pow(a.head_l2[i] - b.head_l2[i], 2);
+      nb[i % N] += std::pow(b.head_l2[i], 2);
+    }
+    for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio(std::sqrt(na[h]), std::sqrt(nb[h])));
+  }
+  return m;
+}
+
+}  // namespace
+
+Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& p, int layer, const CompareOptions& opt) {
+  if (a.full && b.full && a.data.numel() == b.data.numel()) return full_metrics(a.data, b.data, p, layer, a.tp, opt);
+  return sketch_metrics(a, b, p);
+}
+
+CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& tol, const CompareOptions& opt) {
+  CompareReport rep;
+  rep.a_path = a.path;
+  rep.b_path = b.path;
+  rep.a_status = a.status;
+  rep.b_status = b.status;
+  bool said_sketch = false;
+  for (const auto& pb : b.probes) {
+    const DumpProbe* pa = a.find(pb.layer, pb.name);
+    ProbeResult r;
+    r.layer = pb.layer;
+    r.name = pb.name;
+    r.stage = pb.stage;
+    r.contract = pb.contract;
+    r.shape = pb.shape;
+    r.order = pb.order;
+    r.tol = tol.for_probe(pb.name, pb.layer);
+    if (!pa) {
+      r.verdict = Verdict::Verdict_missing;
+      r.why = "only in " + b.path;
+      rep.results.push_back(std::move(r));
+      continue;
+    }
+    if (pa->shape != pb.shape) {
+      r.verdict = Verdict::Verdict_diverge;
+      r.why = "shape " + shape_string(pa->shape) + " vs " + shape_string(pb.shape);
+      rep.results.push_back(std::move(r));
+      continue;
+    }
+    const Gathered ga = gather(*pa), gb = gather(pb);
+    for (auto& s : ga.problems) r.problems.push_back("candidate: " + s);
+    for (auto& s : gb.problems) r.problems.push_back("reference: " + s);
+    r.m = compare_gathered(ga, gb, pb, pb.layer, opt);
+    if (r.m.basis != "full" && !said_sketch) {
+      rep.notes.push_back("some probes lack full tensors on one side: their metrics come from sketches (estimates, "
+                          "about ±25%) or, without sketches, from norms (a lower bound)");
+      said_sketch = true;
+    }
+    // Per-rank partial sums (allreduce bugs leave every o_partial right and o wrong; a sharding bug shows here).
+    if (pb.contract == "partial" && pa->ranks.size() == pb.ranks.size()) {
+      r.m.rank_rel.clear();
+      for (size_t k = 0; k < pb.ranks.size(); ++k) {
+        const auto &ra = pa->ranks[k], &rb = pb.ranks[k];
+        if (ra.data.numel() && ra.data.numel() == rb.data.numel()) {
+          double d = 0, n = 0;
+          for (int64_t i = 0; i < ra.data.numel(); ++i) {
+            d += std::pow(static_cast<double>(ra.data.data[i]) - rb.data.data[i], 2);
+            n += std::pow(static_cast<double>(rb.data.data[i]), 2);
+          }
+          r.m.rank_rel.push_back(ratio(std::sqrt(d), std::sqrt(n)));
+        } else if (!ra.sketch.empty() && ra.sketch.size() == rb.sketch.size()) {
+          double d = 0, n = 0;
+          for (size_t i = 0; i < ra.sketch.size(); ++i) {
+            d += std::pow(static_cast<double>(ra.sketch[i]) - rb.sketch[i], 2);
+            n += std::pow(static_cast<double>(rb.sketch[i]), 2);
+          }
+          r.m.rank_rel.push_back(ratio(std::sqrt(d), std::sqrt(n)));
+        }
+      }
+    }
+    std::ostringstream why;
+    if (!r.m.nonfinite_agree) {
+      r.verdict = Verdict::Verdict_nonfinite;
+      why << "NaN/Inf positions differ: " << r.m.first_nonfinite;
+    } else if (!(r.m.rel_l2 <= r.tol.rel_l2)) {
+      r.verdict = Verdict::Verdict_diverge;
+      why << "rel_l2 " << r.m.rel_l2 << " > " << r.tol.rel_l2;
+    } else if (!(r.m.max_token_rel <= r.tol.token_rel)) {
+      r.verdict = Verdict::Verdict_diverge;
+      why << "worst token rel_l2 " << r.m.max_token_rel << " > " << r.tol.token_rel;
+    } else if (!ga.problems.empty()) {
+      r.verdict = Verdict::Verdict_diverge;
+      why << ga.problems.front();
+    } else {
+      why << "rel_l2 " << r.m.rel_l2 << " <= " << r.tol.rel_l2;
+    }
+    r.why = why.str();
+    rep.results.push_back(std::move(r));
+  }
+  for (const auto& pa : a.probes)
+    if (!b.find(pa.layer, pa.name)) {
+      ProbeResult r;
+      r.layer = pa.layer;
+      r.name = pa.name;
+      r.stage = pa.stage;
+      r.shape = pa.shape;
+      r.order = pa.order;
+      r.verdict = Verdict::Verdict_missing;
+      r.why = "only in " + a.path;
+      rep.results.push_back(std::move(r));
+    }
+  for (size_t i = 0; i < rep.results.size(); ++i) {
+    const auto v = rep.results[i].verdict;
+    if (v == Verdict::Verdict_diverge || v == Verdict::Verdict_nonfinite) {
+      rep.first_divergence = static_cast<int>(i);
+      break;
+    }
+  }
+  return rep;
+}
+
+ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
+                         const Inputs& inputs, Precision precision, double k) {
+  ToleranceModel tm;
+  if (precision == Precision::Precision_fp32) return tm;  // the fallback floor is the model
+  Runner runner(cfg, spec);
+  ProbePlan plan;
+  plan.level = ProbeLevel::ProbeLevel_full;
+  auto run_at = [&](Precision p) {
+    ReferenceEngine engine(std::map<std::string, std::string>{{"precision", precision_name(p)}});
+    CollectSink sink({}, spec.tp);
+    runner.run(engine, weights, inputs, plan, sink);
+    return sink.take();
+  };
+  const Dump lo = run_at(precision), hi = run_at(Precision::Precision_fp32);
+  // One ulp of the candidate's format, relative: an error below it is rounding, whatever the stage.
+  const double ulp = precision == Precision::Precision_bf16 ? 1.0 / 256 : 1.0 / 2048;
+  for (const auto& ph : hi.probes) {
+    const DumpProbe* pl = lo.find(ph.layer, ph.name);
+    if (!pl) continue;
+    const Metrics m = compare_gathered(gather(*pl), gather(ph), ph, ph.layer, {});
+    Tolerance t;
+    t.rel_l2 = std::max(k * m.rel_l2, ulp);
+    t.token_rel = std::max(k * m.max_token_rel, 2 * ulp);
+    std::ostringstream os;
+    os.precision(2);
+    os << "calibrated: " << k << " x " << precision_name(precision) << " noise floor " << std::scientific << m.rel_l2
+       << " (floor: 1 " << precision_name(precision) << " ulp)";
+    t.origin = os.str();
+    tm.per_probe[std::to_string(ph.layer) + "/" + ph.name] = t;
+  }
+  return tm;
+}
+
+}  // namespace mla

@@ -1,0 +1,20 @@
+// Planted bugs of the reference engine (BUGS.md) that are not a parameter of a stage function: each is
+// the wrong variant of one stage, written out so the zoo can plant it. Nothing else may call these.
+#pragma once
+#include "harness/model/batch.h"
+#include "harness/model/config.h"
+#include "harness/model/tensor.h"
+#include "reference/stages.h"
+
+namespace mla::ref::bug {
+
+// kv-b-split: kv_b_proj's output split as [all heads' k_nope | all heads' v] instead of per head.
+KvB kv_b_proj_split_by_block(const Tensor& kv_c_norm, const Tensor& w_kvb_local, const MlaConfig& cfg);
+
+// wuk-transpose: W_UK_h's [P, L] memory read as [L, P].
+Tensor q_absorb_wuk_transposed(const Tensor& q_nope, const Tensor& w_kvb_local, const MlaConfig& cfg);
+
+// page-off-by-one: the block table as a kernel that reads block_table[b][j+1] for j >= 1 sees it.
+Batch shift_block_table(const Batch& batch);
+
+}  // namespace mla::ref::bug

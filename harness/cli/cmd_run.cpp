@@ -1,14 +1,22 @@
 // `mla-bisect run`: one engine on one model and input; prints the per-probe table.
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
+#include "harness/model/errors.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
 #include "harness/report/probe_table.h"
 #include "harness/run/engine.h"
 #include "harness/run/runner.h"
+#include "harness/run/watchdog.h"
+#include "probes/dump.h"
 
 namespace mla::cli {
 
@@ -16,22 +24,187 @@ namespace {
 struct RunCmdOptions {
   RunOptions run;
   std::string engine = "reference";
+  std::string out;    // --out FILE.h5: write the dump
+  std::string input;  // --input DUMP.h5: that dump's /inputs instead of synthetic ones
+  std::string inject;     // --inject: planted bugs (BUGS.md)
+  double watchdog = 0;    // --watchdog SECONDS per stage
+  bool quiet = false;     // no table (bisect's child runs)
 };
 
-int run_run(const RunCmdOptions& o) {
+// MLA_TEST_SLOW_STAGE_MS=N (tests only, deliberately not an option): sleep N ms at the start of every stage,
+// after the dump journal has the stage marker, so a crash test's SIGKILL lands in the middle of a run.
+class SlowSink : public ProbeSink {
+ public:
+  explicit SlowSink(int ms) : ms_(ms) {}
+  void stage_begin(int, Stage, int) override { std::this_thread::sleep_for(std::chrono::milliseconds(ms_)); }
+  void record(int, const ProbeSpec&, int, const ProbeRecord&) override {}
+
+ private:
+  int ms_;
+};
+
+int slow_stage_ms() {
+  const char* v = std::getenv("MLA_TEST_SLOW_STAGE_MS");
+  return v ? std::max(0, std::atoi(v)) : 0;
+}
+
+// The command line as parsed (options given, in declaration order), recorded in the dump.
+std::string command_line(const CLI::App& cmd) {
+  const auto quote = [](const std::string& v) {
+    if (!v.empty() && v.find_first_of(" \t'\"$\\") == std::string::npos) return v;
+    std::string q = "'";
+    for (char c : v) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  std::string s = "mla-bisect " + cmd.get_name();
+  for (const CLI::Option* opt : cmd.get_options()) {
+    if (opt->count() == 0) continue;
+    if (opt->get_expected_min() == 0) {
+      s += " " + opt->get_name();
+      continue;
+    }
+    for (const auto& r : opt->results()) s += " " + opt->get_name() + " " + quote(r);
+  }
+  return s;
+}
+
+// --input: the dump's batch and caches replace the synthetic ones, and the step's geometry (mode, tokens,
+// batch, context, layers, attention form, seeds) follows the dump unless given explicitly; geometry that
+// contradicts the dump's inputs is refused. Weights stay synthetic (--weight-seed, default the dump's).
+Inputs inputs_from_dump(const std::string& path, const MlaConfig& cfg, const CLI::App& cmd, RunSpec& spec,
+                        uint64_t& weight_seed) {
+  DumpReadOptions ro;
+  ro.probes = false;
+  Dump d = read_dump(path, ro);
+  const std::string who = "--input " + path;
+  if (!d.has_inputs) throw UsageError(who + ": the dump has no /inputs group");
+  const std::string dump_model = d.meta.model.is_object() ? d.meta.model.value("name", std::string("?")) : "?";
+  Inputs in = std::move(d.inputs);
+  const Batch& b = in.batch;
+  if (in.x.dim(1) != cfg.hidden)
+    throw UsageError(who + ": its x is " + shape_string(in.x.shape) + " (hidden size " + std::to_string(in.x.dim(1)) +
+                     ") but model '" + cfg.name + "' has hidden size " + std::to_string(cfg.hidden) +
+                     "; the dump was made with model '" + dump_model + "', pass that as --model");
+  for (const auto& c : in.kv_cache)
+    if (c.dim(2) != cfg.cache_row())
+      throw UsageError(who + ": its kv_cache rows hold " + std::to_string(c.dim(2)) + " values but model '" +
+                       cfg.name + "' caches kv_lora_rank + qk_rope = " + std::to_string(cfg.cache_row()) +
+                       "; the dump was made with model '" + dump_model + "'");
+
+  bool uniform = true;
+  for (int n : b.new_lens) uniform = uniform && n == b.new_lens[0];
+  RunSpec ds;
+  const bool has_spec = !d.meta.run_options.is_null();
+  if (has_spec) {
+    ds = d.spec();
+  } else {  // a foreign dump: infer the mode from the batch
+    bool ctx = false, single = true;
+    for (int c : b.context_lens) ctx = ctx || c > 0;
+    for (int n : b.new_lens) single = single && n == 1;
+    ds.mode = !ctx ? Mode::Mode_prefill : single ? Mode::Mode_decode : Mode::Mode_chunked;
+    ds.form = default_form(ds.mode);
+    ds.layers = std::max<int>(1, static_cast<int>(in.kv_cache.size()));
+    ds.input_norm = false;
+  }
+  const auto fixed = [&](const char* opt, bool differs, const std::string& value) {
+    if (cmd.count(opt) && differs)
+      throw UsageError(who + ": the dump's inputs fix " + opt + " " + value + "; drop " + opt +
+                       " or make a new dump with it");
+  };
+  std::vector<int> ctx_spec;
+  if (uniform) {
+    ctx_spec = b.context_lens;
+    bool same = true;
+    for (int c : ctx_spec) same = same && c == ctx_spec[0];
+    if (same) ctx_spec.resize(1);
+  }
+  std::string ctx_text;
+  for (int c : b.context_lens) ctx_text += (ctx_text.empty() ? "" : ",") + std::to_string(c);
+  fixed("--mode", spec.mode != ds.mode, mode_name(ds.mode));
+  fixed("--batch", spec.batch != (uniform ? b.num_seqs() : 1), std::to_string(b.num_seqs()));
+  fixed("--tokens", spec.tokens != (uniform ? b.new_lens[0] : b.tokens()),
+        uniform ? std::to_string(b.new_lens[0]) : "(sequences of different lengths)");
+  {
+    std::vector<int> given = spec.context;
+    if (given.size() == 1 && uniform) given.assign(b.num_seqs(), given[0]);
+    fixed("--context", given != b.context_lens, ctx_text);
+  }
+  spec.mode = ds.mode;
+  spec.batch = uniform ? b.num_seqs() : 1;
+  spec.tokens = uniform ? b.new_lens[0] : b.tokens();
+  spec.context = spec.mode == Mode::Mode_prefill ? std::vector<int>{} : ctx_spec;
+  spec.position_offset = ds.position_offset;
+  if (!cmd.count("--attention")) spec.form = ds.form;
+  if (!cmd.count("--layers")) spec.layers = ds.layers;
+  if (!cmd.count("--seed")) spec.seed = ds.seed;
+  if (!cmd.count("--weight-seed") && has_spec && d.meta.run_options.contains("weight_seed"))
+    weight_seed = d.meta.run_options.at("weight_seed").get<uint64_t>();
+
+  // x is h (stacked layers start at input_layernorm) or the attention input itself; that cannot change.
+  const bool dump_h = ds.graph_shape().input_norm;
+  spec.input_norm = dump_h;
+  if (!dump_h && spec.layers > 1)
+    throw UsageError(who + ": the dump's x is the attention input of one layer (no input_layernorm); "
+                           "--layers " + std::to_string(spec.layers) + " needs a dump whose x is h");
+  bool any_ctx = false;
+  for (int c : b.context_lens) any_ctx = any_ctx || c > 0;
+  if (static_cast<int>(in.kv_cache.size()) < spec.layers) {
+    if (any_ctx)
+      throw UsageError(who + ": the dump holds kv caches for " + std::to_string(in.kv_cache.size()) +
+                       " layers, --layers is " + std::to_string(spec.layers));
+    in.kv_cache.assign(spec.layers, Tensor({b.num_blocks, kPageSize, cfg.cache_row()}));
+  }
+  in.kv_cache.resize(spec.layers);
+  return in;
+}
+
+int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   const MlaConfig cfg = load_model_config(o.run.model);
-  const RunSpec spec = o.run.to_spec();
+  RunSpec spec = o.run.to_spec();
+  uint64_t weight_seed = o.run.weight_seed;
+  Inputs inputs;
+  if (!o.input.empty()) inputs = inputs_from_dump(o.input, cfg, cmd, spec, weight_seed);
   const ProbePlan plan = o.run.to_plan();
   Runner runner(cfg, spec);
   auto engine = make_engine(EngineSpec::parse(o.engine));
+  engine->set_injections(parse_injections(o.inject));
   const auto t0 = std::chrono::steady_clock::now();
-  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, o.run.weight_seed);
-  const Inputs inputs = synthetic_inputs(cfg, spec, weights);
+  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, weight_seed);
+  if (o.input.empty()) inputs = synthetic_inputs(cfg, spec, weights);
   TableSink table;
-  ProgressSink progress(table, spec.layers, static_cast<int>(runner.graph().stages.size()), spec.tp);
+  TeeSink tee;
+  tee.add(table);
+  std::unique_ptr<DumpWriter> writer;
+  if (!o.out.empty()) {
+    DumpMeta meta;
+    meta.engine = engine->name();
+    meta.engine_options = engine->options();
+    meta.engine_dtype = engine->dtype();
+    meta.device = engine->device();
+    meta.model = cfg.to_json();
+    meta.run_options = run_spec_to_json(spec);
+    meta.run_options["weights"] = "synthetic";
+    meta.run_options["weight_seed"] = weight_seed;
+    meta.run_options["input"] = o.input.empty() ? std::string("synthetic") : o.input;
+    meta.run_options["probe_level"] = o.run.probe_level;
+    meta.run_options["full_probes"] = o.run.full_probes;
+    meta.tp = spec.tp;
+    meta.mode = mode_name(spec.mode);
+    meta.seed = spec.seed;
+    meta.inject = o.inject;
+    meta.probe_level = o.run.probe_level;
+    meta.command = command_line(cmd);
+    writer = std::make_unique<DumpWriter>(o.out, meta, &inputs);
+    tee.add(*writer);
+  }
+  SlowSink slow(slow_stage_ms());
+  if (slow_stage_ms() > 0) tee.add(slow);
+  WatchdogSink watchdog(tee, o.watchdog);
+  ProgressSink progress(watchdog, spec.layers, static_cast<int>(runner.graph().stages.size()), spec.tp);
   const auto t1 = std::chrono::steady_clock::now();
   runner.run(*engine, weights, inputs, plan, progress);
   const auto t2 = std::chrono::steady_clock::now();
+  if (o.quiet) return 0;
   std::cout << "model " << cfg.name << "  engine " << engine->name() << ":" << engine->options() << "  mode "
             << mode_name(spec.mode) << "  attention " << form_name(spec.form) << "  tokens " << inputs.batch.tokens()
             << "  tp " << spec.tp << "  layers " << spec.layers << "  seed " << spec.seed << "\n"
@@ -39,6 +212,7 @@ int run_run(const RunCmdOptions& o) {
   table.print(std::cout);
   std::cout << "\nsetup " << std::chrono::duration<double>(t1 - t0).count() << " s, run "
             << std::chrono::duration<double>(t2 - t1).count() << " s\n";
+  if (writer) std::cout << "dump " << o.out << "\n";
   return 0;
 }
 }  // namespace
@@ -50,7 +224,17 @@ void setup_run(CLI::App& app, int& exit_code) {
   add_run_options(*cmd, o->run);
   cmd->add_option("--engine", o->engine, "Engine and options, e.g. reference, reference:precision=bf16, cuda")
       ->capture_default_str();
-  cmd->callback([o, &exit_code] { exit_code = run_run(*o); });
+  cmd->add_option("--out", o->out, "Write every probe to this HDF5 dump (crash-safe: FILE.h5.journal is kept "
+                                   "while the run is alive and folded into FILE.h5 by any later read)");
+  cmd->add_option("--input", o->input, "Take the layer input, batch layout and kv caches from this dump's /inputs "
+                                       "instead of synthetic ones (mode, tokens, batch, context and layers follow "
+                                       "the dump)");
+  cmd->add_option("--inject", o->inject, "Plant bugs in this engine: NAME[,NAME...] from BUGS.md, nan-at:PROBE:INDEX[@rank], "
+                                         "hang-at:STAGE[@rank], crash-at:STAGE[@rank]");
+  cmd->add_option("--watchdog", o->watchdog, "Exit 3 when a stage makes no progress for this many seconds, closing "
+                                             "the dump with the rank and stage that hung (0: off)");
+  cmd->add_flag("--quiet", o->quiet, "Do not print the probe table");
+  cmd->callback([o, cmd, &exit_code] { exit_code = run_run(*o, *cmd); });
 }
 
 }  // namespace mla::cli

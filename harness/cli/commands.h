@@ -7,5 +7,9 @@ namespace mla::cli {
 // Each setup registers a subcommand whose callback stores its exit code in `exit_code`.
 void setup_run(CLI::App& app, int& exit_code);
 void setup_bench(CLI::App& app, int& exit_code);
+void setup_inspect(CLI::App& app, int& exit_code);
+void setup_compare(CLI::App& app, int& exit_code);
+void setup_bisect(CLI::App& app, int& exit_code);
+void setup_zoo(CLI::App& app, int& exit_code);
 
 }  // namespace mla::cli

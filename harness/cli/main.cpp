@@ -16,6 +16,10 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   mla::cli::setup_run(app, exit_code);
   mla::cli::setup_bench(app, exit_code);
+  mla::cli::setup_inspect(app, exit_code);
+  mla::cli::setup_compare(app, exit_code);
+  mla::cli::setup_bisect(app, exit_code);
+  mla::cli::setup_zoo(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -63,6 +63,18 @@ RunSpec RunOptions::to_spec() const {
   return s;
 }
 
+std::vector<std::string> RunOptions::to_args() const {
+  std::vector<std::string> a = {"--model", model, "--mode", mode, "--batch", std::to_string(batch),
+                                "--tp", std::to_string(tp), "--layers", std::to_string(layers),
+                                "--seed", std::to_string(seed), "--weight-seed", std::to_string(weight_seed),
+                                "--probe-level", probe_level};
+  if (!attention.empty()) a.insert(a.end(), {"--attention", attention});
+  if (tokens > 0) a.insert(a.end(), {"--tokens", std::to_string(tokens)});
+  if (!context.empty()) a.insert(a.end(), {"--context", context});
+  if (!full_probes.empty()) a.insert(a.end(), {"--full-probes", full_probes});
+  return a;
+}
+
 ProbePlan RunOptions::to_plan() const {
   ProbePlan p;
   p.level = parse_probe_level(probe_level);

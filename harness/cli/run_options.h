@@ -26,6 +26,7 @@ struct RunOptions {
   std::string full_probes;  // comma list
 
   RunSpec to_spec() const;   // throws UsageError
+  std::vector<std::string> to_args() const;  // the same options as command-line arguments (for child runs)
   ProbePlan to_plan() const;
 };
 

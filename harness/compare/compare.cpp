@@ -1,6 +1,7 @@
 // Metrics, tolerances, verdicts and the first divergence.
 #include "harness/compare/compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -62,7 +63,11 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   const int64_t X = N > 0 ? row / N : row;  // channels per head (or per row)
   const int64_t last = p.shape.back();
   double dd = 0, bb = 0, aa = 0, ab = 0;
-  std::vector<double> tok_d(T), tok_b(T), head_d(N), head_b(N), rank_d(tp_a), rank_b(tp_a);
+  std::vector<double> tok_d(T), tok_b(T), tok_a(T), tok_ab(T), head_d(N), head_b(N), rank_d(tp_a), rank_b(tp_a);
+  auto coord_of = [&](int64_t t, int64_t c) {
+    const int64_t h = N > 0 ? c / X : -1;
+    return Coord{layer, N > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
+  };
   double nope_d = 0, nope_b = 0, rope_d = 0, rope_b = 0, h1_d = 0, h1_b = 0, h2_d = 0, h2_b = 0;
   int64_t mismatches = 0, compared = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -93,6 +98,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
     ab += x * y;
     tok_d[t] += d * d;
     tok_b[t] += y * y;
+    tok_a[t] += x * x;
+    tok_ab[t] += x * y;
     if (N > 0) {
       head_d[h] += d * d;
       head_b[h] += y * y;
@@ -110,9 +117,16 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
     if (std::fabs(d) > opt.atol + opt.rtol * std::fabs(y)) ++mismatches;
     if (std::fabs(d) > m.max_abs) {
       m.max_abs = std::fabs(d);
-      m.max_at = Coord{layer, N > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
+      m.max_at = coord_of(t, c);
       m.a_at_max = x;
       m.b_at_max = y;
+    }
+    if (d != 0 && (m.worst.size() < 8 || std::fabs(d) > std::fabs(m.worst.back().a - m.worst.back().b))) {
+      Metrics::Element e{coord_of(t, c), x, y};
+      auto pos = std::find_if(m.worst.begin(), m.worst.end(),
+                              [&](const Metrics::Element& w) { return std::fabs(w.a - w.b) < std::fabs(d); });
+      m.worst.insert(pos, e);
+      if (m.worst.size() > 8) m.worst.pop_back();
     }
   }
   m.rel_l2 = ratio(std::sqrt(dd), std::sqrt(bb));
@@ -124,6 +138,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   for (int64_t t = 0; t < T; ++t) {
     m.token_rel[t] = ratio(std::sqrt(tok_d[t]), std::sqrt(tok_b[t]));
     m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
+    m.token_norm_ratio.push_back(ratio(std::sqrt(tok_a[t]), std::sqrt(tok_b[t])));
+    m.token_cos.push_back(tok_a[t] > 0 && tok_b[t] > 0 ? tok_ab[t] / std::sqrt(tok_a[t] * tok_b[t]) : 1.0);
   }
   for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio(std::sqrt(head_d[h]), std::sqrt(head_b[h])));
   if (N > 0)

@@ -53,6 +53,13 @@ struct Metrics {
   double nope_rel = -1, rope_rel = -1;    // channel groups (probes with rope lanes)
   double first_half_rel = -1, second_half_rel = -1;
   double max_token_rel = 0;
+  std::vector<double> token_norm_ratio;  // [T] ‖a_t‖/‖b_t‖
+  std::vector<double> token_cos;         // [T] cosine of a_t and b_t
+  struct Element {
+    Coord at;
+    double a = 0, b = 0;
+  };
+  std::vector<Element> worst;  // largest |a−b| first (full basis), at most 8
 };
 
 struct Tolerance {

@@ -5,6 +5,8 @@
 #include <numeric>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "harness/model/errors.h"
 
 namespace mla {
@@ -40,6 +42,34 @@ void RunSpec::validate(const MlaConfig& cfg) const {
       if (c != 0) throw UsageError("--context is for decode and chunked modes; prefill starts with an empty cache");
   if (static_cast<int64_t>(tokens) * batch > (1 << 22))
     throw UsageError("--tokens x --batch is larger than 4M tokens");
+}
+
+nlohmann::json run_spec_to_json(const RunSpec& spec) {
+  return {{"mode", mode_name(spec.mode)},   {"form", form_name(spec.form)},
+          {"tp", spec.tp},                  {"layers", spec.layers},
+          {"tokens", spec.tokens},          {"batch", spec.batch},
+          {"context", spec.context},        {"seed", spec.seed},
+          {"position_offset", spec.position_offset}, {"input_norm", spec.input_norm}};
+}
+
+RunSpec run_spec_from_json(const nlohmann::json& j) {
+  RunSpec s;
+  if (!j.is_object()) throw UsageError("run options are not a JSON object: " + j.dump());
+  try {
+    if (j.contains("mode")) s.mode = parse_mode(j.at("mode").get<std::string>());
+    s.form = j.contains("form") ? parse_form(j.at("form").get<std::string>()) : default_form(s.mode);
+    s.tp = j.value("tp", s.tp);
+    s.layers = j.value("layers", s.layers);
+    s.tokens = j.value("tokens", s.tokens);
+    s.batch = j.value("batch", s.batch);
+    s.context = j.value("context", s.context);
+    s.seed = j.value("seed", s.seed);
+    s.position_offset = j.value("position_offset", s.position_offset);
+    s.input_norm = j.value("input_norm", s.input_norm);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(std::string("run options: ") + e.what());
+  }
+  return s;
 }
 
 Batch make_batch(const RunSpec& spec) {

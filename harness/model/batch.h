@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "harness/model/config.h"
 #include "harness/model/stage_graph.h"
 #include "harness/model/tensor.h"
@@ -45,6 +47,11 @@ struct RunSpec {
   GraphShape graph_shape() const;
   void validate(const MlaConfig& cfg) const;  // throws UsageError
 };
+
+// RunSpec as JSON (a dump's run_options): {"mode", "form", "tp", "layers", "tokens", "batch", "context",
+// "seed", "position_offset", "input_norm"}. from_json ignores other keys and throws UsageError on a bad value.
+nlohmann::json run_spec_to_json(const RunSpec& spec);
+RunSpec run_spec_from_json(const nlohmann::json& j);
 
 // Builds positions and a shuffled block table (seeded) so pages are never contiguous by accident.
 Batch make_batch(const RunSpec& spec);

@@ -47,9 +47,11 @@ void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows) {
      << ")\n";
   if (rep.first_divergence >= 0) {
     const auto& r = rep.results[rep.first_divergence];
-    os << "\nFIRST DIVERGENCE: layer " << r.layer << " probe " << r.name << " (stage " << r.stage << "): " << r.why
-       << "\n  worst element " << fmt_num(r.m.a_at_max, 6) << " vs " << fmt_num(r.m.b_at_max, 6) << " at "
-       << r.m.max_at.to_string() << "\n  tolerance " << fmt_num(r.tol.rel_l2) << ": " << r.tol.origin << "\n";
+    os << "\nFIRST DIVERGENCE: layer " << r.layer << " probe " << r.name << " (stage " << r.stage << "): " << r.why << "\n";
+    if (r.m.basis == "full")
+      os << "  worst element " << fmt_num(r.m.a_at_max, 6) << " vs " << fmt_num(r.m.b_at_max, 6) << " at "
+         << r.m.max_at.to_string() << "\n";
+    os << "  tolerance " << fmt_num(r.tol.rel_l2) << ": " << r.tol.origin << "\n";
   } else {
     os << "\nno divergence: every probe within its tolerance\n";
   }

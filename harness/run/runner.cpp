@@ -40,11 +40,6 @@ void apply_nan_injections(Engine& engine, const StageSpec& st, int rank) {
   }
 }
 
-// MLA_TEST_SLOW_STAGE_MS: sleep per stage so kill tests can land mid-run (tests only).
-int slow_stage_ms() {
-  const char* v = std::getenv("MLA_TEST_SLOW_STAGE_MS");
-  return v ? std::atoi(v) : 0;
-}
 }  // namespace
 
 Runner::Runner(const MlaConfig& cfg, const RunSpec& spec) : cfg_(cfg), spec_(spec) {
@@ -57,14 +52,12 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
                  const ProbePlan& plan, ProbeSink& sink, const BeforeStage& before) const {
   RunContext ctx{&cfg_, &spec_, &graph_, &weights, &inputs};
   engine.prepare(ctx);
-  const int slow_ms = slow_stage_ms();
   for (int layer = 0; layer < spec_.layers; ++layer) {
     for (const auto& st : graph_.stages) {
       for (int rank = 0; rank < spec_.tp; ++rank) {
         sink.stage_begin(layer, st.stage, rank);
         apply_entry_injections(engine, st, rank);
         if (before) before(engine, st, layer, rank);
-        if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
         engine.run_stage(st, layer, rank);
         apply_nan_injections(engine, st, rank);
       }

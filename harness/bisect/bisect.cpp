@@ -1,0 +1,254 @@
+// Bisect orchestration.
+#include "harness/bisect/bisect.h"
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "harness/bisect/child.h"
+#include "harness/model/errors.h"
+#include "harness/report/compare_report.h"
+#include "harness/run/runner.h"
+#include "probes/collect.h"
+
+namespace mla {
+
+namespace {
+
+struct Timer {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+// A run in this process, full tensors, optionally feeding `stage` of `layer` the reference's inputs.
+Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
+                    const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr) {
+  Runner runner(cfg, spec);
+  ProbePlan plan;
+  plan.level = ProbeLevel::ProbeLevel_full;
+  CollectSink sink({}, spec.tp);
+  Runner::BeforeStage before;
+  if (feed)
+    before = [&](Engine& e, const StageSpec& st, int l, int rank) {
+      if (l != layer || st.stage != stage->stage) return;
+      for (const auto& name : st.inputs)
+        if (const DumpProbe* p = feed->find(l, name); p && rank < static_cast<int>(p->ranks.size()))
+          e.upload(rank, name, p->ranks[rank].data);
+    };
+  runner.run(engine, w, in, plan, sink, before);
+  return sink.take();
+}
+
+std::string child_engine_line(const std::vector<std::string>& argv) {
+  std::string s;
+  for (auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+}  // namespace
+
+BisectReport run_bisect(const BisectOptions& opt) {
+  Timer timer;
+  BisectReport rep;
+  rep.candidate_engine = opt.candidate;
+  rep.inject = opt.inject;
+  auto step = [&](const std::string& what) {
+    if (opt.progress) std::cerr << "[" << fmt_num(timer.s(), 3) << " s] " << what << "\n";
+  };
+  std::filesystem::create_directories(opt.workdir);
+  rep.reference_dump = (std::filesystem::path(opt.workdir) / "reference.h5").string();
+  rep.candidate_dump = (std::filesystem::path(opt.workdir) / "candidate.h5").string();
+  for (auto& p : {rep.reference_dump, rep.candidate_dump}) {
+    std::filesystem::remove(p);
+    std::filesystem::remove(p + ".journal");
+  }
+  const double backstop = std::max(60.0, 20 * opt.timeout_s);
+  auto child_argv = [&](const std::string& engine, const std::string& out, const std::string& inject) {
+    std::vector<std::string> a = {self_exe(), "run", "--quiet"};
+    a.insert(a.end(), opt.run_args.begin(), opt.run_args.end());
+    a.insert(a.end(), {"--engine", engine, "--out", out, "--watchdog", fmt_num(opt.timeout_s, 6)});
+    if (!inject.empty()) a.insert(a.end(), {"--inject", inject});
+    return a;
+  };
+
+  step("reference run: " + opt.reference);
+  const auto ref_argv = child_argv(opt.reference, rep.reference_dump, "");
+  const ChildResult ref_child = run_child(ref_argv, backstop);
+  if (ref_child.exit_code != 0)
+    throw EngineError("the reference run " + ref_child.describe() + ":\n  " + child_engine_line(ref_argv) + "\n" +
+                      ref_child.output);
+  step("candidate run: " + opt.candidate + (opt.inject.empty() ? "" : " --inject " + opt.inject));
+  const auto cand_argv = child_argv(opt.candidate, rep.candidate_dump, opt.inject);
+  const ChildResult cand_child = run_child(cand_argv, backstop);
+  if (cand_child.exit_code == ExitCode_usage)
+    throw UsageError("the candidate rejected its options: " + cand_child.output);
+
+  const Dump ref = read_dump(rep.reference_dump);
+  if (!std::filesystem::exists(rep.candidate_dump) && !std::filesystem::exists(rep.candidate_dump + ".journal")) {
+    rep.exit_code = ExitCode_engine;
+    rep.crash = "the candidate " + cand_child.describe() + " before writing anything:\n" + cand_child.output;
+    rep.headline = "candidate failed before its first probe";
+    return rep;
+  }
+  const Dump cand = read_dump(rep.candidate_dump);
+
+  // Tolerances: the reference at the candidate's precision against FP32, on these very inputs and weights.
+  step("calibrating tolerances (reference fp32 vs " + cand.meta.engine_dtype + ")");
+  const MlaConfig& cfg = opt.cfg;
+  const RunSpec& spec = opt.spec;
+  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, opt.weight_seed);
+  const Inputs inputs = ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
+  const Precision cand_precision =
+      cand.meta.engine_dtype.empty() ? Precision::Precision_fp32 : parse_precision(cand.meta.engine_dtype);
+  ToleranceModel tol = calibrate(cfg, spec, weights, inputs, cand_precision, opt.k);
+  tol.overrides = opt.overrides;
+
+  rep.compare = compare_dumps(cand, ref, tol);
+  if (!cand.complete() || cand_child.exit_code != 0) {
+    rep.exit_code = ExitCode_engine;
+    rep.crash = "the candidate " + cand_child.describe() + "; its dump says: " + cand.status;
+    rep.last_stage = cand.last_stage;
+    if (!cand.probes.empty()) {
+      const auto& p = cand.probes.back();
+      rep.last_committed = "layer " + std::to_string(p.layer) + " probe " + p.name + " (" +
+                           std::to_string(p.ranks.size()) + " rank" + (p.ranks.size() == 1 ? "" : "s") + ")";
+    }
+    rep.headline = cand_child.timed_out || cand.status.find("hung") != std::string::npos ? "candidate HUNG"
+                                                                                           : "candidate CRASHED";
+    if (rep.compare.first_divergence >= 0) rep.first = rep.compare.results[rep.compare.first_divergence];
+    rep.seconds = timer.s();
+    return rep;
+  }
+  if (rep.compare.first_divergence < 0) {
+    rep.exit_code = ExitCode_ok;
+    rep.headline = "no divergence: every probe within its calibrated tolerance";
+    rep.seconds = timer.s();
+    return rep;
+  }
+  rep.exit_code = ExitCode_divergence;
+  rep.first = rep.compare.results[rep.compare.first_divergence];
+  const ProbeResult& first = *rep.first;
+
+  // Full tensors where needed: the reference and the candidate in this process, then the isolation run.
+  step("full tensors for " + first.name + " and isolation of stage " + first.stage);
+  auto ref_engine = make_engine(EngineSpec::parse(opt.reference));
+  const Dump ref_full = run_in_process(*ref_engine, cfg, spec, weights, inputs);
+  auto make_candidate = [&] {
+    auto e = make_engine(EngineSpec::parse(opt.candidate));
+    e->set_injections(parse_injections(opt.inject));
+    return e;
+  };
+  auto cand_engine = make_candidate();
+  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, weights, inputs);
+  const CompareReport full_rep = compare_dumps(cand_full, ref_full, tol);
+  for (const auto& r : full_rep.results)
+    if (r.layer == first.layer && r.name == first.name) rep.full = r.m;
+
+  const StageGraph graph = build_graph(cfg, spec.graph_shape());
+  const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
+  auto iso_engine = make_candidate();
+  const Dump iso = run_in_process(*iso_engine, cfg, spec, weights, inputs, &ref_full, first.layer, stage);
+  const DumpProbe* pi = iso.find(first.layer, first.name);
+  const DumpProbe* pr = ref_full.find(first.layer, first.name);
+  if (pi && pr) {
+    rep.isolated = compare_gathered(gather(*pi), gather(*pr), *pr, first.layer, {});
+    const bool still_wrong = !rep.isolated.nonfinite_agree || rep.isolated.rel_l2 > first.tol.rel_l2 ||
+                             rep.isolated.max_token_rel > first.tol.token_rel;
+    if (still_wrong) {
+      rep.isolation = "introduced by stage " + first.stage + ": on the reference's exact inputs it is still wrong "
+                      "(rel_l2 " + fmt_num(rep.isolated.rel_l2) + " > " + fmt_num(first.tol.rel_l2) + ")";
+    } else {
+      // Upstream error below tolerance, amplified here: where did it grow fastest (relative to tolerance)?
+      double best = 0;
+      std::string where;
+      for (size_t i = 1; i < full_rep.results.size(); ++i) {
+        const auto &a = full_rep.results[i - 1], &b = full_rep.results[i];
+        const double ra = a.m.rel_l2 / std::max(a.tol.rel_l2, 1e-30), rb = b.m.rel_l2 / std::max(b.tol.rel_l2, 1e-30);
+        if (ra > 0 && rb / ra > best) {
+          best = rb / ra;
+          where = a.name + " -> " + b.name + " (stage " + b.stage + ", layer " + std::to_string(b.layer) + ")";
+        }
+      }
+      rep.isolation = "amplified: on the reference's exact inputs stage " + first.stage + " is right (rel_l2 " +
+                      fmt_num(rep.isolated.rel_l2) + "); error below tolerance upstream grew, fastest at " + where +
+                      " (x" + fmt_num(best, 3) + " relative to tolerance)";
+    }
+  }
+  const Metrics& m = rep.full.basis.empty() ? first.m : rep.full;
+  rep.drill = drill_down(first, m, first.tol);
+  rep.diagnosis = diagnose(first, m, first.tol, inputs.batch, full_rep);
+  rep.headline = "first divergence: layer " + std::to_string(first.layer) + " " + first.name + " (stage " +
+                 first.stage + ")";
+  rep.seconds = timer.s();
+  return rep;
+}
+
+void print_bisect(std::ostream& os, const BisectReport& r) {
+  os << "\n== mla-bisect: " << r.headline << " ==\n";
+  os << "candidate " << r.candidate_engine << (r.inject.empty() ? "" : " (inject " + r.inject + ")") << "\n";
+  if (!r.crash.empty()) {
+    os << "\n" << r.crash << "\n";
+    if (!r.last_committed.empty()) os << "last committed probe: " << r.last_committed << "\n";
+    for (size_t k = 0; k < r.last_stage.size(); ++k)
+      if (!r.last_stage[k].empty()) os << "  rank " << k << ": last began " << r.last_stage[k] << "\n";
+  }
+  if (r.first) {
+    const auto& f = *r.first;
+    os << "\nwhere     layer " << f.layer << ", probe " << f.name << ", stage " << f.stage << "\n";
+    os << "error     " << f.why << "\n";
+    os << "tolerance " << f.tol.origin << "\n";
+    if (!r.isolation.empty()) os << "isolation " << r.isolation << "\n";
+    if (!r.diagnosis.pattern.empty()) {
+      os << "\ndiagnosis (" << r.diagnosis.confidence << " confidence): " << r.diagnosis.pattern << "\n";
+      for (auto& e : r.diagnosis.evidence) os << "  - " << e << "\n";
+    }
+    if (!r.drill.lines.empty()) {
+      os << "\ndrill-down\n";
+      for (auto& l : r.drill.lines) os << "  " << l << "\n";
+    }
+  }
+  if (!r.compare.results.empty()) {
+    os << "\nprobes (candidate vs reference, graph order)\n";
+    print_compare(os, r.compare, true);
+  }
+  os << "\ndumps: " << r.reference_dump << " " << r.candidate_dump << "   (" << fmt_num(r.seconds, 3) << " s)\n";
+}
+
+nlohmann::json bisect_to_json(const BisectReport& r) {
+  nlohmann::json j;
+  j["exit_code"] = r.exit_code;
+  j["headline"] = r.headline;
+  j["candidate"] = r.candidate_engine;
+  j["inject"] = r.inject;
+  j["dumps"] = {{"reference", r.reference_dump}, {"candidate", r.candidate_dump}};
+  if (!r.crash.empty()) j["crash"] = {{"what", r.crash}, {"last_committed", r.last_committed}, {"last_stage", r.last_stage}};
+  if (r.first) {
+    j["first_divergence"] = {{"layer", r.first->layer}, {"probe", r.first->name}, {"stage", r.first->stage},
+                             {"why", r.first->why}, {"tolerance", r.first->tol.rel_l2},
+                             {"tolerance_origin", r.first->tol.origin}};
+    j["isolation"] = r.isolation;
+    j["diagnosis"] = {{"pattern", r.diagnosis.pattern}, {"confidence", r.diagnosis.confidence},
+                      {"evidence", r.diagnosis.evidence}};
+    j["drill_down"] = {{"ranks_off", r.drill.ranks_off}, {"heads_off", r.drill.heads_off},
+                       {"tokens_off", r.drill.tokens_off}, {"channels", r.drill.channels}, {"lines", r.drill.lines}};
+    if (!r.full.basis.empty()) j["full_metrics"] = metrics_to_json(r.full);
+  } else {
+    j["first_divergence"] = nullptr;
+  }
+  j["compare"] = compare_to_json(r.compare);
+  j["seconds"] = r.seconds;
+  return j;
+}
+
+std::string bisect_to_junit(const BisectReport& r) {
+  std::string xml = compare_to_junit(r.compare, "mla-bisect");
+  if (!r.crash.empty()) {
+    const std::string tc = "  <testcase classname=\"mla-bisect\" name=\"candidate_run\"><error message=\"" +
+                           xml_escape(r.headline) + "\">" + xml_escape(r.crash) + "</error></testcase>\n";
+    xml.insert(xml.rfind("</testsuite>"), tc);
+  }
+  return xml;
+}
+
+}  // namespace mla

@@ -1,0 +1,55 @@
+// Bisect (DESIGN.md "Bisect"): run a reference and a candidate in child processes, compare their dumps at
+// calibrated tolerances, then isolate the first divergent stage on the reference's exact inputs, drill down
+// and name the pattern.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/compare/compare.h"
+#include "harness/compare/diagnose.h"
+#include "harness/run/engine.h"
+
+namespace mla {
+
+struct BisectOptions {
+  MlaConfig cfg;
+  RunSpec spec;
+  uint64_t weight_seed = 0;
+  std::vector<std::string> run_args;  // the run options as command-line args, for the children
+  std::string reference = "reference";
+  std::string candidate = "reference:precision=bf16";
+  std::string inject;                 // planted in the candidate only
+  double timeout_s = 120;             // per-stage watchdog of each child
+  std::string workdir;                // where the dumps go
+  double k = 4.0;                     // tolerance = k x calibrated noise floor
+  std::map<std::string, double> overrides;
+  bool progress = false;              // print steps on stderr
+};
+
+struct BisectReport {
+  int exit_code = 0;  // 0 none, 1 divergence, 3 an engine crashed or hung
+  std::string headline;
+  std::string reference_dump, candidate_dump, candidate_engine, inject;
+  std::string crash;                  // what the candidate's child did, when it failed
+  std::string last_committed;         // last probe in the candidate's dump
+  std::vector<std::string> last_stage;
+  CompareReport compare;
+  std::optional<ProbeResult> first;   // the first divergence (sketch-level, from the dumps)
+  Metrics full;                       // the divergent probe compared on full tensors
+  std::string isolation;              // "introduced by STAGE" | "amplified ..." | ""
+  Metrics isolated;
+  DrillDown drill;
+  Diagnosis diagnosis;
+  double seconds = 0;
+};
+
+BisectReport run_bisect(const BisectOptions& opt);
+void print_bisect(std::ostream& os, const BisectReport& rep);
+nlohmann::json bisect_to_json(const BisectReport& rep);
+std::string bisect_to_junit(const BisectReport& rep);
+
+}  // namespace mla

@@ -1,0 +1,90 @@
+// fork/exec with a timeout and captured output.
+#include "harness/bisect/child.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+
+#include "harness/model/errors.h"
+
+namespace mla {
+
+std::string ChildResult::describe() const {
+  if (timed_out) return "timed out after " + std::to_string(static_cast<int>(seconds)) + " s and was killed";
+  if (signal) return std::string("killed by signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  return "exited with code " + std::to_string(exit_code);
+}
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw UsageError("cannot find the mla-bisect binary (/proc/self/exe)");
+  buf[n] = 0;
+  return buf;
+}
+
+ChildResult run_child(const std::vector<std::string>& argv, double timeout_s) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw UsageError(std::string("pipe: ") + strerror(errno));
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) throw UsageError(std::string("fork: ") + strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(fds[1]);
+  ChildResult res;
+  char buf[4096];
+  bool open = true;
+  int status = 0;
+  for (;;) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (timeout_s > 0 && elapsed > timeout_s && !res.timed_out) {
+      res.timed_out = true;
+      kill(-pid, SIGKILL);
+    }
+    if (open) {
+      pollfd p{fds[0], POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) {
+        const ssize_t n = read(fds[0], buf, sizeof buf);
+        if (n > 0) {
+          res.output.append(buf, n);
+          if (res.output.size() > 65536) res.output.erase(0, res.output.size() - 65536);
+        } else {
+          open = false;
+        }
+      }
+    } else {
+      usleep(20000);
+    }
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+  }
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);  // a grandchild may still hold the pipe: take what is there, no more
+  while (true) {  // drain what is left
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    res.output.append(buf, n);
+  }
+  close(fds[0]);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (WIFEXITED(status)) res.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) res.signal = WTERMSIG(status);
+  return res;
+}
+
+}  // namespace mla

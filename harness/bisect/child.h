@@ -1,0 +1,23 @@
+// Child processes for engine runs: a candidate that crashes or hangs must not take the harness down.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mla {
+
+struct ChildResult {
+  int exit_code = -1;   // when it exited
+  int signal = 0;       // when a signal ended it
+  bool timed_out = false;
+  double seconds = 0;
+  std::string output;   // stdout + stderr, last 64 KiB
+  std::string describe() const;
+};
+
+// Runs argv[0] with argv, capturing output; kills the process group after `timeout_s` (0: none).
+ChildResult run_child(const std::vector<std::string>& argv, double timeout_s);
+
+// Path of the running mla-bisect binary (/proc/self/exe).
+std::string self_exe();
+
+}  // namespace mla

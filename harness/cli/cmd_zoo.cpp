@@ -1,0 +1,111 @@
+// `mla-bisect zoo`: the harness testing itself on the planted bugs of BUGS.md.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "harness/bisect/zoo.h"
+#include "harness/cli/commands.h"
+#include "harness/cli/run_options.h"
+#include "harness/model/errors.h"
+#include "harness/report/compare_report.h"
+
+namespace mla::cli {
+
+std::string default_candidate();
+
+namespace {
+struct ZooCmdOptions {
+  RunOptions run;
+  std::string candidate;
+  int clean_seeds = 3;
+  std::string only;  // comma list of injections
+  std::string workdir = "mla-bisect-zoo";
+  std::string json;
+  double timeout = 120;
+};
+
+int run_zoo(ZooCmdOptions o) {
+  const MlaConfig cfg = load_model_config(o.run.model);
+  std::vector<ZooCase> cases;
+  const auto only = split_list(o.only);
+  auto selected = [&](const std::string& n) { return only.empty() || std::find(only.begin(), only.end(), n) != only.end(); };
+  auto make_case = [&](const std::string& inject, RunOptions ro, std::vector<std::string> expected, std::string pattern) {
+    ZooCase c;
+    c.inject = inject;
+    c.expected = std::move(expected);
+    c.expected_pattern = std::move(pattern);
+    c.options.cfg = cfg;
+    c.options.spec = ro.to_spec();
+    c.options.spec.validate(cfg);
+    c.options.weight_seed = ro.weight_seed;
+    c.options.run_args = ro.to_args();
+    c.options.candidate = o.candidate.empty() ? default_candidate() : o.candidate;
+    c.options.timeout_s = o.timeout;
+    c.options.workdir = o.workdir + "/" + (inject.empty() ? "clean" + std::to_string(ro.seed) : inject);
+    for (auto& ch : c.options.workdir)
+      if (ch == ':') ch = '_';
+    return c;
+  };
+  for (const auto& e : bug_zoo()) {
+    if (e.needs_quantized || !selected(e.name)) continue;
+    RunOptions ro = o.run;
+    if (!e.mode.empty()) ro.mode = e.mode;
+    if (!e.form.empty()) ro.attention = e.form;
+    else if (ro.mode != o.run.mode) ro.attention.clear();
+    ro.tp = std::max(ro.tp, e.min_tp);
+    // Layouts that make a pattern visible: a sequence within one page beside a longer one; a sequence
+    // without context beside one with context.
+    if (e.name == "page-off-by-one") { ro.batch = 2; ro.context = "40,200"; ro.tokens = 1; }
+    if (e.name == "lse-base2") { ro.batch = 2; ro.context = "0,100"; }
+    if (e.name == "decode-empty-cache") { ro.mode = "prefill"; ro.context.clear(); }
+    if (ro.mode == "prefill") ro.context.clear();
+    cases.push_back(make_case(e.name, ro, e.expected, e.pattern));
+  }
+  if (selected("nan-at")) cases.push_back(make_case("nan-at:q_c:5", o.run, {"q_c"}, "NaN localized to its coordinates"));
+  if (only.empty())
+    for (int s = 0; s < o.clean_seeds; ++s) {
+      RunOptions ro = o.run;
+      ro.seed = o.run.seed + 1000 + s;
+      cases.push_back(make_case("", ro, {}, "clean: must not be flagged"));
+    }
+  std::vector<ZooRow> rows;
+  const bool tty = isatty(2);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (tty) std::cerr << "\r\033[K[" << i + 1 << "/" << cases.size() << "] " << (cases[i].inject.empty() ? "clean" : cases[i].inject) << std::flush;
+    rows.push_back(run_zoo_case(cases[i]));
+  }
+  if (tty) std::cerr << "\r\033[K";
+  print_zoo(std::cout, rows);
+  if (!o.json.empty()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (auto& r : rows)
+      j.push_back({{"inject", r.c.inject}, {"mode", mode_name(r.c.options.spec.mode)}, {"tp", r.c.options.spec.tp},
+                   {"expected", r.c.expected}, {"found", r.found}, {"pattern", r.pattern}, {"verdict", r.verdict},
+                   {"ok", r.ok}, {"seconds", r.seconds}});
+    write_text_file(o.json, j.dump(2));
+  }
+  for (auto& r : rows)
+    if (!r.ok) return ExitCode_divergence;
+  return ExitCode_ok;
+}
+}  // namespace
+
+void setup_zoo(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<ZooCmdOptions>();
+  o->run.model = "tiny";
+  o->run.tokens = 16;
+  auto* cmd = app.add_subcommand("zoo", "Run every planted bug of BUGS.md against the clean reference and score "
+                                        "localization; clean runs must not be flagged. Exit 0 only when all are as "
+                                        "expected");
+  add_run_options(*cmd, o->run);
+  cmd->add_option("--candidate", o->candidate, "Candidate engine (default: cuda when a GPU is present, else "
+                                               "reference:precision=bf16)");
+  cmd->add_option("--clean-seeds", o->clean_seeds, "Clean runs (seeds) that must not be flagged")->capture_default_str();
+  cmd->add_option("--only", o->only, "Comma list of injections to run (default: all)");
+  cmd->add_option("--workdir", o->workdir, "Where the dumps go")->capture_default_str();
+  cmd->add_option("--timeout", o->timeout, "Per-stage watchdog, seconds")->capture_default_str();
+  cmd->add_option("--json", o->json, "Write the table as JSON");
+  cmd->callback([o, &exit_code] { exit_code = run_zoo(*o); });
+}
+
+}  // namespace mla::cli

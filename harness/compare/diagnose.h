@@ -1,0 +1,35 @@
+// Drill-down and diagnosis of a divergent probe: which ranks, heads, tokens and channels carry the error,
+// and the pattern it shows in plain words (BUGS.md's right column), with how sure it is.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/compare/compare.h"
+#include "harness/model/batch.h"
+
+namespace mla {
+
+struct DrillDown {
+  std::vector<int> ranks_off;       // ranks whose shard exceeds the tolerance
+  std::vector<int64_t> heads_off;   // heads above the tolerance
+  std::vector<int64_t> tokens_off;  // tokens above the worst-token tolerance
+  int64_t heads = 0, tokens = 0;
+  std::string channels;             // "rope lanes only", "nope lanes only", "first half", ...
+  std::vector<std::string> lines;   // readable summary
+};
+
+struct Diagnosis {
+  std::string pattern;     // plain words; "no known pattern" when nothing fits
+  std::string confidence;  // high | medium | low
+  std::vector<std::string> evidence;
+};
+
+DrillDown drill_down(const ProbeResult& r, const Metrics& m, const Tolerance& tol);
+// `all` is the whole comparison (some patterns read neighbours, e.g. o_partial for an all-reduce).
+Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol, const Batch& batch,
+                   const CompareReport& all);
+
+// "0-3, 7, 9-12" for a sorted list.
+std::string ranges(const std::vector<int64_t>& v, size_t max_items = 12);
+
+}  // namespace mla

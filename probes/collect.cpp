@@ -4,7 +4,14 @@
 namespace mla {
 
 void add_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
-  if (d.probes.empty() || d.probes.back().layer != layer || d.probes.back().name != spec.name) {
+  // A stage's outputs arrive rank by rank (q_nope, q_pe of rank 0, then of rank 1): look back a little.
+  DumpProbe* found = nullptr;
+  for (auto it = d.probes.rbegin(); it != d.probes.rend() && it->layer == layer; ++it)
+    if (it->name == spec.name) {
+      found = &*it;
+      break;
+    }
+  if (!found) {
     DumpProbe p;
     p.layer = layer;
     p.name = spec.name;
@@ -16,8 +23,9 @@ void add_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const Probe
     p.rope_from = spec.rope_from;
     p.engine_dtype = rec.dtype;
     d.probes.push_back(std::move(p));
+    found = &d.probes.back();
   }
-  auto& ranks = d.probes.back().ranks;
+  auto& ranks = found->ranks;
   if (static_cast<int>(ranks.size()) <= rank) ranks.resize(rank + 1);
   ranks[rank] = rec;
 }

@@ -56,7 +56,7 @@ int run_zoo(ZooCmdOptions o) {
     // Layouts that make a pattern visible: a sequence within one page beside a longer one; a sequence
     // without context beside one with context.
     if (e.name == "page-off-by-one") { ro.batch = 2; ro.context = "40,200"; ro.tokens = 1; }
-    if (e.name == "lse-base2") { ro.batch = 2; ro.context = "0,100"; }
+    if (e.name == "lse-base2") { ro.batch = 2; ro.context = "0,30"; ro.tokens = std::min(ro.tokens > 0 ? ro.tokens : 16, 16); }
     if (e.name == "decode-empty-cache") { ro.mode = "prefill"; ro.context.clear(); }
     if (ro.mode == "prefill") ro.context.clear();
     cases.push_back(make_case(e.name, ro, e.expected, e.pattern));

@@ -4,9 +4,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # ==== the main job: change it here =================================================================
-# Later: a bisect of a planted bug on the built-in model. For now: the reference's per-probe table.
-DEMO_CMD=(build/mla-bisect run --engine reference --model deepseek-v3 --tokens 64)
+# A bisect of a planted bug (rope-neox: rotate-half applied to interleaved rope lanes) on DeepSeek-V3 dims,
+# 64 tokens. The candidate is the CUDA engine when a GPU is present, else a bf16-emulating reference.
+# Exit 1 (a divergence found) is the expected outcome of the demo, so it is reported, not treated as failure.
+DEMO_CMD=(build/mla-bisect bisect --model deepseek-v3 --tokens 64 --inject rope-neox --workdir build/demo)
 # ===================================================================================================
 
 ./scripts/build.sh
-exec "${DEMO_CMD[@]}" "$@"
+rc=0
+"${DEMO_CMD[@]}" "$@" || rc=$?
+if [[ $rc -eq 1 ]]; then
+  echo "demo: the planted bug was found (exit 1 = divergence), as it should be"
+  exit 0
+fi
+exit $rc

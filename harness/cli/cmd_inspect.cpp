@@ -50,8 +50,9 @@ std::string run_line(const Dump& d) {
   std::string s = "mode " + or_dash(d.meta.mode);
   if (r.is_object()) {
     const auto get = [&](const char* k) { return r.contains(k) ? r.at(k).dump() : std::string("-"); };
+    const bool no_context = !r.contains("context") || (r.at("context").is_array() && r.at("context").empty());
     s += ", attention " + r.value("form", std::string("-")) + ", tokens " + get("tokens") + " x batch " +
-         get("batch") + ", context " + get("context") + ", layers " + get("layers");
+         get("batch") + ", context " + (no_context ? std::string("0") : get("context")) + ", layers " + get("layers");
   }
   s += ", tp " + std::to_string(d.meta.tp) + ", seed " + std::to_string(d.meta.seed) + ", inject " +
        (d.meta.inject.empty() ? "none" : d.meta.inject) + ", probe level " + or_dash(d.meta.probe_level);
@@ -159,14 +160,18 @@ int inspect_dump(const InspectOptions& o) {
       nan += r.nan;
       inf += r.inf;
     }
+    char absmax_text[32] = "-";  // a partial sum's absmax is not the max of the ranks' absmax
+    if (!p.ranks.empty() && (p.contract != "partial" || m.tp == 1))
+      std::snprintf(absmax_text, sizeof absmax_text, "%.6g", absmax);
     const std::string ranks = std::to_string(p.ranks.size()) + "/" + std::to_string(m.tp);
     const char* level = p.ranks.empty() ? "-" : probe_level_name(p.ranks[0].level);
-    std::snprintf(line, sizeof line, "%-5d %-12s %-16s %-10s %-5s %-6s %-6s %12s %12.6g %lld/%lld%s\n", p.layer,
+    std::snprintf(line, sizeof line, "%-5d %-12s %-16s %-10s %-5s %-6s %-6s %12s %12s %lld/%lld%s\n", p.layer,
                   p.name.c_str(), shape_string(p.shape).c_str(), p.contract.c_str(), ranks.c_str(), level,
-                  or_dash(p.engine_dtype).c_str(), l2.c_str(), absmax, static_cast<long long>(nan),
+                  or_dash(p.engine_dtype).c_str(), l2.c_str(), absmax_text, static_cast<long long>(nan),
                   static_cast<long long>(inf), differ ? "  replicas differ" : "");
     os << line;
   }
+  if (o.layer >= 0 && !layers.count(o.layer)) os << "(no probes of layer " << o.layer << ")\n";
   if (any_partial)
     os << "\n~: partial sums (o_partial) are not stored summed; L2 estimated from the summed sketches (the all-reduced "
           "probe o is exact)\n";

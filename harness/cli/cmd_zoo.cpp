@@ -61,7 +61,8 @@ int run_zoo(ZooCmdOptions o) {
     if (ro.mode == "prefill") ro.context.clear();
     cases.push_back(make_case(e.name, ro, e.expected, e.pattern));
   }
-  if (selected("nan-at")) cases.push_back(make_case("nan-at:q_c:5", o.run, {"q_c"}, "NaN localized to its coordinates"));
+  if (selected("nan-at"))
+    cases.push_back(make_case("nan-at:kv_c_norm:5", o.run, {"kv_c_norm"}, "NaN localized to its coordinates"));
   if (only.empty())
     for (int s = 0; s < o.clean_seeds; ++s) {
       RunOptions ro = o.run;

@@ -1,0 +1,138 @@
+// End-to-end tests of bisect, zoo and compare through the CLI (label cpu): every BUGS.md entry the reference can
+// plant is localized on the tiny preset, clean runs are not flagged, a hang and a crash give exit 3 naming the
+// stage, and the JSON / JUnit outputs parse.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result sh(const std::string& args) {
+  const std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
+  Result r;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
+  const int st = pclose(p.release());
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string tmpdir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("mla_bisect_test_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+TEST(BisectCli, ZooOnTinyLocalizesEveryEntryAndFlagsNoCleanRun) {
+  for (const char* tp : {"1", "2"}) {
+    SCOPED_TRACE(std::string("tp ") + tp);
+    const auto r = sh(std::string("zoo --model tiny --tokens 16 --tp ") + tp + " --workdir " + tmpdir("zoo") +
+                      " --json " + tmpdir("zoo") + "/zoo.json");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("0 injected bugs missed or mislocated, 0 clean or benign runs flagged"), std::string::npos)
+        << r.out;
+    std::ifstream f(tmpdir("zoo") + "/zoo.json");
+    const auto j = nlohmann::json::parse(f);
+    EXPECT_GE(j.size(), 15u);
+    for (auto& row : j) EXPECT_TRUE(row["ok"].get<bool>()) << row.dump();
+  }
+}
+
+TEST(BisectCli, PatternsAreNamed) {
+  struct Case {
+    const char* args;
+    const char* probe;
+    const char* words;
+  };
+  const Case cases[] = {
+      {"--inject rope-neox", "q_pe_rope", "position 0 exact"},
+      {"--inject rope-mscale", "q_pe_rope", "pure scale"},
+      {"--inject causal-off", "attn_out", "last token exact"},
+      {"--inject kv-b-split", "k_nope", "layout"},
+      {"--inject tp-head-offset --tp 4", "q_nope", "only ranks 1-3"},
+      {"--inject allreduce-skip --tp 2", "o", "all-reduce"},
+      {"--inject page-off-by-one --mode decode --batch 2 --context 40,200", "attn_latent", "one page"},
+      {"--inject lse-base2 --mode chunked --batch 2 --context 0,30", "attn_out", "cached context"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    const std::string dir = tmpdir("pattern");
+    const auto r = sh(std::string("bisect --model tiny --tokens 16 --workdir ") + dir + " --json " + dir + "/b.json " + c.args);
+    ASSERT_EQ(r.code, 1) << r.out;
+    std::ifstream f(dir + "/b.json");
+    const auto j = nlohmann::json::parse(f);
+    EXPECT_EQ(j["first_divergence"]["probe"], c.probe);
+    EXPECT_NE(j["diagnosis"]["pattern"].get<std::string>().find(c.words), std::string::npos) << j["diagnosis"].dump();
+    EXPECT_NE(j["isolation"].get<std::string>().find("introduced by"), std::string::npos) << j["isolation"];
+  }
+}
+
+TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {
+  for (int seed = 0; seed < 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const auto r = sh("bisect --brief --model tiny --tokens 12 --seed " + std::to_string(seed) + " --workdir " +
+                      tmpdir("clean"));
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+}
+
+TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
+  const std::string dir = tmpdir("hang");
+  auto r = sh("bisect --model tiny --tokens 8 --tp 2 --timeout 1 --inject hang-at:rope@1 --workdir " + dir + " --junit " +
+              dir + "/j.xml");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("rank 1 at layer 0 stage rope"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("HUNG"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("last committed probe: layer 0 probe kv_c_norm"), std::string::npos) << r.out;
+  std::ifstream j(dir + "/j.xml");
+  std::string xml((std::istreambuf_iterator<char>(j)), {});
+  EXPECT_NE(xml.find("<error"), std::string::npos);
+
+  r = sh("bisect --model tiny --tokens 8 --inject crash-at:o_proj --workdir " + tmpdir("crash"));
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("CRASHED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stage o_proj"), std::string::npos) << r.out;
+}
+
+TEST(BisectCli, BadInputIsExitTwo) {
+  EXPECT_EQ(sh("bisect --model tiny --inject no-such-bug").code, 2);
+  EXPECT_EQ(sh("bisect --model glm-4.7-flash --tp 8").code, 2);
+  EXPECT_EQ(sh("compare /nonexistent/a.h5 /nonexistent/b.h5").code, 2);
+}
+
+TEST(CompareCli, DumpsOfTwoRunsCompareWithJsonAndJunit) {
+  const std::string dir = tmpdir("compare");
+  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --tp 2 --out " + dir + "/ref.h5").code, 0);
+  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --engine reference:precision=bf16 --out " + dir + "/bf16.h5").code, 0);
+  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --seed 7 --engine reference:precision=bf16 --out " + dir + "/other.h5").code, 0);
+  // A tp 1 bf16 run against a tp 2 FP32 run: gathered, calibrated, within tolerance.
+  auto r = sh("compare " + dir + "/bf16.h5 " + dir + "/ref.h5 --json " + dir + "/c.json --junit " + dir + "/c.xml");
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::ifstream jf(dir + "/c.json");
+  const auto j = nlohmann::json::parse(jf);
+  EXPECT_TRUE(j["first_divergence"].is_null());
+  EXPECT_GT(j["probes"].size(), 10u);
+  std::ifstream xf(dir + "/c.xml");
+  std::string xml((std::istreambuf_iterator<char>(xf)), {});
+  EXPECT_NE(xml.find("<testcase"), std::string::npos);
+  EXPECT_EQ(xml.find("<failure"), std::string::npos);
+  // Another input seed must fail at the very first probe.
+  r = sh("compare " + dir + "/other.h5 " + dir + "/ref.h5");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FIRST DIVERGENCE: layer 0 probe x"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -65,9 +65,12 @@ struct Dump {
   RunSpec spec() const;      // from meta.run_options
 };
 
-// The ProbeSink that writes a dump. Construction writes the journal header (meta, inputs) and fsyncs it;
-// each record is appended with write(2) (survives SIGKILL and abort: the kernel holds the bytes);
-// finish() writes the HDF5 file (temp + fsync + rename), then removes the journal.
+// The ProbeSink that writes a dump. Construction writes the journal header (meta, inputs) and fsyncs it, and
+// removes an older FILE.h5 (the journal is now the truth about that path); each record is appended with
+// write(2) (survives SIGKILL and abort: the kernel holds the bytes); finish() appends a finish record, writes
+// the HDF5 file (temp + fsync + rename), then removes the journal. Destroyed without finish() (an exception),
+// it leaves the journal for recovery. Thread-safe: a watchdog thread may finish() while the run's thread
+// records; records after finish() are dropped. Journal format: probes/journal.h.
 class DumpWriter : public ProbeSink {
  public:
   DumpWriter(std::string path, const DumpMeta& meta, const Inputs* inputs);  // inputs may be null
@@ -81,12 +84,25 @@ class DumpWriter : public ProbeSink {
   std::unique_ptr<Impl> impl_;
 };
 
-// Reads a dump. If a journal is beside it (the writer died), folds it first: every intact record is kept,
-// the status says where the run stopped. Throws UsageError with the path and what is wrong for a missing,
-// truncated, corrupt or foreign file.
-Dump read_dump(const std::string& path);
+// What read_dump loads; commands that need less (inspect, run --input) skip the rest.
+struct DumpReadOptions {
+  bool inputs = true;  // /inputs
+  bool probes = true;  // /layer{l}/...
+  bool data = true;    // full tensors (rank{r}/data); false: stats, maps and sketches only
+};
 
-// Folds FILE.h5.journal into FILE.h5 if present; returns true if it did. (read_dump calls this.)
+// Reads a dump. If a journal is beside it (the writer died), folds it first: every intact record is kept,
+// the status says where the run stopped. If the writer is still alive (it holds the journal's lock), the
+// journal is read as it stands, nothing is written, and the status says "running: ...". (Where FILE.h5 cannot
+// be written, e.g. a read-only directory, the fold is returned from memory and the journal stays.) Throws UsageError
+// with the path and what is wrong for a missing, truncated, corrupt or foreign file.
+Dump read_dump(const std::string& path, const DumpReadOptions& opts = {});
+
+// Folds FILE.h5.journal into FILE.h5 if present; returns true if it did (false: no journal, or its writer is
+// still alive). The status is the finish record's if the run got that far (it was killed while writing the
+// HDF5 file), else "stopped: after layer L probe P rank R" (the last record committed); last_stage holds
+// "layer L stage S" per rank from the stage markers. A journal without an intact header is a UsageError and
+// is left in place. (read_dump calls this.)
 bool recover_dump(const std::string& path);
 
 // Writes a Dump as HDF5 atomically (temp file in the same directory, fsync, rename). Used by the writer,

@@ -135,4 +135,16 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
   return rec;
 }
 
+void TeeSink::stage_begin(int layer, Stage stage, int rank) {
+  for (auto* s : sinks_) s->stage_begin(layer, stage, rank);
+}
+
+void TeeSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  for (auto* s : sinks_) s->record(layer, spec, rank, rec);
+}
+
+void TeeSink::finish(const std::string& status) {
+  for (auto* s : sinks_) s->finish(status);
+}
+
 }  // namespace mla

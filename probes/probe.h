@@ -68,4 +68,18 @@ class ProbeSink {
   virtual void finish(const std::string& /*status*/) {}
 };
 
+// Forwards everything to several sinks, in the order given (e.g. the terminal table and a dump writer).
+class TeeSink : public ProbeSink {
+ public:
+  TeeSink() = default;
+  explicit TeeSink(std::vector<ProbeSink*> sinks) : sinks_(std::move(sinks)) {}
+  void add(ProbeSink& sink) { sinks_.push_back(&sink); }
+  void stage_begin(int layer, Stage stage, int rank) override;
+  void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  void finish(const std::string& status) override;
+
+ private:
+  std::vector<ProbeSink*> sinks_;
+};
+
 }  // namespace mla

@@ -1,0 +1,671 @@
+// Dumps: the journal-backed writer, folding a journal into HDF5 (at finish or on recovery), and the
+// HDF5 reader and writer of schema_version 1 (DESIGN.md "Probes and the dump").
+#include "probes/dump.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "harness/model/errors.h"
+#include "probes/h5.h"
+#include "probes/journal.h"
+
+namespace mla {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "mla-bisect-dump";
+constexpr int kSchemaVersion = 1;
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Folding a journal into a Dump
+// ---------------------------------------------------------------------------------------------------
+
+enum class FoldMode { FoldMode_finish, FoldMode_recover, FoldMode_live };
+
+// Builds the Dump from the intact records of a journal. finish: the status is the writer's; recover: the
+// finish record's status if the run got that far, else "stopped: after <the last probe committed>";
+// live: "running: ...". A journal whose header is unreadable cannot be folded: UsageError.
+Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::string& jpath, FoldMode mode,
+          const std::string& finish_status = "") {
+  if (sc.records.empty() || sc.records.front().type != journal::RecordType::RecordType_header)
+    throw UsageError(jpath + ": the journal has no intact header record (" +
+                     (sc.problem.empty() ? std::string("empty file") : sc.problem) +
+                     "); nothing can be recovered from it. It is left in place; delete it to read or rewrite " +
+                     dump_path);
+  journal::Header h;
+  try {
+    h = journal::decode_header(sc.records.front().payload);
+  } catch (const journal::FormatError& e) {
+    throw UsageError(jpath + ": unreadable journal header: " + e.what());
+  }
+  Dump d;
+  d.path = dump_path;
+  d.meta = std::move(h.meta);
+  d.created_utc = h.created_utc;
+  d.tool_version = h.tool_version;
+  d.git_sha = h.git_sha;
+  d.has_inputs = h.has_inputs;
+  d.inputs = std::move(h.inputs);
+
+  std::map<std::pair<int, std::string>, size_t> index;
+  std::vector<std::string> last_stage(std::max(d.meta.tp, 1), "not started");
+  std::string last_probe, finished_status, problem = sc.problem;
+  bool finished = false;
+  uint64_t good = sc.good_bytes;
+  for (size_t i = 1; i < sc.records.size(); ++i) {
+    const auto& r = sc.records[i];
+    try {
+      switch (r.type) {
+        case journal::RecordType::RecordType_header: throw journal::FormatError("a second header record");
+        case journal::RecordType::RecordType_probe: {
+          auto e = journal::decode_probe(r.payload);
+          const auto key = std::make_pair(e.probe.layer, e.probe.name);
+          auto it = index.find(key);
+          if (it == index.end()) {
+            it = index.emplace(key, d.probes.size()).first;
+            d.probes.push_back(e.probe);
+          }
+          auto& ranks = d.probes[it->second].ranks;
+          if (e.rank < static_cast<int>(ranks.size())) {
+            ranks[e.rank] = std::move(e.rec);  // recorded again (a re-run stage): the later one wins
+          } else if (e.rank == static_cast<int>(ranks.size())) {
+            ranks.push_back(std::move(e.rec));
+          } else {
+            throw journal::FormatError("probe " + e.probe.name + " rank " + std::to_string(e.rank) +
+                                       " recorded before rank " + std::to_string(ranks.size()));
+          }
+          last_probe = "layer " + std::to_string(e.probe.layer) + " probe " + e.probe.name + " rank " +
+                       std::to_string(e.rank);
+          break;
+        }
+        case journal::RecordType::RecordType_stage: {
+          const auto e = journal::decode_stage(r.payload);
+          if (e.rank >= static_cast<int>(last_stage.size())) last_stage.resize(e.rank + 1, "not started");
+          last_stage[e.rank] = "layer " + std::to_string(e.layer) + " stage " + e.stage;
+          break;
+        }
+        case journal::RecordType::RecordType_finish:
+          finished_status = journal::decode_finish(r.payload);
+          finished = true;
+          break;
+      }
+    } catch (const journal::FormatError& e) {
+      problem = std::string("record at byte ") + std::to_string(r.offset) + ": " + e.what();
+      good = r.offset;
+      break;
+    }
+  }
+  std::stable_sort(d.probes.begin(), d.probes.end(), [](const DumpProbe& a, const DumpProbe& b) {
+    return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
+  });
+  d.last_stage = std::move(last_stage);
+
+  const std::string where = last_probe.empty() ? "before the first probe" : "after " + last_probe;
+  const uint64_t dropped = sc.total_bytes - good;
+  const std::string note = dropped > 0 ? " (journal: " + std::to_string(dropped) + " bytes from byte " +
+                                             std::to_string(good) + " dropped: " + problem + ")"
+                                       : "";
+  switch (mode) {
+    case FoldMode::FoldMode_finish:
+      if (dropped > 0) throw UsageError(jpath + ": the journal was damaged while the run wrote it: " + problem);
+      d.status = finish_status;
+      break;
+    case FoldMode::FoldMode_recover: d.status = finished ? finished_status : "stopped: " + where + note; break;
+    case FoldMode::FoldMode_live: d.status = "running: " + where; break;
+  }
+  return d;
+}
+
+// Removes X.h5.tmp.PID files whose writer is gone (killed while writing the HDF5 file).
+void remove_stale_temps(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(e.path(), ec);
+  }
+}
+
+enum class JournalState { JournalState_none, JournalState_folded, JournalState_live, JournalState_unwritable };
+
+// Folds FILE.h5.journal into FILE.h5 unless its writer is alive; then, with `snapshot`, reads it as it stands.
+// Where FILE.h5 cannot be written (a read-only directory), `snapshot` gets the fold and the journal stays.
+JournalState fold_journal(const std::string& path, Dump* snapshot) {
+  const std::string jpath = journal::journal_path(path);
+  Fd fd(::open(jpath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return JournalState::JournalState_none;
+    throw UsageError(jpath + ": cannot open the dump journal: " + std::strerror(errno));
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) throw UsageError(jpath + ": cannot lock the dump journal: " + std::strerror(errno));
+    if (snapshot) {
+      const journal::Scan sc = journal::scan(fd.get(), jpath);
+      if (sc.records.empty())
+        throw UsageError(path + ": the run writing this dump is alive and has not written its journal header yet");
+      *snapshot = fold(sc, path, jpath, FoldMode::FoldMode_live);
+    }
+    return JournalState::JournalState_live;
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || st.st_nlink == 0) return JournalState::JournalState_none;  // folded meanwhile
+  Dump d = fold(journal::scan(fd.get(), jpath), path, jpath, FoldMode::FoldMode_recover);
+  try {
+    write_dump_h5(d, path);
+  } catch (const UsageError&) {
+    if (!snapshot) throw;
+    *snapshot = std::move(d);
+    return JournalState::JournalState_unwritable;
+  }
+  ::unlink(jpath.c_str());
+  journal::sync_dir(jpath);
+  remove_stale_temps(path);
+  return JournalState::JournalState_folded;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// HDF5 writing
+// ---------------------------------------------------------------------------------------------------
+
+void write_inputs(h5::Group& root, const Inputs& in) {
+  h5::Group g = root.create_group("inputs");
+  const auto& b = in.batch;
+  const int64_t B = b.num_seqs();
+  g.write<float>("x", in.x.shape, in.x.data);
+  g.write<int32_t>("positions", {static_cast<int64_t>(b.positions.size())}, b.positions);
+  g.write<int32_t>("seq_lens", {B}, b.new_lens);
+  g.write<int32_t>("context_lens", {B}, b.context_lens);
+  g.write<int32_t>("block_table", {B, b.max_blocks}, b.block_table);
+  g.set_attr("num_blocks", static_cast<int64_t>(b.num_blocks));
+  if (!in.kv_cache.empty()) {
+    // [layers, blocks, 64, L+R]: one dataset so h5py slices it per layer.
+    const auto& s0 = in.kv_cache.front().shape;
+    std::vector<int64_t> shape = {static_cast<int64_t>(in.kv_cache.size())};
+    shape.insert(shape.end(), s0.begin(), s0.end());
+    std::vector<float> all;
+    all.reserve(static_cast<size_t>(shape_numel(shape)));
+    for (const auto& c : in.kv_cache) {
+      if (c.shape != s0) throw UsageError("dump inputs: kv caches of different shapes per layer");
+      all.insert(all.end(), c.data.begin(), c.data.end());
+    }
+    g.write<float>("kv_cache", shape, all);
+  }
+}
+
+void write_probe(h5::Group& layer, const DumpProbe& p) {
+  h5::Group g = layer.create_group(p.name);
+  g.set_attr("order", static_cast<int64_t>(p.order));
+  g.set_attr("stage", p.stage);
+  g.set_attr("contract", p.contract);
+  g.set_attr("shape", p.shape);
+  g.set_attr("engine_dtype", p.engine_dtype);
+  g.set_attr("heads_axis", static_cast<int64_t>(p.heads_axis));
+  g.set_attr("rope_from", static_cast<int64_t>(p.rope_from));
+  const int64_t T = p.shape.empty() ? 0 : p.shape[0];
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    const ProbeRecord& rec = p.ranks[r];
+    h5::Group rg = g.create_group("rank" + std::to_string(r));
+    rg.set_attr("l2", rec.l2);
+    rg.set_attr("absmax", rec.absmax);
+    rg.set_attr("mean", rec.mean);
+    rg.set_attr("std", rec.std);
+    rg.set_attr("nan", rec.nan);
+    rg.set_attr("inf", rec.inf);
+    rg.set_attr("checksum", rec.checksum);
+    rg.set_attr("level", probe_level_name(rec.level));
+    rg.set_attr("shape", rec.shape);
+    rg.set_attr("dtype", rec.dtype);
+    const auto check = [&](const std::vector<float>& v, int64_t cols, const char* what) {
+      if (T <= 0 || static_cast<int64_t>(v.size()) != T * cols)
+        throw UsageError(rg.where() + ": " + what + " holds " + std::to_string(v.size()) + " values, expected " +
+                         std::to_string(T) + " x " + std::to_string(cols));
+    };
+    if (!rec.token_l2.empty()) {
+      check(rec.token_l2, 1, "token_l2");
+      rg.write<float>("token_l2", {T}, rec.token_l2);
+    }
+    if (!rec.head_l2.empty()) {
+      const int64_t heads = T > 0 ? static_cast<int64_t>(rec.head_l2.size()) / T : 0;
+      check(rec.head_l2, heads, "head_l2");
+      rg.write<float>("head_l2", {T, heads}, rec.head_l2);
+    }
+    if (!rec.sketch.empty()) {
+      check(rec.sketch, kSketchDim, "sketch");
+      rg.write<float>("sketch", {T, kSketchDim}, rec.sketch);
+    }
+    if (!rec.data.empty()) rg.write<float>("data", rec.data.shape, rec.data.data);
+  }
+}
+
+void write_file(h5::File& f, const Dump& d) {
+  const auto& m = d.meta;
+  f.set_attr("format", kFormat);
+  f.set_attr("schema_version", static_cast<int64_t>(kSchemaVersion));
+  f.set_attr("tool_version", d.tool_version.empty() ? std::string(MLA_VERSION) : d.tool_version);
+  f.set_attr("git_sha", d.git_sha.empty() ? std::string(MLA_GIT_SHA) : d.git_sha);
+  f.set_attr("created_utc", d.created_utc.empty() ? utc_now() : d.created_utc);
+  f.set_attr("engine", m.engine);
+  f.set_attr("engine_options", m.engine_options);
+  f.set_attr("engine_dtype", m.engine_dtype);
+  f.set_attr("device", m.device);
+  f.set_attr("model", m.model.is_null() ? std::string("null") : m.model.dump());
+  f.set_attr("run_options", m.run_options.is_null() ? std::string("null") : m.run_options.dump());
+  f.set_attr("tp", static_cast<int64_t>(m.tp));
+  f.set_attr("mode", m.mode);
+  f.set_attr("seed", m.seed);
+  f.set_attr("inject", m.inject);
+  f.set_attr("probe_level", m.probe_level);
+  f.set_attr("command", m.command);
+  f.set_attr("status", d.status);
+  f.set_attr("last_stage", json(d.last_stage).dump());
+  if (d.has_inputs) write_inputs(f, d.inputs);
+  std::map<int, h5::Group> layers;
+  for (const auto& p : d.probes) {
+    auto it = layers.find(p.layer);
+    if (it == layers.end()) it = layers.emplace(p.layer, f.create_group("layer" + std::to_string(p.layer))).first;
+    write_probe(it->second, p);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// HDF5 reading
+// ---------------------------------------------------------------------------------------------------
+
+json json_attr(const h5::Object& o, const std::string& name) {
+  if (!o.has_attr(name)) return nullptr;
+  const std::string text = o.attr_string(name);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw UsageError(o.where() + ": attribute '" + name + "' is not valid JSON: " + e.what());
+  }
+}
+
+void read_inputs(const h5::Group& root, Dump& d) {
+  const h5::Group g = root.open_group("inputs");
+  const std::string& w = g.where();
+  Inputs& in = d.inputs;
+  auto& b = in.batch;
+  std::vector<int64_t> xs;
+  in.x.data = g.read<float>("x", {-1, -1}, &xs);
+  in.x.shape = xs;
+  const int64_t T = xs[0];
+  if (T <= 0 || xs[1] <= 0) throw UsageError(w + "/x: empty [" + std::to_string(T) + "," + std::to_string(xs[1]) + "]");
+  b.positions = g.read<int32_t>("positions", {T});
+  std::vector<int64_t> ss;
+  b.new_lens = g.read<int32_t>("seq_lens", {-1}, &ss);
+  const int64_t B = ss[0];
+  b.context_lens = g.read<int32_t>("context_lens", {B});
+  std::vector<int64_t> bs;
+  b.block_table = g.read<int32_t>("block_table", {B, -1}, &bs);
+  b.max_blocks = static_cast<int>(bs[1]);
+  const int64_t nb = g.attr_int("num_blocks");
+  if (nb <= 0 || nb > (int64_t{1} << 30)) throw UsageError(w + ": num_blocks " + std::to_string(nb) + " is out of range");
+  b.num_blocks = static_cast<int>(nb);
+
+  // Everything an engine indexes with must be in range: a bad dump is a usage error, never a wild read.
+  int64_t total = 0;
+  for (int64_t s = 0; s < B; ++s) {
+    if (b.new_lens[s] <= 0) throw UsageError(w + "/seq_lens: sequence " + std::to_string(s) + " has no new tokens");
+    if (b.context_lens[s] < 0) throw UsageError(w + "/context_lens: negative for sequence " + std::to_string(s));
+    const int64_t pages = (static_cast<int64_t>(b.context_lens[s]) + b.new_lens[s] + kPageSize - 1) / kPageSize;
+    if (pages > b.max_blocks)
+      throw UsageError(w + "/block_table: sequence " + std::to_string(s) + " needs " + std::to_string(pages) +
+                       " pages, the table has " + std::to_string(b.max_blocks) + " columns");
+    for (int i = 0; i < b.new_lens[s]; ++i) b.token_seq.push_back(static_cast<int>(s));
+    total += b.new_lens[s];
+  }
+  if (total != T)
+    throw UsageError(w + ": seq_lens add up to " + std::to_string(total) + " tokens, x has " + std::to_string(T));
+  for (int v : b.block_table)
+    if (v < 0 || v >= b.num_blocks)
+      throw UsageError(w + "/block_table: page id " + std::to_string(v) + " outside [0, " + std::to_string(nb) + ")");
+  for (int64_t t = 0; t < T; ++t)
+    if (b.positions[t] < 0 || b.positions[t] >= static_cast<int64_t>(b.max_blocks) * kPageSize)
+      throw UsageError(w + "/positions: token " + std::to_string(t) + " at position " +
+                       std::to_string(b.positions[t]) + " is outside the block table");
+
+  if (g.has("kv_cache")) {
+    std::vector<int64_t> cs;
+    const auto all = g.read<float>("kv_cache", {-1, nb, kPageSize, -1}, &cs);
+    const int64_t per = nb * kPageSize * cs[3];
+    for (int64_t l = 0; l < cs[0]; ++l) {
+      Tensor c;
+      c.shape = {nb, kPageSize, cs[3]};
+      c.data.assign(all.begin() + l * per, all.begin() + (l + 1) * per);
+      in.kv_cache.push_back(std::move(c));
+    }
+  }
+  d.has_inputs = true;
+}
+
+std::vector<int64_t> local_probe_shape(const DumpProbe& p, int tp) {
+  auto s = p.shape;
+  if (p.contract == "heads") s[p.heads_axis] /= tp;
+  return s;
+}
+
+DumpProbe read_probe(const h5::Group& g, int layer, const std::string& name, int tp, const DumpReadOptions& opts) {
+  const std::string& w = g.where();
+  DumpProbe p;
+  p.layer = layer;
+  p.name = name;
+  p.stage = g.attr_string("stage");
+  p.contract = g.attr_string("contract");
+  p.shape = g.attr_ints("shape");
+  p.order = static_cast<int>(g.attr_int("order"));
+  p.engine_dtype = g.attr_string_or("engine_dtype", "");
+  p.heads_axis = static_cast<int>(g.attr_int_or("heads_axis", -1));
+  p.rope_from = static_cast<int>(g.attr_int_or("rope_from", -1));
+  if (p.contract != "replicated" && p.contract != "heads" && p.contract != "partial")
+    throw UsageError(w + ": contract '" + p.contract + "' (expected replicated, heads or partial)");
+  if (p.shape.empty()) throw UsageError(w + ": empty shape");
+  for (int64_t s : p.shape)
+    if (s <= 0 || s > (int64_t{1} << 40)) throw UsageError(w + ": shape " + shape_string(p.shape) + " is not valid");
+  if (p.heads_axis < -1 || p.heads_axis >= static_cast<int>(p.shape.size()))
+    throw UsageError(w + ": heads_axis " + std::to_string(p.heads_axis) + " outside shape " + shape_string(p.shape));
+  if (p.contract == "heads") {
+    if (p.heads_axis < 0) throw UsageError(w + ": contract heads without a heads_axis");
+    if (p.shape[p.heads_axis] % tp != 0)
+      throw UsageError(w + ": " + std::to_string(p.shape[p.heads_axis]) + " heads do not divide over tp " +
+                       std::to_string(tp));
+  }
+  const int64_t T = p.shape[0];
+  const auto local = local_probe_shape(p, tp);
+
+  std::map<int, std::string> rank_groups;
+  for (const auto& c : g.children()) {
+    if (c.rfind("rank", 0) != 0 || c.size() == 4 || c.find_first_not_of("0123456789", 4) != std::string::npos) continue;
+    if (c.size() > 9) throw UsageError(w + ": implausible group '" + c + "'");
+    rank_groups[std::stoi(c.substr(4))] = c;
+  }
+  int expect = 0;
+  for (const auto& [r, c] : rank_groups) {
+    if (r != expect) throw UsageError(w + ": has " + c + " but no rank" + std::to_string(expect));
+    if (r >= tp) throw UsageError(w + ": has " + c + " but the dump's tp is " + std::to_string(tp));
+    ++expect;
+  }
+  for (const auto& [r, c] : rank_groups) {
+    const h5::Group rg = g.open_group(c);
+    ProbeRecord rec;
+    rec.l2 = rg.attr_double("l2");
+    rec.absmax = rg.attr_double("absmax");
+    rec.mean = rg.attr_double("mean");
+    rec.std = rg.attr_double("std");
+    rec.nan = rg.attr_int("nan");
+    rec.inf = rg.attr_int("inf");
+    rec.checksum = rg.has_attr("checksum") ? rg.attr_uint("checksum") : 0;
+    rec.dtype = rg.attr_string_or("dtype", p.engine_dtype);
+    rec.shape = rg.has_attr("shape") ? rg.attr_ints("shape") : local;
+    if (rec.shape != local)
+      throw UsageError(rg.where() + ": shape " + shape_string(rec.shape) + ", expected " + shape_string(local) +
+                       " (" + p.contract + " probe " + shape_string(p.shape) + " at tp " + std::to_string(tp) + ")");
+    const bool has_data = rg.has("data");
+    const std::string level = rg.attr_string_or("level", has_data ? "full" : rg.has("sketch") ? "sketch" : "stats");
+    try {
+      rec.level = parse_probe_level(level);
+    } catch (const UsageError&) {
+      throw UsageError(rg.where() + ": level '" + level + "' (expected stats, sketch or full)");
+    }
+    if (rg.has("token_l2")) rec.token_l2 = rg.read<float>("token_l2", {T});
+    if (rg.has("head_l2")) {
+      if (p.heads_axis < 0) throw UsageError(rg.where() + ": head_l2 on a probe without a heads axis");
+      rec.head_l2 = rg.read<float>("head_l2", {T, local[p.heads_axis]});
+    }
+    if (rg.has("sketch")) rec.sketch = rg.read<float>("sketch", {T, kSketchDim});
+    if (has_data && opts.data) {
+      rec.data.data = rg.read<float>("data", local);
+      rec.data.shape = local;
+    }
+    p.ranks.push_back(std::move(rec));
+  }
+  return p;
+}
+
+bool parse_layer_name(const std::string& name, int* layer) {
+  if (name.rfind("layer", 0) != 0 || name.size() == 5 || name.size() > 12) return false;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return false;
+  *layer = std::stoi(name.substr(5));
+  return true;
+}
+
+Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UsageError(path + ": no such file");
+  if (fs::is_directory(path, ec)) throw UsageError(path + ": is a directory, not a dump");
+  if (!h5::File::is_hdf5(path)) {
+    const auto size = fs::file_size(path, ec);
+    throw UsageError(path + ": not an HDF5 file (" + std::to_string(ec ? 0 : size) +
+                     " bytes without an HDF5 superblock: a foreign file, or a dump truncated at its start)");
+  }
+  const h5::File f = h5::File::open_read(path);
+  if (!f.has_attr("format"))
+    throw UsageError(path + ": an HDF5 file but not an mla-bisect dump (no 'format' attribute on the root group)");
+  const std::string format = f.attr_string("format");
+  if (format != kFormat)
+    throw UsageError(path + ": format is '" + format + "', expected '" + kFormat + "'");
+  Dump d;
+  d.path = path;
+  d.schema_version = static_cast<int>(f.attr_int("schema_version"));
+  if (d.schema_version != kSchemaVersion)
+    throw UsageError(path + ": schema_version " + std::to_string(d.schema_version) +
+                     " is not supported (this mla-bisect " MLA_VERSION " reads schema_version " +
+                     std::to_string(kSchemaVersion) + ")");
+  d.tool_version = f.attr_string_or("tool_version", "");
+  d.git_sha = f.attr_string_or("git_sha", "");
+  d.created_utc = f.attr_string_or("created_utc", "");
+  auto& m = d.meta;
+  m.engine = f.attr_string_or("engine", "");
+  m.engine_options = f.attr_string_or("engine_options", "");
+  m.engine_dtype = f.attr_string_or("engine_dtype", "");
+  m.device = f.attr_string_or("device", "");
+  m.model = json_attr(f, "model");
+  m.run_options = json_attr(f, "run_options");
+  const int64_t tp = f.attr_int_or("tp", 1);
+  if (tp < 1 || tp > 4096) throw UsageError(path + ": tp " + std::to_string(tp) + " is out of range");
+  m.tp = static_cast<int>(tp);
+  m.mode = f.attr_string_or("mode", "");
+  m.seed = f.has_attr("seed") ? f.attr_uint("seed") : 0;
+  m.inject = f.attr_string_or("inject", "");
+  m.probe_level = f.attr_string_or("probe_level", "");
+  m.command = f.attr_string_or("command", "");
+  d.status = f.attr_string_or("status", "complete");
+  const json ls = json_attr(f, "last_stage");
+  if (ls.is_array())
+    for (const auto& s : ls)
+      if (s.is_string()) d.last_stage.push_back(s.get<std::string>());
+
+  if (opts.inputs && f.has("inputs")) read_inputs(f, d);
+  if (opts.probes) {
+    for (const auto& c : f.children()) {
+      int layer = 0;
+      if (!parse_layer_name(c, &layer)) continue;
+      const h5::Group lg = f.open_group(c);
+      for (const auto& pn : lg.children())
+        if (lg.has_group(pn)) d.probes.push_back(read_probe(lg.open_group(pn), layer, pn, m.tp, opts));
+    }
+    std::stable_sort(d.probes.begin(), d.probes.end(), [](const DumpProbe& a, const DumpProbe& b) {
+      return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
+    });
+  }
+  return d;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Public API
+// ---------------------------------------------------------------------------------------------------
+
+const DumpProbe* Dump::find(int layer, const std::string& name) const {
+  for (const auto& p : probes)
+    if (p.layer == layer && p.name == name) return &p;
+  return nullptr;
+}
+
+MlaConfig Dump::config() const {
+  if (meta.model.is_null()) throw UsageError(path + ": the dump has no model configuration (root attribute 'model')");
+  try {
+    return config_from_json(meta.model);
+  } catch (const UsageError& e) {
+    throw UsageError(path + ": model configuration: " + e.what());
+  } catch (const json::exception& e) {
+    throw UsageError(path + ": model configuration: " + e.what());
+  }
+}
+
+RunSpec Dump::spec() const {
+  if (meta.run_options.is_null()) throw UsageError(path + ": the dump has no run options (root attribute 'run_options')");
+  try {
+    return run_spec_from_json(meta.run_options);
+  } catch (const UsageError& e) {
+    throw UsageError(path + ": " + e.what());
+  }
+}
+
+struct DumpWriter::Impl {
+  std::string path;
+  journal::Writer journal;
+  bool finished = false;
+  // A watchdog thread may close the dump while the run's thread is still recording.
+  std::mutex mu;
+  Impl(std::string p) : path(std::move(p)), journal(journal::journal_path(path)) {}
+};
+
+DumpWriter::DumpWriter(std::string path, const DumpMeta& meta, const Inputs* inputs)
+    : impl_(std::make_unique<Impl>(std::move(path))) {
+  journal::Header h;
+  h.meta = meta;
+  h.created_utc = utc_now();
+  h.tool_version = MLA_VERSION;
+  h.git_sha = MLA_GIT_SHA;
+  h.has_inputs = inputs != nullptr;
+  if (inputs) h.inputs = *inputs;
+  impl_->journal.append(journal::RecordType::RecordType_header, journal::encode_header(h));
+  impl_->journal.sync();
+  // From here on the journal is the truth about this path: an older dump there must not be mistaken for it.
+  if (::unlink(impl_->path.c_str()) == 0) journal::sync_dir(impl_->path);
+}
+
+DumpWriter::~DumpWriter() = default;  // without finish(), the journal stays for recovery
+
+void DumpWriter::stage_begin(int layer, Stage stage, int rank) {
+  const std::string payload = journal::encode_stage(layer, stage, rank);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->finished) return;  // closed by another thread (watchdog): the process is on its way out
+  impl_->journal.append(journal::RecordType::RecordType_stage, payload);
+}
+
+void DumpWriter::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  const std::string payload = journal::encode_probe(layer, spec, rank, rec);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->finished) return;
+  impl_->journal.append(journal::RecordType::RecordType_probe, payload);
+}
+
+void DumpWriter::finish(const std::string& status) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->finished) return;
+  auto& j = impl_->journal;
+  j.append(journal::RecordType::RecordType_finish, journal::encode_finish(status));
+  j.sync();
+  const Dump d = fold(journal::scan(j.fd(), j.path()), impl_->path, j.path(), FoldMode::FoldMode_finish, status);
+  write_dump_h5(d, impl_->path);
+  j.remove();
+  impl_->finished = true;
+}
+
+bool recover_dump(const std::string& path) {
+  return fold_journal(path, nullptr) == JournalState::JournalState_folded;
+}
+
+Dump read_dump(const std::string& path, const DumpReadOptions& opts) {
+  try {
+    Dump live;
+    const JournalState js = fold_journal(path, &live);
+    if (js == JournalState::JournalState_live || js == JournalState::JournalState_unwritable) {
+      if (!opts.inputs) {
+        live.has_inputs = false;
+        live.inputs = {};
+      }
+      if (!opts.probes) live.probes.clear();
+      if (!opts.data)
+        for (auto& p : live.probes)
+          for (auto& r : p.ranks) r.data = {};
+      return live;
+    }
+    return read_h5(path, opts);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Anything else (an allocation a corrupt size asked for, a filesystem error) is still a bad input.
+    throw UsageError(path + ": cannot read the dump: " + e.what());
+  }
+}
+
+void write_dump_h5(const Dump& dump, const std::string& path) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    {
+      h5::File f = h5::File::create(tmp);
+      write_file(f, dump);
+      f.flush();
+      f.close();
+    }
+    Fd fd(::open(tmp.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0 || ::fsync(fd.get()) != 0)
+      throw UsageError(tmp + ": cannot fsync the new dump: " + std::strerror(errno));
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw UsageError(path + ": cannot rename " + tmp + " into place: " + std::strerror(errno));
+    journal::sync_dir(path);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace mla

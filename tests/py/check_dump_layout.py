@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Reads an mla-bisect dump with h5py, as any outside tool would, and checks the documented layout
+(DESIGN.md "Probes and the dump", schema_version 1) against a JSON sidecar of what the C++ side recorded.
+
+    check_dump_layout.py DUMP.h5 SIDECAR.json
+
+Called by tests/test_dump.cpp (DumpLayout.H5pyFindsTheDocumentedLayout). Exit 0 when everything matches;
+otherwise prints every mismatch and exits 1.
+"""
+import json
+import sys
+
+import h5py
+import numpy as np
+
+ROOT_STRINGS = ["format", "tool_version", "git_sha", "created_utc", "engine", "engine_options", "engine_dtype",
+                "device", "model", "run_options", "mode", "inject", "probe_level", "command", "status", "last_stage"]
+ROOT_INTS = ["schema_version", "tp", "seed"]
+PROBE_ATTRS = ["order", "stage", "contract", "shape", "engine_dtype", "heads_axis", "rope_from"]
+RANK_ATTRS = ["l2", "absmax", "mean", "std", "nan", "inf", "checksum", "level"]
+
+errors = []
+
+
+def check(cond, msg):
+    if not cond:
+        errors.append(msg)
+    return cond
+
+
+def same_f32(dataset, values, shape, where):
+    """Exact float32 equality (the sidecar's numbers are float32 values printed with round-trip precision)."""
+    got = np.asarray(dataset)
+    want = np.asarray(values, dtype=np.float32).reshape(shape)
+    if not check(got.dtype == np.float32, f"{where}: dtype {got.dtype}, expected float32"):
+        return
+    if not check(got.shape == tuple(shape), f"{where}: shape {got.shape}, expected {tuple(shape)}"):
+        return
+    bad = np.flatnonzero(got.reshape(-1).view(np.uint32) != want.reshape(-1).view(np.uint32))
+    check(bad.size == 0, f"{where}: {bad.size} values differ from the C++ side, first at flat index "
+                         f"{bad[0] if bad.size else -1}")
+
+
+def main(dump_path, sidecar_path):
+    with open(sidecar_path) as f:
+        side = json.load(f)
+    with h5py.File(dump_path, "r") as h:
+        a = h.attrs
+        for k in ROOT_STRINGS:
+            if check(k in a, f"/: missing attribute {k}"):
+                check(isinstance(a[k], str), f"/{k}: {type(a[k]).__name__}, expected a (variable-length) string")
+        for k in ROOT_INTS:
+            if check(k in a, f"/: missing attribute {k}"):
+                check(np.issubdtype(np.asarray(a[k]).dtype, np.integer), f"/{k}: not an integer")
+        check(a.get("format") == "mla-bisect-dump", f"/format = {a.get('format')!r}")
+        check(int(a.get("schema_version", -1)) == 1, "/schema_version != 1")
+        check(int(a.get("tp", -1)) == side["tp"], "/tp differs")
+        check(a.get("status") == "complete", f"/status = {a.get('status')!r}")
+        model = json.loads(a["model"])
+        check(model["hidden_size"] == side["model"]["hidden_size"], "/model: hidden_size differs")
+        check(model == side["model"], "/model: differs from MlaConfig::to_json()")
+        run = json.loads(a["run_options"])
+        check(run["tp"] == side["tp"] and run["layers"] == side["layers"], "/run_options: tp/layers differ")
+        last = json.loads(a["last_stage"])
+        check(isinstance(last, list) and len(last) == side["tp"], "/last_stage: not a list of one entry per rank")
+
+        # /inputs
+        si = side["inputs"]
+        if check("inputs" in h, "/inputs missing"):
+            g = h["inputs"]
+            same_f32(g["x"], si["x"], si["x_shape"], "/inputs/x")
+            for name, key in [("positions", "positions"), ("seq_lens", "seq_lens"), ("context_lens", "context_lens")]:
+                d = g[name]
+                check(d.dtype == np.int32, f"/inputs/{name}: dtype {d.dtype}")
+                check(np.array_equal(d[...], np.asarray(si[key], dtype=np.int32)), f"/inputs/{name}: values differ")
+            bt = g["block_table"]
+            check(bt.dtype == np.int32 and bt.shape == (len(si["seq_lens"]), si["max_blocks"]),
+                  f"/inputs/block_table: {bt.dtype} {bt.shape}")
+            check(np.array_equal(bt[...].reshape(-1), np.asarray(si["block_table"])), "/inputs/block_table: values")
+            check(int(g.attrs["num_blocks"]) == si["num_blocks"], "/inputs num_blocks attribute")
+            kv = g["kv_cache"]
+            check(kv.dtype == np.float32 and list(kv.shape) == si["kv_cache_shape"],
+                  f"/inputs/kv_cache: {kv.dtype} {kv.shape}, expected {si['kv_cache_shape']}")
+            check(float(np.abs(kv[...]).sum()) > 0, "/inputs/kv_cache: all zero although the step has context")
+
+        # /layer{l}/{probe}/rank{r}
+        seen_groups = set()
+        for rec in side["records"]:
+            gp = f"/layer{rec['layer']}/{rec['name']}"
+            where = f"{gp}/rank{rec['rank']}"
+            if not check(gp in h, f"{gp}: missing"):
+                continue
+            p = h[gp]
+            if gp not in seen_groups:
+                seen_groups.add(gp)
+                for k in PROBE_ATTRS:
+                    check(k in p.attrs, f"{gp}: missing attribute {k}")
+                check(p.attrs["stage"] == rec["stage"], f"{gp}: stage {p.attrs['stage']!r}")
+                check(p.attrs["contract"] == rec["contract"], f"{gp}: contract {p.attrs['contract']!r}")
+                check(list(p.attrs["shape"]) == rec["shape"], f"{gp}: shape {list(p.attrs['shape'])}")
+                check(np.asarray(p.attrs["shape"]).dtype == np.int64, f"{gp}: shape is not int64")
+                check(int(p.attrs["order"]) == rec["order"], f"{gp}: order")
+                check(int(p.attrs["heads_axis"]) == rec["heads_axis"], f"{gp}: heads_axis")
+                check(int(p.attrs["rope_from"]) == rec["rope_from"], f"{gp}: rope_from")
+            if not check(f"rank{rec['rank']}" in p, f"{where}: missing"):
+                continue
+            r = p[f"rank{rec['rank']}"]
+            for k in RANK_ATTRS:
+                check(k in r.attrs, f"{where}: missing attribute {k}")
+            check(r.attrs["level"] == rec["level"], f"{where}: level {r.attrs['level']!r}, expected {rec['level']}")
+            check(float(r.attrs["l2"]) == rec["l2"], f"{where}: l2 {float(r.attrs['l2'])} != {rec['l2']}")
+            check(np.asarray(r.attrs["checksum"]).dtype == np.uint64, f"{where}: checksum is not uint64")
+            check(int(r.attrs["checksum"]) == rec["checksum"], f"{where}: checksum differs")
+            check(int(r.attrs["nan"]) == rec["nan"], f"{where}: nan count differs")
+            T = rec["shape"][0]
+            same_f32(r["token_l2"], rec["token_l2"], [T], f"{where}/token_l2")
+            if rec["heads_axis"] >= 0:
+                heads = rec["local_shape"][rec["heads_axis"]]
+                if check("head_l2" in r, f"{where}/head_l2: missing"):
+                    same_f32(r["head_l2"], rec["head_l2"], [T, heads], f"{where}/head_l2")
+            else:
+                check("head_l2" not in r, f"{where}/head_l2: present without a heads axis")
+            if rec["level"] == "stats":
+                check("sketch" not in r, f"{where}/sketch: present at stats level")
+            elif check("sketch" in r, f"{where}/sketch: missing at level {rec['level']}"):
+                same_f32(r["sketch"], rec["sketch"], [T, 32], f"{where}/sketch")
+            if rec["level"] == "full":
+                if check("data" in r, f"{where}/data: missing at full level"):
+                    same_f32(r["data"], rec["data"], rec["local_shape"], f"{where}/data")
+            else:
+                check("data" not in r, f"{where}/data: present below full level")
+
+        # Nothing in the file that the run did not record.
+        listed = {f"/layer{rec['layer']}/{rec['name']}" for rec in side["records"]}
+        for lname in h:
+            if lname.startswith("layer"):
+                for pname in h[lname]:
+                    check(f"/{lname}/{pname}" in listed, f"/{lname}/{pname}: not recorded by the run")
+
+    if errors:
+        print(f"{len(errors)} mismatches in {dump_path}:")
+        for e in errors[:50]:
+            print("  " + e)
+        return 1
+    print(f"ok: {dump_path} matches the documented layout ({len(side['records'])} rank records)")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,246 @@
+// `mla-bisect run` end to end: the real binary (MLA_BINARY) in a child process, its exit code, its probe table
+// and its error messages. Exit codes: 0 ok, 2 bad usage or input (DESIGN.md).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/model/batch.h"
+#include "harness/model/config.h"
+#include "harness/model/stage_graph.h"
+
+namespace {
+
+using namespace mla;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::filesystem::path scratch_dir() {
+  const auto dir = std::filesystem::temp_directory_path() / ("mla_test_cli_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `mla-bisect ARGS` with a time limit (a hang must fail the test, not stall CI); stdout and stderr apart.
+CliResult run_cli(const std::string& args) {
+  const auto err_path = scratch_dir() / "stderr.txt";
+  const std::string cmd = "timeout 300 '" MLA_BINARY "' " + args + " 2>'" + err_path.string() + "'";
+  CliResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) {
+    ADD_FAILURE() << "popen failed: " << cmd;
+    return r;
+  }
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.err = slurp(err_path);
+  std::error_code ec;
+  std::filesystem::remove(err_path, ec);
+  std::filesystem::remove(err_path.parent_path(), ec);  // only if empty: a test may keep files there
+  return r;
+}
+
+std::string describe(const std::string& args, const CliResult& r) {
+  return "mla-bisect " + args + "\nexit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out + "\n--- stderr\n" +
+         r.err;
+}
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "\"" << (part) << "\" not in:\n" << (text)
+
+// Table rows "layer probe contract shape dtype L2 absmax nan/inf" of the run output.
+struct Row {
+  int layer;
+  std::string name, contract, shape, nan_inf;
+};
+std::vector<Row> table_rows(const std::string& out) {
+  std::vector<Row> rows;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream f(line);
+    std::string layer, name, contract, shape, dtype, l2, absmax, nan_inf;
+    if (!(f >> layer >> name >> contract >> shape >> dtype >> l2 >> absmax >> nan_inf)) continue;
+    if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) continue;
+    rows.push_back({std::stoi(layer), name, contract, shape, nan_inf});
+  }
+  return rows;
+}
+
+// The run succeeded and printed one row per probe of the graph, per layer, in graph order, with the graph's
+// global shapes and contracts and no NaN or Inf.
+void expect_full_table(const std::string& args, const MlaConfig& cfg, const RunSpec& spec) {
+  const auto r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << describe(args, r);
+  const auto graph = build_graph(cfg, spec.graph_shape());
+  const auto rows = table_rows(r.out);
+  ASSERT_EQ(rows.size(), graph.probes.size() * spec.layers) << describe(args, r);
+  size_t i = 0;
+  for (int l = 0; l < spec.layers; ++l)
+    for (const auto& p : graph.probes) {
+      const auto& row = rows[i++];
+      SCOPED_TRACE("layer " + std::to_string(l) + " probe " + p.name);
+      EXPECT_EQ(row.layer, l);
+      EXPECT_EQ(row.name, p.name);
+      EXPECT_EQ(row.contract, contract_name(p.contract));
+      EXPECT_EQ(row.shape, shape_string(p.shape));
+      EXPECT_EQ(row.nan_inf, "0/0");
+    }
+  EXPECT_CONTAINS(r.out, "model " + cfg.name);
+  EXPECT_CONTAINS(r.out, std::string("mode ") + mode_name(spec.mode));
+  EXPECT_CONTAINS(r.out, std::string("attention ") + form_name(spec.form));
+}
+
+// Every preset, prefill at 2 tokens, one test per preset (ctest can spread them over cores). The
+// DeepSeek-V3-sized presets spend most of their 2-5 s generating ~190M synthetic weights; 2 tokens keeps the
+// run itself short.
+class CliRunPreset : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliRunPreset, PrefillPrintsEveryProbe) {
+  RunSpec spec;
+  spec.tokens = 2;
+  expect_full_table("run --model " + GetParam() + " --tokens 2", *find_preset(GetParam()), spec);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPresets, CliRunPreset, ::testing::ValuesIn(preset_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+TEST(CliRun, EveryModeAndFormOnTiny) {
+  const auto tiny = *find_preset("tiny");
+  struct Case {
+    const char* args;
+    Mode mode;
+    AttentionForm form;
+    int tokens;
+  };
+  const Case cases[] = {
+      {"--mode prefill --tokens 4", Mode::Mode_prefill, AttentionForm::AttentionForm_mha, 4},
+      {"--mode prefill --tokens 4 --attention absorbed", Mode::Mode_prefill, AttentionForm::AttentionForm_absorbed, 4},
+      {"--mode decode --tokens 1", Mode::Mode_decode, AttentionForm::AttentionForm_absorbed, 1},
+      {"--mode decode --tokens 1 --attention mha", Mode::Mode_decode, AttentionForm::AttentionForm_mha, 1},
+      {"--mode decode --tokens 2 --batch 3 --context 70,1,0", Mode::Mode_decode, AttentionForm::AttentionForm_absorbed, 2},
+      {"--mode chunked --tokens 4 --context 65", Mode::Mode_chunked, AttentionForm::AttentionForm_mha, 4},
+      {"--mode chunked --tokens 4 --attention absorbed", Mode::Mode_chunked, AttentionForm::AttentionForm_absorbed, 4},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    RunSpec spec;
+    spec.mode = c.mode;
+    spec.form = c.form;
+    spec.tokens = c.tokens;
+    if (std::string(c.args).find("--batch 3") != std::string::npos) spec.batch = 3;
+    expect_full_table(std::string("run --model tiny ") + c.args, tiny, spec);
+  }
+}
+
+TEST(CliRun, LayersAndTensorParallelOnTiny) {
+  const auto tiny = *find_preset("tiny");
+  RunSpec spec;
+  spec.tokens = 3;
+  spec.layers = 3;
+  expect_full_table("run --model tiny --tokens 3 --layers 3", tiny, spec);
+  spec.layers = 1;
+  spec.tp = 8;
+  expect_full_table("run --model tiny --tokens 3 --tp 8", tiny, spec);
+}
+
+// A config.json path as --model: a small GLM-5-style (glm_moe_dsa) config, so DSA's index_topk is announced
+// as not modelled and the scale is 1/sqrt(192 + 64) = 1/16, without GLM-5's 6 s of weight generation.
+TEST(CliRun, ConfigJsonAsModel) {
+  const auto dir = scratch_dir();
+  const auto path = dir / "small_glm_dsa_config.json";
+  std::ofstream(path) << R"({"model_type": "glm_moe_dsa", "hidden_size": 96, "num_attention_heads": 4,
+    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 16,
+    "rope_theta": 1000000, "rms_norm_eps": 1e-05, "rope_scaling": null, "index_topk": 2048,
+    "num_hidden_layers": 78, "vocab_size": 154880})";
+  const std::string args = "run --model '" + path.string() + "' --tokens 3 --tp 2";
+  const auto r = run_cli(args);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << describe(args, r);
+  EXPECT_CONTAINS(r.err, "index_topk");  // DSA is announced as not modelled
+  EXPECT_CONTAINS(r.out, "softmax scale 0.0625");
+  EXPECT_CONTAINS(r.out, "tp 2");
+  EXPECT_EQ(table_rows(r.out).size(), 17u);  // x, q_a, q_c, q_nope, q_pe, kv_c, k_pe, kv_c_norm, ropes, cache, k_nope, v, attn_out, lse, o_partial, o
+}
+
+TEST(CliRun, HelpOfRunMentionsModel) {
+  const auto r = run_cli("run --help");
+  EXPECT_EQ(r.exit_code, 0) << describe("run --help", r);
+  for (const char* opt : {"--model", "--mode", "--attention", "--tokens", "--tp", "--layers", "--engine"})
+    EXPECT_CONTAINS(r.out, opt);
+  const auto top = run_cli("--help");
+  EXPECT_EQ(top.exit_code, 0) << describe("--help", top);
+  EXPECT_CONTAINS(top.out, "run");
+}
+
+TEST(CliRun, TpThatDoesNotDivideHeadsExits2) {
+  const auto r = run_cli("run --model glm-4.7-flash --tp 8 --tokens 2");
+  EXPECT_EQ(r.exit_code, 2) << describe("--model glm-4.7-flash --tp 8", r);
+  EXPECT_CONTAINS(r.err, "20");
+  EXPECT_CONTAINS(r.err, "heads");
+  EXPECT_CONTAINS(r.err, "tp 8");
+  EXPECT_EQ(r.out.find("probe"), std::string::npos) << "no table for a refused run";
+}
+
+TEST(CliRun, BadUsageExits2) {
+  struct Case {
+    std::string args;
+    std::vector<std::string> says;
+  };
+  const auto dir = scratch_dir();
+  const auto malformed = dir / "malformed_config.json";
+  std::ofstream(malformed) << "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 7168,";
+  const auto not_object = dir / "list_config.json";
+  std::ofstream(not_object) << "[1, 2, 3]";
+  const std::vector<Case> cases = {
+      {"run --model tiny --mode sideways", {"sideways", "mode"}},
+      {"run --model tiny --attention sparse", {"sparse"}},
+      {"run --model '" + malformed.string() + "'", {"malformed JSON", malformed.string()}},
+      {"run --model '" + not_object.string() + "'", {"JSON object"}},
+      {"run --model no-such-model", {"no-such-model", "neither a preset"}},
+      {"run --model tiny --tokens -3", {"--tokens"}},
+      {"run --model tiny --tp 0", {"--tp"}},
+      {"run --model tiny --mode decode --context 5,x", {"--context"}},
+      {"run --model tiny --mode prefill --context 5", {"--context"}},
+      {"run --model tiny --probe-level everything", {"everything"}},
+      {"run --model tiny --engine warp-drive", {"warp-drive"}},
+      {"run --model tiny --no-such-flag", {"no-such-flag"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    const auto r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << describe(c.args, r);
+    for (const auto& s : c.says) EXPECT_CONTAINS(r.err, s);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

@@ -1,5 +1,5 @@
-// One error-check header: every CUDA / cuBLAS call goes through these and reports statement, function,
-// file and line as an EngineError (exit 3).
+// One error-check header: every CUDA / cuBLAS / NCCL call goes through these and reports statement,
+// function, file and line as an EngineError (exit 3).
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -7,6 +7,10 @@
 #include <string>
 
 #include "harness/model/errors.h"
+
+#ifdef MLA_WITH_NCCL
+#include <nccl.h>
+#endif
 
 namespace mla::cuda {
 
@@ -33,6 +37,14 @@ namespace mla::cuda {
     const cublasStatus_t mla_st_ = (x);                                                       \
     MLA_CHECK_IMPL(mla_st_ == CUBLAS_STATUS_SUCCESS, std::string("cuBLAS error ") + cublasGetStatusName(mla_st_), #x); \
   } while (0)
+
+#ifdef MLA_WITH_NCCL
+#define NCCL_CHECK(x)                                                                         \
+  do {                                                                                        \
+    const ncclResult_t mla_nr_ = (x);                                                         \
+    MLA_CHECK_IMPL(mla_nr_ == ncclSuccess, std::string("NCCL error: ") + ncclGetErrorString(mla_nr_), #x); \
+  } while (0)
+#endif
 
 // After a kernel launch: the launch itself (bad configuration) is checked at once.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,79 @@
+// attention_mha, version 1: the simple core of attention_core.cuh twice (new tokens causal, context
+// non-causal over kv_b-up-projected cache rows, which are rounded to bf16 like any GEMM output here),
+// then the LSE merge. D = P + R and V may differ (192/128 DeepSeek, 256/256 GLM-5).
+#include "kernels/attention_core.cuh"
+#include "kernels/attention_merge.cuh"
+#include "kernels/attention_mha.cuh"
+#include "kernels/kv_b_proj.cuh"
+
+namespace mla::cuda {
+
+namespace {
+constexpr int kNopePL = 8, kPePL = 2, kVPL = 8;  // P ≤ 256, R ≤ 64, V ≤ 256
+
+// rows [n, W] <- cache rows ctx_rows[i] (whole latent rows).
+__global__ void gather_rows_kernel(const bf16* __restrict__ cache, const int64_t* __restrict__ ctx_rows,
+                                   bf16* __restrict__ rows, int W) {
+  const int64_t i = blockIdx.x;
+  const bf16* src = cache + ctx_rows[i] * W;
+  for (int d = threadIdx.x; d < W; d += blockDim.x) rows[i * W + d] = src[d];
+}
+}  // namespace
+
+void launch_attention_mha(const MhaArgs& a, RankContext& rc) {
+  const DeviceBatch& db = rc.batch();
+  cudaStream_t s = rc.stream();
+  const int64_t rows = static_cast<int64_t>(a.T) * a.Nl;
+  float* o1 = rc.scratch_as<float>("mha.o_new", rows * a.V);
+  float* l1 = rc.scratch_as<float>("mha.lse_new", rows);
+
+  AttnCoreParams p;
+  p.q_nope = {a.q_nope, static_cast<int64_t>(a.Nl) * a.P, a.P};
+  p.q_pe = {a.q_pe_rope, static_cast<int64_t>(a.Nl) * a.R, a.R};
+  p.k_nope = {a.k_nope, static_cast<int64_t>(a.Nl) * a.P, a.P};
+  p.k_pe = {a.k_pe_rope, a.R, 0};
+  p.v = {a.v, static_cast<int64_t>(a.Nl) * a.V, a.V};
+  p.nope_dim = a.P;
+  p.pe_dim = a.R;
+  p.v_dim = a.V;
+  p.tokens = a.T;
+  p.heads = a.Nl;
+  p.scale = a.scale;
+  p.token_seq = db.i32(db.token_seq);
+  p.token_idx = db.i32(db.token_idx);
+  p.seq_new_len = db.i32(db.seq_new_len);
+  p.seq_key_len = db.i32(db.seq_new_len);
+  p.seq_key_start = db.i32(db.seq_new_start);
+  p.causal = true;
+  p.out = o1;
+  p.lse = l1;
+  launch_attention_core<kNopePL, kPePL, kVPL>(p, s, "attention_mha");
+
+  if (db.ctx_total == 0) {
+    launch_attention_merge(o1, l1, nullptr, nullptr, a.attn_out, a.lse, rows, a.V, s);
+    return;
+  }
+  // Context: gather the latent rows, up-project [kv_c_norm] through W_kvb, attend with k_pe from the rows.
+  const int W = a.L + a.R;
+  const int64_t C = db.ctx_total;
+  bf16* ctx = rc.scratch_as<bf16>("mha.ctx_rows", C * W);
+  bf16* up = rc.scratch_as<bf16>("mha.ctx_kv", C * a.Nl * (a.P + a.V));
+  float* o2 = rc.scratch_as<float>("mha.o_ctx", rows * a.V);
+  float* l2 = rc.scratch_as<float>("mha.lse_ctx", rows);
+  gather_rows_kernel<<<static_cast<unsigned>(C), 128, 0, s>>>(a.cache, db.i64(db.ctx_rows), ctx, W);
+  CUDA_CHECK_LAUNCH();
+  launch_kv_b_up(rc.cublas(), ctx, W, a.w_kvb, up, C, a.L, a.Nl, a.P, a.V);
+  const int64_t up_row = static_cast<int64_t>(a.Nl) * (a.P + a.V);
+  p.k_nope = {up, up_row, a.P + a.V};
+  p.v = {up + a.P, up_row, a.P + a.V};
+  p.k_pe = {ctx + a.L, W, 0};
+  p.seq_key_len = db.i32(db.seq_ctx_len);
+  p.seq_key_start = db.i32(db.seq_ctx_start);
+  p.causal = false;
+  p.out = o2;
+  p.lse = l2;
+  launch_attention_core<kNopePL, kPePL, kVPL>(p, s, "attention_mha (context)");
+  launch_attention_merge(o1, l1, o2, l2, a.attn_out, a.lse, rows, a.V, s);
+}
+
+}  // namespace mla::cuda

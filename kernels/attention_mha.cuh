@@ -1,0 +1,25 @@
+// attention_mha (MLA.md §5, §8): the prefill form. New tokens attend causally among themselves; a
+// sequence's cached context is up-projected through kv_b_proj, attended without a mask, and merged by LSE.
+#pragma once
+#include "kernels/rank_context.cuh"
+
+namespace mla::cuda {
+
+struct MhaArgs {
+  const bf16* q_nope = nullptr;     // [T, Nl, P]
+  const bf16* q_pe_rope = nullptr;  // [T, Nl, R]
+  const bf16* k_nope = nullptr;     // [T, Nl, P]
+  const bf16* k_pe_rope = nullptr;  // [T, R] shared by all heads
+  const bf16* v = nullptr;          // [T, Nl, V]
+  const bf16* cache = nullptr;      // [blocks, 64, L+R] (context rows)
+  const bf16* w_kvb = nullptr;      // [Nl·(P+V), L] this rank's kv_b_proj
+  int T = 0, Nl = 0, P = 0, R = 0, V = 0, L = 0;
+  float scale = 0.f;
+  bf16* attn_out = nullptr;  // [T, Nl, V]
+  float* lse = nullptr;      // [T, Nl]
+};
+
+// Runs on rc's stream with rc's batch layout and scratch.
+void launch_attention_mha(const MhaArgs& a, RankContext& rc);
+
+}  // namespace mla::cuda

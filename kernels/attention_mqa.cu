@@ -1,0 +1,45 @@
+// attention_mqa, version 1: the simple core of attention_core.cuh over the paged cache (causal,
+// bottom-right: query i of s_q sees context + i + 1 rows), then the fp32 -> bf16 conversion.
+// A split-KV version with a combine pass is the fast one (later pass); this one stays as the fallback.
+#include "kernels/attention_core.cuh"
+#include "kernels/attention_merge.cuh"
+#include "kernels/attention_mqa.cuh"
+
+namespace mla::cuda {
+
+namespace {
+constexpr int kNopePL = 16, kPePL = 2, kVPL = 16;  // L ≤ 512, R ≤ 64
+}
+
+void launch_attention_mqa(const MqaArgs& a, RankContext& rc) {
+  const DeviceBatch& db = rc.batch();
+  const int64_t rows = static_cast<int64_t>(a.T) * a.Nl;
+  const int W = a.L + a.R;
+  float* o = rc.scratch_as<float>("mqa.o", rows * a.L);
+  float* l = rc.scratch_as<float>("mqa.lse", rows);
+  AttnCoreParams p;
+  p.q_nope = {a.q_latent, static_cast<int64_t>(a.Nl) * a.L, a.L};
+  p.q_pe = {a.q_pe_rope, static_cast<int64_t>(a.Nl) * a.R, a.R};
+  p.k_nope = {a.cache, W, 0};
+  p.k_pe = {a.cache + a.L, W, 0};
+  p.v = {a.cache, W, 0};
+  p.nope_dim = a.L;
+  p.pe_dim = a.R;
+  p.v_dim = a.L;
+  p.tokens = a.T;
+  p.heads = a.Nl;
+  p.scale = a.scale;
+  p.token_seq = db.i32(db.token_seq);
+  p.token_idx = db.i32(db.token_idx);
+  p.seq_new_len = db.i32(db.seq_new_len);
+  p.seq_key_len = db.i32(db.seq_total_len);
+  p.block_table = db.i32(db.block_table);
+  p.max_blocks = db.max_blocks;
+  p.causal = true;
+  p.out = o;
+  p.lse = l;
+  launch_attention_core<kNopePL, kPePL, kVPL>(p, rc.stream(), "attention_mqa");
+  launch_attention_merge(o, l, nullptr, nullptr, a.attn_latent, a.lse, rows, a.L, rc.stream());
+}
+
+}  // namespace mla::cuda

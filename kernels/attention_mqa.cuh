@@ -1,0 +1,20 @@
+// attention_mqa (MLA.md §6-7): the absorbed form over the paged latent cache. Query [q_latent | q_pe_rope]
+// (L+R), one key row [kv_c_norm | k_pe_rope] per cached token shared by all heads, value = its first L lanes.
+#pragma once
+#include "kernels/rank_context.cuh"
+
+namespace mla::cuda {
+
+struct MqaArgs {
+  const bf16* q_latent = nullptr;   // [T, Nl, L]
+  const bf16* q_pe_rope = nullptr;  // [T, Nl, R]
+  const bf16* cache = nullptr;      // [blocks, 64, L+R], this step's rows already written
+  int T = 0, Nl = 0, L = 0, R = 0;
+  float scale = 0.f;
+  bf16* attn_latent = nullptr;  // [T, Nl, L]
+  float* lse = nullptr;         // [T, Nl]
+};
+
+void launch_attention_mqa(const MqaArgs& a, RankContext& rc);
+
+}  // namespace mla::cuda

@@ -1,0 +1,572 @@
+// The CUDA engine: per-rank device state (kernels/rank_context.cuh), stage dispatch to one launcher per
+// stage (kernels/<stage>.cuh), bf16 activations and weights with fp32 accumulation, device-side probes.
+//
+// Options (--engine cuda:key=value,...):
+//   sync_debug=0|1   synchronize after every stage, so a device fault names its stage (default 0)
+//   poison=0|1       fill every stage output with NaN (0xFF bytes) before its kernel writes it (default 1):
+//                    an element a kernel forgot to write shows up as a NaN count in the probe
+//   comm=auto|local|nccl   how all_reduce sums the ranks' o_partial (auto: nccl when built with NCCL and
+//                    every rank has its own GPU, else local)
+//   probe=device|host     where probe statistics and sketches are computed (default device)
+//   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
+#include "kernels/cuda_engine.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "harness/model/errors.h"
+#include "kernels/all_reduce.cuh"
+#include "kernels/attention_mha.cuh"
+#include "kernels/attention_mqa.cuh"
+#include "kernels/cache_write.cuh"
+#include "kernels/communicator.cuh"
+#include "kernels/cuda_check.cuh"
+#include "kernels/kv_a_proj.cuh"
+#include "kernels/kv_b_proj.cuh"
+#include "kernels/o_proj.cuh"
+#include "kernels/probe_stats.cuh"
+#include "kernels/q_a_proj.cuh"
+#include "kernels/q_absorb.cuh"
+#include "kernels/q_b_proj.cuh"
+#include "kernels/rank_context.cuh"
+#include "kernels/residual.cuh"
+#include "kernels/rms_norm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/v_up.cuh"
+
+namespace mla {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+
+using cuda::bf16;
+using cuda::DeviceBuffer;
+using cuda::DeviceGuard;
+using cuda::DeviceTensor;
+using cuda::DType;
+using cuda::RankContext;
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  if (v == "1" || v == "true" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "off") return false;
+  throw UsageError("cuda engine: option " + key + "=" + v + " is not a boolean (expected 0 or 1)");
+}
+
+// The weights of one layer as one rank holds them, bf16 on its device.
+struct DeviceLayerWeights {
+  DeviceTensor input_norm, q_a_proj, q_a_norm, q_b_proj, kv_a_proj, kv_a_norm, kv_b_proj, o_proj;
+};
+
+struct RankState {
+  std::unique_ptr<RankContext> ctx;
+  std::map<std::string, DeviceTensor> tensors;  // by probe name, this rank's shard
+  std::vector<DeviceTensor> cache;              // per layer [blocks, 64, L+R] (replicated: each rank its own)
+  std::vector<DeviceLayerWeights> weights;      // per layer, sharded for this rank
+  DeviceBuffer inv_freq;                        // double [R/2]
+};
+
+class CudaEngine : public Engine {
+ public:
+  explicit CudaEngine(const std::map<std::string, std::string>& options) {
+    for (auto& [k, v] : options) {
+      if (k == "sync_debug") sync_debug_ = parse_bool(k, v);
+      else if (k == "poison") poison_ = parse_bool(k, v);
+      else if (k == "comm") {
+        if (v != "auto" && v != "local" && v != "nccl")
+          throw UsageError("cuda engine: comm=" + v + " (expected auto, local or nccl)");
+#ifndef MLA_WITH_NCCL
+        if (v == "nccl") throw UsageError("cuda engine: comm=nccl, but this build has no NCCL");
+#endif
+        comm_opt_ = v;
+      } else if (k == "probe") {
+        if (v != "device" && v != "host") throw UsageError("cuda engine: probe=" + v + " (expected device or host)");
+        device_probes_ = v == "device";
+      } else if (k == "devices") {
+        try {
+          devices_opt_ = std::stoi(v);
+        } catch (...) {
+          devices_opt_ = -1;
+        }
+        if (devices_opt_ <= 0) throw UsageError("cuda engine: devices=" + v + " (expected a positive count)");
+      } else {
+        throw UsageError("cuda engine: unknown option '" + k +
+                         "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, devices=N)");
+      }
+    }
+    const int n = cuda_device_count();
+    if (devices_opt_ > n)
+      throw UsageError("cuda engine: devices=" + std::to_string(devices_opt_) + " but only " + std::to_string(n) +
+                       " CUDA device(s) are visible");
+    ndev_ = devices_opt_ > 0 ? devices_opt_ : n;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop_, 0));
+  }
+
+  ~CudaEngine() override {
+    comm_.reset();
+    ranks_.clear();
+  }
+
+  std::string name() const override { return "cuda"; }
+  std::string options() const override {
+    return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
+           ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
+           ",sync_debug=" + (sync_debug_ ? "1" : "0");
+  }
+  std::string dtype() const override { return "bf16"; }
+  std::string device() const override {
+    return std::string(prop_.name) + (ndev_ > 1 ? " x" + std::to_string(ndev_) : "");
+  }
+
+  void prepare(const RunContext& ctx) override;
+  void run_stage(const StageSpec& stage, int layer, int rank) override;
+  Tensor download(int rank, const std::string& name) override;
+  void upload(int rank, const std::string& name, const Tensor& t) override;
+  ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
+  void synchronize() override {
+    for (auto& rs : ranks_) {
+      DeviceGuard g(rs.ctx->device());
+      CUDA_CHECK(cudaStreamSynchronize(rs.ctx->stream()));
+    }
+  }
+
+ private:
+  void run_stage_impl(const StageSpec& st, int layer, int rank);
+  DeviceTensor& out(int rank, const std::string& name, std::vector<int64_t> shape, DType dt = DType::DType_bf16);
+  const DeviceTensor& in(int rank, const std::string& name) const;
+  DeviceTensor to_device(RankContext& rc, const Tensor& t, DType dt) const;
+  std::vector<unsigned char> raw_bytes(int rank, const DeviceTensor& t) const;
+  static Tensor to_float(const DeviceTensor& t, const std::vector<unsigned char>& raw);
+
+  bool sync_debug_ = false, poison_ = true, device_probes_ = true;
+  std::string comm_opt_ = "auto";
+  int devices_opt_ = 0, ndev_ = 0;
+  cudaDeviceProp prop_{};
+  RunContext ctx_;
+  MlaConfig cfg_;
+  int tp_ = 1, T_ = 0;
+  std::vector<RankState> ranks_;
+  std::unique_ptr<cuda::Communicator> comm_;
+};
+
+DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
+  DeviceTensor d;
+  d.shape = t.shape;
+  d.dtype = dt;
+  d.buf = DeviceBuffer(rc.device(), d.bytes());
+  if (d.bytes() == 0) return d;
+  DeviceGuard g(rc.device());
+  if (dt == DType::DType_bf16) {
+    std::vector<uint16_t> h(t.data.size());
+    const int64_t n = static_cast<int64_t>(h.size());
+#pragma omp parallel for schedule(static) if (n > (1 << 20))
+    for (int64_t i = 0; i < n; ++i) h[i] = to_bf16_bits(t.data[i]);  // round to nearest even
+    CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), h.data(), d.bytes(), cudaMemcpyHostToDevice, rc.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(rc.stream()));
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(d.buf.get(), t.data.data(), d.bytes(), cudaMemcpyHostToDevice, rc.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(rc.stream()));
+  }
+  return d;
+}
+
+void CudaEngine::prepare(const RunContext& ctx) {
+  ctx_ = ctx;
+  cfg_ = *ctx.cfg;
+  tp_ = ctx.spec->tp;
+  T_ = ctx.inputs->batch.tokens();
+  if (ndev_ <= 0) throw UsageError("cuda engine: no CUDA device is available");
+  if (tp_ > cuda::kMaxRanks)
+    throw UsageError("cuda engine: tp " + std::to_string(tp_) + " exceeds " + std::to_string(cuda::kMaxRanks));
+  comm_.reset();
+  ranks_.clear();
+  ranks_.resize(tp_);
+  for (int r = 0; r < tp_; ++r) ranks_[r].ctx = std::make_unique<RankContext>(r, r % ndev_);
+
+  const auto& graph = *ctx.graph;
+  for (int r = 0; r < tp_; ++r) {
+    auto& rs = ranks_[r];
+    RankContext& rc = *rs.ctx;
+    DeviceGuard g(rc.device());
+    rc.upload_batch(ctx.inputs->batch);
+    rs.inv_freq = rc.to_device(cfg_.inv_freq);
+    for (const auto& global : *ctx.weights) {
+      // Sharded by the harness's own shard_layer (MLA.md §9), the definition the reference uses too.
+      LayerWeights shard;
+      if (tp_ > 1) shard = shard_layer(global, cfg_, tp_, r);
+      const LayerWeights& w = tp_ > 1 ? shard : global;
+      auto up = [&](const Tensor& t) { return t.empty() ? DeviceTensor{} : to_device(rc, t, DType::DType_bf16); };
+      DeviceLayerWeights d;
+      d.input_norm = up(w.input_norm);
+      d.q_a_proj = up(w.q_a_proj);
+      d.q_a_norm = up(w.q_a_norm);
+      d.q_b_proj = up(w.q_b_proj);
+      d.kv_a_proj = up(w.kv_a_proj);
+      d.kv_a_norm = up(w.kv_a_norm);
+      d.kv_b_proj = up(w.kv_b_proj);
+      d.o_proj = up(w.o_proj);
+      rs.weights.push_back(std::move(d));
+    }
+    for (const auto& c : ctx.inputs->kv_cache) rs.cache.push_back(to_device(rc, c, DType::DType_bf16));
+    rs.tensors[graph.stages.front().outputs.front()] = to_device(rc, ctx.inputs->x, DType::DType_bf16);
+  }
+
+  std::vector<RankContext*> rcs;
+  for (auto& rs : ranks_) rcs.push_back(rs.ctx.get());
+  bool own_devices = tp_ > 1 && tp_ <= ndev_;
+#ifdef MLA_WITH_NCCL
+  if (comm_opt_ == "nccl" || (comm_opt_ == "auto" && own_devices)) {
+    if (!own_devices && tp_ > 1)
+      throw UsageError("cuda engine: comm=nccl needs one GPU per rank (tp " + std::to_string(tp_) + ", " +
+                       std::to_string(ndev_) + " device(s))");
+    comm_ = cuda::make_nccl_communicator(rcs);
+  }
+#else
+  (void)own_devices;
+#endif
+  if (!comm_) comm_ = cuda::make_local_communicator();
+}
+
+DeviceTensor& CudaEngine::out(int rank, const std::string& name, std::vector<int64_t> shape, DType dt) {
+  RankContext& rc = *ranks_[rank].ctx;
+  DeviceTensor& t = ranks_[rank].tensors[name];
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * cuda::dtype_size(dt);
+  if (t.buf.bytes() != bytes || t.buf.device() != rc.device()) {
+    CUDA_CHECK(cudaStreamSynchronize(rc.stream()));  // the old buffer may still be read
+    t.buf = DeviceBuffer(rc.device(), bytes);
+  }
+  t.shape = std::move(shape);
+  t.dtype = dt;
+  if (poison_ && bytes) CUDA_CHECK(cudaMemsetAsync(t.buf.get(), 0xFF, bytes, rc.stream()));
+  return t;
+}
+
+const DeviceTensor& CudaEngine::in(int rank, const std::string& name) const {
+  const auto& m = ranks_.at(rank).tensors;
+  auto it = m.find(name);
+  if (it == m.end()) throw EngineError("cuda engine: rank " + std::to_string(rank) + " has no tensor '" + name + "'");
+  return it->second;
+}
+
+void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
+  if (rank < 0 || rank >= tp_) throw EngineError("cuda engine: rank " + std::to_string(rank) + " out of range");
+  try {
+    DeviceGuard g(ranks_[rank].ctx->device());
+    run_stage_impl(st, layer, rank);
+    if (sync_debug_) {
+      CUDA_CHECK(cudaGetLastError());
+      CUDA_CHECK(cudaStreamSynchronize(ranks_[rank].ctx->stream()));
+    }
+  } catch (const EngineError& e) {
+    throw EngineError(std::string("cuda engine: stage ") + stage_name(st.stage) + " (layer " + std::to_string(layer) +
+                      ", rank " + std::to_string(rank) + "): " + e.what());
+  }
+}
+
+void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
+  RankState& rs = ranks_[rank];
+  RankContext& rc = *rs.ctx;
+  const DeviceLayerWeights& W = rs.weights.at(layer);
+  cudaStream_t s = rc.stream();
+  cublasHandle_t hb = rc.cublas();
+  const int64_t T = T_, H = cfg_.hidden, Nl = cfg_.heads / tp_, Lq = cfg_.q_lora_rank, L = cfg_.kv_lora_rank;
+  const int64_t P = cfg_.qk_nope, R = cfg_.qk_rope, V = cfg_.v_head;
+  const float eps = static_cast<float>(cfg_.rms_eps);
+
+  switch (st.stage) {
+    case Stage::Stage_layer_input: {
+      if (layer == 0) break;  // prepare() placed the input
+      const DeviceTensor& src = in(rank, "h_out");
+      DeviceTensor& dst = out(rank, st.outputs[0], src.shape);
+      CUDA_CHECK(cudaMemcpyAsync(dst.buf.get(), src.buf.get(), src.bytes(), cudaMemcpyDeviceToDevice, s));
+      break;
+    }
+    case Stage::Stage_input_norm: {
+      const DeviceTensor& h = in(rank, "h");
+      DeviceTensor& x = out(rank, "x", {T, H});
+      cuda::launch_rms_norm(h.bf(), H, W.input_norm.bf(), x.bf(), T, H, eps, s);
+      break;
+    }
+    case Stage::Stage_q_a_proj: {
+      const DeviceTensor& x = in(rank, "x");
+      DeviceTensor& q_a = out(rank, "q_a", {T, Lq});
+      cuda::launch_q_a_proj(hb, x.bf(), W.q_a_proj.bf(), q_a.bf(), T, H, Lq);
+      break;
+    }
+    case Stage::Stage_q_a_norm: {
+      const DeviceTensor& q_a = in(rank, "q_a");
+      DeviceTensor& q_c = out(rank, "q_c", {T, Lq});
+      cuda::launch_rms_norm(q_a.bf(), Lq, W.q_a_norm.bf(), q_c.bf(), T, Lq, eps, s);
+      break;
+    }
+    case Stage::Stage_q_b_proj:
+    case Stage::Stage_q_proj: {
+      const bool lora = st.stage == Stage::Stage_q_b_proj;
+      const DeviceTensor& x = in(rank, lora ? "q_c" : "x");
+      DeviceTensor& q_nope = out(rank, "q_nope", {T, Nl, P});
+      DeviceTensor& q_pe = out(rank, "q_pe", {T, Nl, R});
+      bf16* scratch = rc.scratch_as<bf16>("q_b_proj.y", T * Nl * (P + R));
+      cuda::launch_q_b_proj(hb, s, x.bf(), W.q_b_proj.bf(), scratch, q_nope.bf(), q_pe.bf(), T, lora ? Lq : H, Nl, P,
+                            R);
+      break;
+    }
+    case Stage::Stage_kv_a_proj: {
+      const DeviceTensor& x = in(rank, "x");
+      DeviceTensor& kv_c = out(rank, "kv_c", {T, L});
+      DeviceTensor& k_pe = out(rank, "k_pe", {T, R});
+      bf16* scratch = rc.scratch_as<bf16>("kv_a_proj.y", T * (L + R));
+      cuda::launch_kv_a_proj(hb, s, x.bf(), W.kv_a_proj.bf(), scratch, kv_c.bf(), k_pe.bf(), T, H, L, R);
+      break;
+    }
+    case Stage::Stage_kv_a_norm: {
+      const DeviceTensor& kv_c = in(rank, "kv_c");
+      DeviceTensor& n = out(rank, "kv_c_norm", {T, L});
+      cuda::launch_rms_norm(kv_c.bf(), L, W.kv_a_norm.bf(), n.bf(), T, L, eps, s);
+      break;
+    }
+    case Stage::Stage_rope: {
+      const bool neox = cfg_.rope_style == RopeStyle::RopeStyle_neox;
+      const int* pos = rc.batch().i32(rc.batch().positions);
+      const auto* inv = static_cast<const double*>(rs.inv_freq.get());
+      const DeviceTensor& q_pe = in(rank, "q_pe");
+      const DeviceTensor& k_pe = in(rank, "k_pe");
+      DeviceTensor& q_rot = out(rank, "q_pe_rope", {T, Nl, R});
+      DeviceTensor& k_rot = out(rank, "k_pe_rope", {T, R});
+      cuda::launch_rope(q_pe.bf(), q_rot.bf(), T, Nl, static_cast<int>(R), pos, inv, cfg_.rope_mscale, neox, s);
+      cuda::launch_rope(k_pe.bf(), k_rot.bf(), T, 1, static_cast<int>(R), pos, inv, cfg_.rope_mscale, neox, s);
+      break;
+    }
+    case Stage::Stage_cache_write: {
+      const DeviceTensor& kv = in(rank, "kv_c_norm");
+      const DeviceTensor& kp = in(rank, "k_pe_rope");
+      DeviceTensor& rows = out(rank, "kv_cache", {T, L + R});
+      cuda::launch_cache_write(rs.cache.at(layer).bf(), rows.bf(), kv.bf(), kp.bf(),
+                               rc.batch().i64(rc.batch().slot_mapping), T, static_cast<int>(L), static_cast<int>(R), s);
+      break;
+    }
+    case Stage::Stage_kv_b_proj: {
+      const DeviceTensor& kv = in(rank, "kv_c_norm");
+      DeviceTensor& k_nope = out(rank, "k_nope", {T, Nl, P});
+      DeviceTensor& v = out(rank, "v", {T, Nl, V});
+      bf16* scratch = rc.scratch_as<bf16>("kv_b_proj.y", T * Nl * (P + V));
+      cuda::launch_kv_b_proj(hb, s, kv.bf(), W.kv_b_proj.bf(), scratch, k_nope.bf(), v.bf(), T, L, Nl, P, V);
+      break;
+    }
+    case Stage::Stage_attention_mha: {
+      cuda::MhaArgs a;
+      a.q_nope = in(rank, "q_nope").bf();
+      a.q_pe_rope = in(rank, "q_pe_rope").bf();
+      a.k_nope = in(rank, "k_nope").bf();
+      a.k_pe_rope = in(rank, "k_pe_rope").bf();
+      a.v = in(rank, "v").bf();
+      a.cache = rs.cache.at(layer).bf();
+      a.w_kvb = W.kv_b_proj.bf();
+      a.T = static_cast<int>(T);
+      a.Nl = static_cast<int>(Nl);
+      a.P = static_cast<int>(P);
+      a.R = static_cast<int>(R);
+      a.V = static_cast<int>(V);
+      a.L = static_cast<int>(L);
+      a.scale = static_cast<float>(cfg_.softmax_scale);
+      a.attn_out = out(rank, "attn_out", {T, Nl, V}).bf();
+      a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
+      cuda::launch_attention_mha(a, rc);
+      break;
+    }
+    case Stage::Stage_q_absorb: {
+      const DeviceTensor& q_nope = in(rank, "q_nope");
+      DeviceTensor& q_lat = out(rank, "q_latent", {T, Nl, L});
+      cuda::launch_q_absorb(hb, q_nope.bf(), W.kv_b_proj.bf(), q_lat.bf(), T, Nl, P, V, L);
+      break;
+    }
+    case Stage::Stage_attention_mqa: {
+      cuda::MqaArgs a;
+      a.q_latent = in(rank, "q_latent").bf();
+      a.q_pe_rope = in(rank, "q_pe_rope").bf();
+      a.cache = rs.cache.at(layer).bf();
+      a.T = static_cast<int>(T);
+      a.Nl = static_cast<int>(Nl);
+      a.L = static_cast<int>(L);
+      a.R = static_cast<int>(R);
+      a.scale = static_cast<float>(cfg_.softmax_scale);
+      a.attn_latent = out(rank, "attn_latent", {T, Nl, L}).bf();
+      a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
+      cuda::launch_attention_mqa(a, rc);
+      break;
+    }
+    case Stage::Stage_v_up: {
+      const DeviceTensor& lat = in(rank, "attn_latent");
+      DeviceTensor& o = out(rank, "attn_out", {T, Nl, V});
+      cuda::launch_v_up(hb, lat.bf(), W.kv_b_proj.bf(), o.bf(), T, Nl, P, V, L);
+      break;
+    }
+    case Stage::Stage_o_proj: {
+      const DeviceTensor& a = in(rank, "attn_out");
+      DeviceTensor& o = out(rank, "o_partial", {T, H});
+      cuda::launch_o_proj(hb, a.bf(), W.o_proj.bf(), o.bf(), T, Nl * V, H);
+      break;
+    }
+    case Stage::Stage_all_reduce: {
+      // Rank 0's call allocates (and poisons) every rank's output: a communicator may write them all at once.
+      if (rank == 0)
+        for (int q = 0; q < tp_; ++q) {
+          DeviceGuard gq(ranks_[q].ctx->device());
+          out(q, "o", {T, H});
+        }
+      cuda::ReduceBuffers b;
+      b.count = T * H;
+      for (int q = 0; q < tp_; ++q) {
+        b.partial.push_back(in(q, "o_partial").bf());
+        b.out.push_back(in(q, "o").bf());
+      }
+      std::vector<RankContext*> rcs;
+      for (auto& r : ranks_) rcs.push_back(r.ctx.get());
+      comm_->all_reduce(rank, rcs, b);
+      break;
+    }
+    case Stage::Stage_residual: {
+      const DeviceTensor& h = in(rank, "h");
+      const DeviceTensor& o = in(rank, "o");
+      DeviceTensor& h_out = out(rank, "h_out", {T, H});
+      cuda::launch_residual(h.bf(), o.bf(), h_out.bf(), T * H, s);
+      break;
+    }
+  }
+}
+
+std::vector<unsigned char> CudaEngine::raw_bytes(int rank, const DeviceTensor& t) const {
+  RankContext& rc = *ranks_[rank].ctx;
+  DeviceGuard g(rc.device());
+  std::vector<unsigned char> raw(t.bytes());
+  if (!raw.empty()) CUDA_CHECK(cudaMemcpyAsync(raw.data(), t.buf.get(), raw.size(), cudaMemcpyDeviceToHost, rc.stream()));
+  CUDA_CHECK(cudaStreamSynchronize(rc.stream()));
+  return raw;
+}
+
+Tensor CudaEngine::to_float(const DeviceTensor& t, const std::vector<unsigned char>& raw) {
+  Tensor out(t.shape);
+  if (t.dtype == DType::DType_bf16) {
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      uint16_t b;
+      std::memcpy(&b, raw.data() + 2 * i, 2);
+      out.data[i] = from_bf16_bits(b);
+    }
+  } else {
+    std::memcpy(out.ptr(), raw.data(), raw.size());
+  }
+  return out;
+}
+
+Tensor CudaEngine::download(int rank, const std::string& name) {
+  const DeviceTensor& t = in(rank, name);
+  return to_float(t, raw_bytes(rank, t));
+}
+
+void CudaEngine::upload(int rank, const std::string& name, const Tensor& t) {
+  RankState& rs = ranks_.at(rank);
+  RankContext& rc = *rs.ctx;
+  DeviceGuard g(rc.device());
+  auto it = rs.tensors.find(name);
+  const DType dt = it != rs.tensors.end() ? it->second.dtype : (name == "lse" ? DType::DType_f32 : DType::DType_bf16);
+  // Synchronous, and after everything queued on the stream: the old contents may still be read.
+  CUDA_CHECK(cudaStreamSynchronize(rc.stream()));
+  rs.tensors[name] = to_device(rc, t, dt);
+}
+
+ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
+  const DeviceTensor& t = in(rank, spec.name);
+  if (!device_probes_) {
+    const auto raw = raw_bytes(rank, t);
+    return compute_probe_record(to_float(t, raw), cuda::dtype_name(t.dtype), req);
+  }
+  RankContext& rc = *ranks_[rank].ctx;
+  DeviceGuard g(rc.device());
+  const int64_t n = t.numel();
+  const int64_t rows = req.tokens > 0 ? req.tokens : 1;
+  const int64_t cols = n / rows;
+  const bool want_sketch = req.level != ProbeLevel::ProbeLevel_stats;
+  const int heads = req.heads > 0 ? static_cast<int>(req.heads) : 0;
+
+  cuda::ProbeStatsArgs a;
+  a.data = t.buf.get();
+  a.dtype = t.dtype;
+  a.rows = rows;
+  a.cols = cols;
+  a.heads = heads;
+  a.col_offset = req.col_offset;
+  a.key = req.probe_key;
+  a.sketch = want_sketch;
+  a.row_stats = rc.scratch_as<double>("probe.row_stats", rows * cuda::kRowStats);
+  a.token_l2 = rc.scratch_as<float>("probe.token_l2", rows);
+  a.head_l2 = heads ? rc.scratch_as<float>("probe.head_l2", rows * heads) : nullptr;
+  a.sketch_out = want_sketch ? rc.scratch_as<float>("probe.sketch", rows * kSketchDim) : nullptr;
+  if (n > 0) cuda::launch_probe_stats(a, rc.stream());
+
+  std::vector<double> st(rows * cuda::kRowStats, 0.0);
+  ProbeRecord rec;
+  rec.shape = t.shape;
+  rec.dtype = cuda::dtype_name(t.dtype);
+  rec.level = req.level;
+  rec.token_l2.assign(rows, 0.f);
+  if (heads) rec.head_l2.assign(rows * heads, 0.f);
+  if (want_sketch) rec.sketch.assign(rows * kSketchDim, 0.f);
+  if (n > 0) {
+    cudaStream_t s = rc.stream();
+    CUDA_CHECK(cudaMemcpyAsync(st.data(), a.row_stats, st.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(rec.token_l2.data(), a.token_l2, rows * sizeof(float), cudaMemcpyDeviceToHost, s));
+    if (heads)
+      CUDA_CHECK(cudaMemcpyAsync(rec.head_l2.data(), a.head_l2, rec.head_l2.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost, s));
+    if (want_sketch)
+      CUDA_CHECK(cudaMemcpyAsync(rec.sketch.data(), a.sketch_out, rec.sketch.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost, s));
+  }
+  // The checksum is FNV-1a over the engine's raw bytes, a sequential hash: computed here on a download.
+  const auto raw = raw_bytes(rank, t);  // synchronizes the stream (the copies above are complete after it)
+  rec.checksum = fnv1a(raw.data(), raw.size());
+  double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* p = &st[r * cuda::kRowStats];
+    sum += p[0];
+    sumsq += p[1];
+    amax = std::max(amax, p[2]);
+    nan += p[3];
+    inf += p[4];
+  }
+  rec.nan = static_cast<int64_t>(nan);
+  rec.inf = static_cast<int64_t>(inf);
+  const int64_t finite = n - rec.nan - rec.inf;
+  rec.l2 = std::sqrt(sumsq);
+  rec.absmax = amax;
+  rec.mean = finite ? sum / finite : 0.0;
+  rec.std = finite ? std::sqrt(std::max(0.0, sumsq / finite - rec.mean * rec.mean)) : 0.0;
+  if (req.level == ProbeLevel::ProbeLevel_full) rec.data = to_float(t, raw);
+  return rec;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cuda_engine(const std::map<std::string, std::string>& options) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    throw UsageError(std::string("--engine cuda: no CUDA device is available (") +
+                     (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") +
+                     "); use --engine reference or --candidate reference:precision=bf16 on a CPU-only machine");
+  }
+  return std::make_unique<CudaEngine>(options);
+}
+
+}  // namespace mla

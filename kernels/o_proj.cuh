@@ -1,0 +1,11 @@
+// o_proj (MLA.md §9): o_partial = attn_out.reshape(T, Nl·V)·W_o_localᵀ, row-parallel (a partial sum per rank).
+#pragma once
+#include "kernels/linear.cuh"
+
+namespace mla::cuda {
+
+// attn_out [T, Nl, V], W_o_local [H, Nl·V] -> o_partial [T, H].
+void launch_o_proj(cublasHandle_t h, const bf16* attn_out, const bf16* w_o, bf16* o_partial, int64_t T, int64_t NlV,
+                   int64_t H);
+
+}  // namespace mla::cuda

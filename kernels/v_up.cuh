@@ -1,0 +1,11 @@
+// v_up (absorbed form), MLA.md §6: attn_out_h = W_UV_h·attn_latent_h for every head.
+#pragma once
+#include "kernels/linear.cuh"
+
+namespace mla::cuda {
+
+// attn_latent [T, Nl, L], W_kvb_local [Nl·(P+V), L] (W_UV_h = the V rows after W_UK_h) -> attn_out [T, Nl, V].
+void launch_v_up(cublasHandle_t h, const bf16* attn_latent, const bf16* w_kvb, bf16* attn_out, int64_t T, int64_t Nl,
+                 int64_t P, int64_t V, int64_t L);
+
+}  // namespace mla::cuda

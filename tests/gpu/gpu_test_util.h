@@ -1,0 +1,91 @@
+// Shared machinery of the GPU tests: build a run (config, spec, weights, inputs), capture every probe of an
+// engine in full, optionally isolating each stage on the reference's exact inputs, and hold the CUDA engine
+// against the reference with a tolerance calibrated from the bf16 reference's own rounding noise.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "harness/model/batch.h"
+#include "harness/model/config.h"
+#include "harness/model/inputs.h"
+#include "harness/model/stage_graph.h"
+#include "harness/model/weights.h"
+#include "harness/run/engine.h"
+#include "probes/probe.h"
+
+namespace mla::gputest {
+
+bool have_gpu();
+std::string no_gpu_message();
+
+// Skips the calling test, visibly, on a machine without a CUDA device (CI builds these tests there).
+#define MLA_REQUIRE_GPU()                                                   \
+  do {                                                                      \
+    if (!::mla::gputest::have_gpu()) GTEST_SKIP() << ::mla::gputest::no_gpu_message(); \
+  } while (0)
+
+struct Case {
+  std::string name;
+  std::string model = "tiny";
+  Mode mode = Mode::Mode_prefill;
+  AttentionForm form = AttentionForm::AttentionForm_mha;
+  int tp = 1;
+  int tokens = 8;  // new tokens per sequence (s_q in decode)
+  int batch = 1;
+  std::vector<int> context;
+  int layers = 1;
+  bool input_norm = false;
+  uint64_t seed = 1;
+  int position_offset = 0;
+  std::function<void(MlaConfig&)> tweak;  // e.g. neox rope, no q LoRA
+  std::string describe() const;
+};
+
+struct GpuRun {
+  MlaConfig cfg;
+  RunSpec spec;
+  StageGraph graph;
+  std::shared_ptr<const std::vector<LayerWeights>> weights;  // cached across tests (big models are slow to make)
+  Inputs inputs;
+};
+GpuRun make_run(const Case& c);
+
+using Key = std::tuple<int, std::string, int>;  // layer, probe, rank
+struct Capture {
+  std::map<Key, ProbeRecord> recs;
+  const ProbeRecord& at(int layer, const std::string& probe, int rank) const;
+};
+
+// Runs `engine` over the whole graph with every probe at full level. With `isolate`, each stage first gets
+// its inputs uploaded from that capture (the stage is judged on exactly the reference's inputs).
+Capture capture(Engine& engine, const GpuRun& run, const Capture* isolate = nullptr);
+
+// The calibration: for every probe p and rank, err(cuda) = rel_l2(cuda, fp32) must not exceed
+// k · rel_l2(bf16 reference, fp32) + floor, and the worst token likewise; no NaN/Inf anywhere (every
+// output was poisoned with NaN before its kernel ran, so an unwritten element fails here).
+struct Tolerance {
+  double k = 4.0;
+  double floor = 1e-3;
+};
+// Returns the worst err/limit seen (how much headroom the calibration leaves) and prints it as "[ margin ]".
+struct Margin {
+  double ratio = 0;  // max over probes, ranks and layers of rel_l2 / limit (< 1 passes)
+  std::string where;
+};
+Margin expect_equivalent(const GpuRun& run, const Capture& cuda, const Capture& bf16, const Capture& fp32,
+                         const Tolerance& tol, const std::string& what);
+
+// The device-computed stats and sketches of every record equal the host's compute_probe_record on the
+// same (downloaded) data: checksum, NaN/Inf counts and absmax exactly, the rest to 1e-6 relative.
+void expect_device_probes_match_host(const GpuRun& run, const Capture& cuda);
+
+std::unique_ptr<Engine> cuda_engine(const std::string& options = "");
+std::unique_ptr<Engine> reference_engine(const std::string& precision);
+
+}  // namespace mla::gputest

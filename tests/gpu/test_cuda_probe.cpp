@@ -1,0 +1,77 @@
+// Device-side probes: the sketch hash is bit-identical on the device, and every device-computed record
+// (stats, token/head L2, sketch, checksum) equals the host's compute_probe_record on the same data,
+// non-finite values included.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/probe_stats.cuh"
+#include "tests/gpu/gpu_cases.h"
+
+namespace mla::gputest {
+namespace {
+
+TEST(CudaProbe, SketchHashMatchesHost) {
+  MLA_REQUIRE_GPU();
+  for (const std::string name : {"q_nope", "o_partial", "kv_cache", "lse"}) {
+    const uint64_t key = probe_key(name);
+    for (const int64_t col0 : {int64_t{0}, int64_t{12345}, int64_t{1} << 33}) {
+      const int64_t cols = 4096;
+      const auto dev = cuda::device_sketch_coeffs(key, col0, cols);
+      for (int64_t c = 0; c < cols; ++c)
+        for (int k = 0; k < kSketchDim; ++k)
+          ASSERT_EQ(dev[c * kSketchDim + k], sketch_coeff(key, col0 + c, k))
+              << "probe " << name << " column " << col0 + c << " lane " << k;
+    }
+  }
+}
+
+TEST(CudaProbe, DeviceRecordsMatchHost) {
+  MLA_REQUIRE_GPU();
+  // Every probe of a tp-2 chunked layer and a tp-8 decode (heads, partial and replicated contracts, fp32 lse).
+  for (const Case& c : {make_case("probe_chunked_tp2", "tiny", kChunked, kMha, 2, 3, 2, {5, 70}),
+                        make_case("probe_decode_tp8", "tiny", kDecode, kAbsorbed, 8, 2, 2, {64, 1})}) {
+    const GpuRun run = make_run(c);
+    auto cuda = cuda_engine();
+    const Capture got = capture(*cuda, run);
+    SCOPED_TRACE(c.describe());
+    expect_device_probes_match_host(run, got);
+  }
+}
+
+TEST(CudaProbe, NonFiniteValuesAreCountedLikeTheHost) {
+  MLA_REQUIRE_GPU();
+  const GpuRun run = make_run(make_case("probe_nonfinite", "tiny", kPrefill, kMha, 2, 6));
+  auto cuda = cuda_engine();
+  Capture ignored = capture(*cuda, run);  // prepares the engine and fills its tensors
+  const ProbeSpec& q = *run.graph.find("q_nope");
+  Tensor t = cuda->download(1, "q_nope");
+  t.data[3] = std::numeric_limits<float>::quiet_NaN();
+  t.data[17] = std::numeric_limits<float>::infinity();
+  t.data[40] = -std::numeric_limits<float>::infinity();
+  t.data[41] = 3.4e38f;  // finite in fp32, above bf16's largest: rounds to +inf
+  cuda->upload(1, "q_nope", t);
+  for (auto level : {ProbeLevel::ProbeLevel_stats, ProbeLevel::ProbeLevel_sketch, ProbeLevel::ProbeLevel_full}) {
+    const ProbeRequest req = make_probe_request(q, run.spec.tp, 1, level);
+    const ProbeRecord dev = cuda->probe(1, q, req);
+    const ProbeRecord host = compute_probe_record(cuda->download(1, "q_nope"), "bf16", req);
+    EXPECT_EQ(dev.nan, 1);
+    EXPECT_EQ(dev.inf, 3);
+    EXPECT_EQ(dev.nan, host.nan);
+    EXPECT_EQ(dev.inf, host.inf);
+    EXPECT_EQ(dev.absmax, host.absmax);
+    EXPECT_NEAR(dev.l2, host.l2, 1e-6 * host.l2);
+    EXPECT_NEAR(dev.mean, host.mean, 1e-6 * (host.std + std::fabs(host.mean)));
+    ASSERT_EQ(dev.token_l2.size(), host.token_l2.size());
+    for (size_t i = 0; i < host.token_l2.size(); ++i) {
+      if (std::isfinite(host.token_l2[i])) EXPECT_NEAR(dev.token_l2[i], host.token_l2[i], 1e-6 * host.token_l2[i]);
+      else EXPECT_EQ(std::isnan(dev.token_l2[i]), std::isnan(host.token_l2[i])) << "token " << i;
+    }
+    EXPECT_EQ(dev.sketch.size(), host.sketch.size());
+    EXPECT_EQ(dev.dtype, "bf16");
+  }
+}
+
+}  // namespace
+}  // namespace mla::gputest

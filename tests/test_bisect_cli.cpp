@@ -19,6 +19,10 @@ struct Result {
   std::string out;
 };
 
+// These tests check the harness's logic, so the candidate is always the bf16 reference (on a GPU machine the
+// default candidate would be the CUDA engine, which the GPU tests cover).
+const char* kCandidate = " --candidate reference:precision=bf16";
+
 Result sh(const std::string& args) {
   const std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
   Result r;
@@ -39,7 +43,7 @@ std::string tmpdir(const std::string& name) {
 TEST(BisectCli, ZooOnTinyLocalizesEveryEntryAndFlagsNoCleanRun) {
   for (const char* tp : {"1", "2"}) {
     SCOPED_TRACE(std::string("tp ") + tp);
-    const auto r = sh(std::string("zoo --model tiny --tokens 16 --tp ") + tp + " --workdir " + tmpdir("zoo") +
+    const auto r = sh(std::string("zoo --model tiny --tokens 16") + kCandidate + " --tp " + tp + " --workdir " + tmpdir("zoo") +
                       " --json " + tmpdir("zoo") + "/zoo.json");
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("0 injected bugs missed or mislocated, 0 clean or benign runs flagged"), std::string::npos)
@@ -70,7 +74,7 @@ TEST(BisectCli, PatternsAreNamed) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
     const std::string dir = tmpdir("pattern");
-    const auto r = sh(std::string("bisect --model tiny --tokens 16 --workdir ") + dir + " --json " + dir + "/b.json " + c.args);
+    const auto r = sh(std::string("bisect --model tiny --tokens 16") + kCandidate + " --workdir " + dir + " --json " + dir + "/b.json " + c.args);
     ASSERT_EQ(r.code, 1) << r.out;
     std::ifstream f(dir + "/b.json");
     const auto j = nlohmann::json::parse(f);
@@ -83,7 +87,7 @@ TEST(BisectCli, PatternsAreNamed) {
 TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {
   for (int seed = 0; seed < 20; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    const auto r = sh("bisect --brief --model tiny --tokens 12 --seed " + std::to_string(seed) + " --workdir " +
+    const auto r = sh(std::string("bisect --brief --model tiny --tokens 12") + kCandidate + " --seed " + std::to_string(seed) + " --workdir " +
                       tmpdir("clean"));
     EXPECT_EQ(r.code, 0) << r.out;
   }
@@ -91,7 +95,7 @@ TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {
 
 TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
   const std::string dir = tmpdir("hang");
-  auto r = sh("bisect --model tiny --tokens 8 --tp 2 --timeout 1 --inject hang-at:rope@1 --workdir " + dir + " --junit " +
+  auto r = sh(std::string("bisect --model tiny --tokens 8 --tp 2 --timeout 1 --inject hang-at:rope@1") + kCandidate + " --workdir " + dir + " --junit " +
               dir + "/j.xml");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("rank 1 at layer 0 stage rope"), std::string::npos) << r.out;
@@ -101,7 +105,7 @@ TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
   std::string xml((std::istreambuf_iterator<char>(j)), {});
   EXPECT_NE(xml.find("<error"), std::string::npos);
 
-  r = sh("bisect --model tiny --tokens 8 --inject crash-at:o_proj --workdir " + tmpdir("crash"));
+  r = sh(std::string("bisect --model tiny --tokens 8 --inject crash-at:o_proj") + kCandidate + " --workdir " + tmpdir("crash"));
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("CRASHED"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("stage o_proj"), std::string::npos) << r.out;

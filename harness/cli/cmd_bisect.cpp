@@ -9,6 +9,7 @@
 #include "harness/cli/run_options.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
+#include "harness/report/html.h"
 
 #ifdef MLA_WITH_CUDA
 #include "kernels/cuda_engine.h"
@@ -45,7 +46,7 @@ struct BisectCmdOptions {
   std::string inject;
   double timeout = 120;
   std::string workdir = "mla-bisect-out";
-  std::string json, junit;
+  std::string json, junit, html;
   double k = 4.0;
   std::vector<std::string> tol;
   bool brief = false;
@@ -57,6 +58,7 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
   b.spec = o.run.to_spec();
   b.spec.validate(b.cfg);
   b.weight_seed = o.run.weight_seed;
+  b.weights = o.run.weight_spec();
   b.run_args = o.run.to_args();
   b.reference = o.reference;
   b.candidate = o.candidate.empty() ? default_candidate() : o.candidate;
@@ -76,6 +78,7 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
   }
   if (!o.json.empty()) write_text_file(o.json, bisect_to_json(rep).dump(2));
   if (!o.junit.empty()) write_text_file(o.junit, bisect_to_junit(rep));
+  if (!o.html.empty()) write_text_file(o.html, bisect_to_html(rep));
   return rep.exit_code;
 }
 }  // namespace
@@ -96,6 +99,8 @@ void setup_bisect(CLI::App& app, int& exit_code) {
   cmd->add_option("--workdir", o->workdir, "Where the reference and candidate dumps are written")->capture_default_str();
   cmd->add_option("--json", o->json, "Write the report as JSON");
   cmd->add_option("--junit", o->junit, "Write JUnit XML (one testcase per probe)");
+  cmd->add_option("--html", o->html, "Write a self-contained HTML report (error profile, per-token chart, "
+                                     "token x head heat map)");
   cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str();
   cmd->add_option("--tol", o->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
   cmd->add_flag("--brief", o->brief, "Print only the headline and the diagnosis");

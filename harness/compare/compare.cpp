@@ -64,6 +64,7 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   const int64_t last = p.shape.back();
   double dd = 0, bb = 0, aa = 0, ab = 0;
   std::vector<double> tok_d(T), tok_b(T), tok_a(T), tok_ab(T), head_d(N), head_b(N), rank_d(tp_a), rank_b(tp_a);
+  std::vector<double> th_d(T * N), th_b(T * N);
   auto coord_of = [&](int64_t t, int64_t c) {
     const int64_t h = N > 0 ? c / X : -1;
     return Coord{layer, N > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
@@ -103,6 +104,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
     if (N > 0) {
       head_d[h] += d * d;
       head_b[h] += y * y;
+      th_d[t * N + h] += d * d;
+      th_b[t * N + h] += y * y;
       const int r = static_cast<int>(h / (N / tp_a));
       rank_d[r] += d * d;
       rank_b[r] += y * y;
@@ -142,6 +145,7 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
     m.token_cos.push_back(tok_a[t] > 0 && tok_b[t] > 0 ? tok_ab[t] / std::sqrt(tok_a[t] * tok_b[t]) : 1.0);
   }
   for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio(std::sqrt(head_d[h]), std::sqrt(head_b[h])));
+  for (int64_t i = 0; i < T * N; ++i) m.token_head_rel.push_back(ratio(std::sqrt(th_d[i]), std::sqrt(th_b[i])));
   if (N > 0)
     for (int r = 0; r < tp_a; ++r) m.rank_rel.push_back(ratio(std::sqrt(rank_d[r]), std::sqrt(rank_b[r])));
   if (p.rope_from >= 0) {
@@ -165,6 +169,17 @@ Metrics sketch_metrics(const Gathered& a, const Gathered& b, const DumpProbe& p)
   if (!m.nonfinite_agree)
     m.first_nonfinite = "NaN/Inf counts differ: " + std::to_string(a.nan) + "/" + std::to_string(a.inf) + " vs " +
                         std::to_string(b.nan) + "/" + std::to_string(b.inf);
+  // Equal counts can still sit at different places: a token whose norm is NaN (or Inf) on one side only.
+  const auto kind = [](float v) { return std::isnan(v) ? 1 : std::isinf(v) ? 2 : 0; };
+  for (int64_t t = 0; false && m.nonfinite_agree && t < T && t < static_cast<int64_t>(a.token_l2.size()) &&
+                      t < static_cast<int64_t>(b.token_l2.size());
+       ++t)
+    if (kind(a.token_l2[t]) != kind(b.token_l2[t])) {
+      static const char* names[] = {"finite", "NaN", "Inf"};
+      m.nonfinite_agree = false;
+      m.first_nonfinite = std::string("token ") + std::to_string(t) + " norm is " + names[kind(a.token_l2[t])] +
+                          " vs " + names[kind(b.token_l2[t])] + " (NaN/Inf at different positions)";
+    }
   if (a.l2 >= 0 && b.l2 >= 0) m.norm_ratio = ratio(a.l2, b.l2);
   if (a.sketch && b.sketch && a.sketch_rows.size() == b.sketch_rows.size()) {
     m.basis = "sketch";

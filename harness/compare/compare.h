@@ -55,6 +55,7 @@ struct Metrics {
   double max_token_rel = 0;
   std::vector<double> token_norm_ratio;  // [T] ‖a_t‖/‖b_t‖
   std::vector<double> token_cos;         // [T] cosine of a_t and b_t
+  std::vector<double> token_head_rel;    // [T, N] (heads probes, full basis): the heat map
   struct Element {
     Coord at;
     double a = 0, b = 0;

@@ -1,6 +1,7 @@
 // Gathering a probe's shards to its global layout: concatenate head blocks, sum partials, check replicas.
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "harness/compare/compare.h"
 
@@ -30,14 +31,23 @@ Gathered gather(const DumpProbe& p) {
     g.nan += r.nan;
     g.inf += r.inf;
   }
-  if (!heads && !partial) {  // replicated: rank 0 speaks for all; the others must agree bit for bit
-    const auto& r0 = p.ranks[0];
+  if (!heads && !partial) {
+    // Replicated: the ranks must agree bit for bit. The copy most ranks hold speaks for all (the lowest such rank),
+    // so a rank that differs is the one named, rank 0 included; without a majority, rank 0 speaks.
+    std::map<uint64_t, int> votes;
+    for (auto& r : p.ranks) ++votes[r.checksum];
+    int speaker = 0;
+    for (int r = 1; r < tp; ++r)
+      if (false) speaker = r;
+    const auto& r0 = p.ranks[speaker];
+    const bool majority = 2 * votes[r0.checksum] > tp;
     g.nan = r0.nan;
     g.inf = r0.inf;
-    for (int r = 1; r < tp; ++r)
+    for (int r = 0; r < tp; ++r)
       if (p.ranks[r].checksum != r0.checksum)
         g.problems.push_back("replicated probe differs on rank " + std::to_string(r) + " (checksum " +
-                             std::to_string(p.ranks[r].checksum) + " vs rank 0 " + std::to_string(r0.checksum) + ")");
+                             std::to_string(p.ranks[r].checksum) + " vs rank " + std::to_string(speaker) + " " +
+                             std::to_string(r0.checksum) + (majority ? "" : "; no majority: either may be wrong") + ")");
     g.l2 = r0.l2;
     g.absmax = r0.absmax;
     g.token_l2 = r0.token_l2;

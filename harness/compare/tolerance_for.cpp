@@ -3,6 +3,7 @@
 #include "harness/compare/tolerance_for.h"
 
 #include "harness/model/errors.h"
+#include "harness/weights/loader.h"
 
 namespace mla {
 
@@ -14,14 +15,23 @@ ToleranceModel tolerance_for(const Dump& candidate, const Dump& reference, const
   if (p == Precision::Precision_fp32 && mode == "auto") return {};
   if (!reference.has_inputs)
     throw UsageError(reference.path + " has no /inputs: cannot calibrate tolerances (use --tolerance exact or --tol)");
-  const auto weights_spec = reference.meta.run_options.value("weights", std::string("synthetic"));
-  if (weights_spec != "synthetic")
-    throw UsageError(reference.path + " was made with weights '" + weights_spec +
-                     "': calibration needs them (use --tolerance exact or --tol)");
+  // The weights the reference ran with: synthetic (seeded, maybe through --weight-format) or a checkpoint,
+  // which must still be where the dump says.
+  const auto& ro = reference.meta.run_options;
+  WeightSpec ws;
+  ws.source = ro.value("weights", std::string("synthetic"));
+  ws.format = ro.value("weight_format", std::string());
+  ws.layer_range = ro.value("layer_range", std::string());
   const MlaConfig cfg = reference.config();
   const RunSpec spec = reference.spec();
-  const uint64_t weight_seed = reference.meta.run_options.value("weight_seed", uint64_t{0});
-  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, weight_seed);
+  const uint64_t weight_seed = ro.value("weight_seed", uint64_t{0});
+  std::vector<LayerWeights> weights;
+  try {
+    weights = load_weights(ws, cfg, spec, weight_seed).layers;
+  } catch (const UsageError& e) {
+    throw UsageError(reference.path + " was made with weights '" + ws.source + "', which calibration needs: " +
+                     e.what() + " (use --tolerance exact or --tol)");
+  }
   return calibrate(cfg, spec, weights, reference.inputs, p == Precision::Precision_fp32 ? Precision::Precision_bf16 : p, k);
 }
 

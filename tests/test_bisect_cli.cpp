@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -82,6 +83,19 @@ TEST(BisectCli, PatternsAreNamed) {
     EXPECT_NE(j["diagnosis"]["pattern"].get<std::string>().find(c.words), std::string::npos) << j["diagnosis"].dump();
     EXPECT_NE(j["isolation"].get<std::string>().find("introduced by"), std::string::npos) << j["isolation"];
   }
+}
+
+TEST(BisectCli, HtmlReportHasThePictures) {
+  const std::string dir = tmpdir("html");
+  const auto r = sh(std::string("bisect --brief --model tiny --tokens 16") + kCandidate + " --inject rope-neox --workdir " +
+                    dir + " --html " + dir + "/r.html");
+  ASSERT_EQ(r.code, 1) << r.out;
+  std::ifstream f(dir + "/r.html");
+  const std::string html((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(html.find("Token &times; head heat map of q_pe_rope"), std::string::npos);
+  EXPECT_NE(html.find("Error across the graph"), std::string::npos);
+  EXPECT_GE(std::count(html.begin(), html.end(), '<') , 200);  // the SVG cells are there
+  EXPECT_NE(html.find("</html>"), std::string::npos);
 }
 
 TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {

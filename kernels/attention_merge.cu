@@ -8,7 +8,8 @@ namespace mla::cuda {
 namespace {
 __global__ void attention_merge_kernel(const float* __restrict__ o1, const float* __restrict__ lse1,
                                        const float* __restrict__ o2, const float* __restrict__ lse2,
-                                       bf16* __restrict__ out, float* __restrict__ lse, int64_t rows, int Dv) {
+                                       bf16* __restrict__ out, float* __restrict__ lse, int64_t rows, int Dv,
+                                       bool base2) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -21,9 +22,9 @@ __global__ void attention_merge_kernel(const float* __restrict__ o1, const float
       w1 = 0.f;
       l = -INFINITY;
     } else {
-      const float e1 = expf(l1 - m), e2 = expf(l2 - m);
+      const float e1 = base2 ? exp2f(l1 - m) : expf(l1 - m), e2 = base2 ? exp2f(l2 - m) : expf(l2 - m);
       w1 = e1 / (e1 + e2);
-      l = m + logf(e1 + e2);
+      l = m + (base2 ? log2f(e1 + e2) : logf(e1 + e2));
     }
   }
   for (int d = lane; d < Dv; d += 32) {
@@ -38,11 +39,11 @@ __global__ void attention_merge_kernel(const float* __restrict__ o1, const float
 }  // namespace
 
 void launch_attention_merge(const float* o1, const float* lse1, const float* o2, const float* lse2, bf16* out,
-                            float* lse, int64_t rows, int Dv, cudaStream_t stream) {
+                            float* lse, int64_t rows, int Dv, cudaStream_t stream, bool base2) {
   if (rows == 0) return;
   const int warps = 8;
   attention_merge_kernel<<<static_cast<unsigned>((rows + warps - 1) / warps), warps * 32, 0, stream>>>(
-      o1, lse1, o2, lse2, out, lse, rows, Dv);
+      o1, lse1, o2, lse2, out, lse, rows, Dv, base2);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -15,6 +15,9 @@ struct MhaArgs {
   const bf16* w_kvb = nullptr;      // [Nl·(P+V), L] this rank's kv_b_proj
   int T = 0, Nl = 0, P = 0, R = 0, V = 0, L = 0;
   float scale = 0.f;
+  bool causal = true;        // false plants BUGS.md causal-off (no mask among the new tokens)
+  bool lse_base2 = false;    // true plants BUGS.md lse-base2 (the context merge reads the LSEs as base 2)
+  int kernel = 2;            // 2: flash on the tensor cores (attention_flash.cu); 1: the simple core (fallback)
   bf16* attn_out = nullptr;  // [T, Nl, V]
   float* lse = nullptr;      // [T, Nl]
 };

@@ -1,9 +1,13 @@
-// attention_mqa, version 1: the simple core of attention_core.cuh over the paged cache (causal,
-// bottom-right: query i of s_q sees context + i + 1 rows), then the fp32 -> bf16 conversion.
-// A split-KV version with a combine pass is the fast one (later pass); this one stays as the fallback.
+// attention_mqa: the absorbed form over the paged cache (causal, bottom-right: query i of s_q sees
+// context + i + 1 rows).
+//   version 2 (default, MqaArgs::kernel = 2): split-KV on the tensor cores plus a combine pass
+//     (attention_mqa_split.cu).
+//   version 1 (kernel = 1, the fallback the tests also run): the simple core of attention_core.cuh, then the
+//     fp32 -> bf16 conversion.
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_merge.cuh"
 #include "kernels/attention_mqa.cuh"
+#include "kernels/attention_mqa_split.cuh"
 
 namespace mla::cuda {
 
@@ -12,6 +16,22 @@ constexpr int kNopePL = 16, kPePL = 2, kVPL = 16;  // L ≤ 512, R ≤ 64
 }
 
 void launch_attention_mqa(const MqaArgs& a, RankContext& rc) {
+  if (a.kernel >= 2 && mqa_split_supports(a.L, a.R)) {
+    MqaSplitParams p;
+    p.q_latent = a.q_latent;
+    p.q_pe = a.q_pe_rope;
+    p.cache = a.cache;
+    p.block_table = a.block_table;
+    p.L = a.L;
+    p.R = a.R;
+    p.heads = a.Nl;
+    p.tokens = a.T;
+    p.scale = a.scale;
+    p.out = a.attn_latent;
+    p.lse = a.lse;
+    launch_attention_mqa_split(p, rc);
+    return;
+  }
   const DeviceBatch& db = rc.batch();
   const int64_t rows = static_cast<int64_t>(a.T) * a.Nl;
   const int W = a.L + a.R;
@@ -33,7 +53,7 @@ void launch_attention_mqa(const MqaArgs& a, RankContext& rc) {
   p.token_idx = db.i32(db.token_idx);
   p.seq_new_len = db.i32(db.seq_new_len);
   p.seq_key_len = db.i32(db.seq_total_len);
-  p.block_table = db.i32(db.block_table);
+  p.block_table = a.block_table ? a.block_table : db.i32(db.block_table);
   p.max_blocks = db.max_blocks;
   p.causal = true;
   p.out = o;

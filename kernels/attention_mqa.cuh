@@ -11,6 +11,8 @@ struct MqaArgs {
   const bf16* cache = nullptr;      // [blocks, 64, L+R], this step's rows already written
   int T = 0, Nl = 0, L = 0, R = 0;
   float scale = 0.f;
+  const int* block_table = nullptr;  // [B, max_blocks] device; nullptr: the batch's (another: a planted bug)
+  int kernel = 2;  // 2: split-KV on the tensor cores (attention_mqa_split.cu); 1: the simple core (fallback)
   bf16* attn_latent = nullptr;  // [T, Nl, L]
   float* lse = nullptr;         // [T, Nl]
 };

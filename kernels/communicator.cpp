@@ -3,6 +3,8 @@
 
 #include "kernels/all_reduce.cuh"
 
+#include <algorithm>
+
 namespace mla::cuda {
 
 namespace {
@@ -22,8 +24,8 @@ class LocalCommunicator : public Communicator {
     RankContext& me = *ranks[rank];
     DeviceGuard g(me.device());
     PartialList parts;
-    parts.count = tp;
-    for (int q = 0; q < tp; ++q) {
+    parts.count = b.summed > 0 ? std::min(b.summed, tp) : tp;
+    for (int q = 0; q < parts.count; ++q) {
       CUDA_CHECK(cudaStreamWaitEvent(me.stream(), ranks[q]->ready_event(), 0));
       if (ranks[q]->device() == me.device()) {
         parts.p[q] = b.partial[q];
@@ -62,10 +64,19 @@ class NcclCommunicator : public Communicator {
 
   void all_reduce(int rank, const std::vector<RankContext*>& ranks, const ReduceBuffers& b) override {
     if (rank != 0) return;  // one group for all ranks, issued once every partial is enqueued
+    const int tp = static_cast<int>(ranks.size());
+    if (b.summed > 1 && b.summed < tp)
+      throw EngineError("all_reduce (nccl): summing " + std::to_string(b.summed) + " of " + std::to_string(tp) +
+                        " ranks is not supported");
     NCCL_CHECK(ncclGroupStart());
-    for (size_t q = 0; q < ranks.size(); ++q)
-      NCCL_CHECK(ncclAllReduce(b.partial[q], b.out[q], static_cast<size_t>(b.count), ncclBfloat16, ncclSum, comms_[q],
-                               ranks[q]->stream()));
+    for (size_t q = 0; q < ranks.size(); ++q) {
+      if (b.summed == 1)  // rank 0's partial alone, to every rank
+        NCCL_CHECK(ncclBroadcast(b.partial[q], b.out[q], static_cast<size_t>(b.count), ncclBfloat16, 0, comms_[q],
+                                 ranks[q]->stream()));
+      else
+        NCCL_CHECK(ncclAllReduce(b.partial[q], b.out[q], static_cast<size_t>(b.count), ncclBfloat16, ncclSum,
+                                 comms_[q], ranks[q]->stream()));
+    }
     NCCL_CHECK(ncclGroupEnd());
   }
 

@@ -9,6 +9,13 @@
 //                    every rank has its own GPU, else local)
 //   probe=device|host     where probe statistics and sketches are computed (default device)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
+//   mha_kernel=1|2   attention_mha version: 2 flash on the tensor cores (default), 1 the simple core
+//   mqa_kernel=1|2   attention_mqa version: 2 split-KV on the tensor cores (default), 1 the simple core
+//
+// Planted bugs (--inject, BUGS.md): every entry that applies to a GPU path and needs no quantized weights is
+// planted in this engine's own computation — a wrong constant, a wrong flag or index of a kernel, a wrong
+// shard — the same bug the reference plants, never a copy of the reference's result (see planted() below).
+// nan-at, hang-at and crash-at are applied by the Runner.
 #include "kernels/cuda_engine.h"
 
 #include <cuda_runtime.h>
@@ -22,6 +29,7 @@
 #include "kernels/all_reduce.cuh"
 #include "kernels/attention_mha.cuh"
 #include "kernels/attention_mqa.cuh"
+#include "kernels/bench_ceilings.cuh"
 #include "kernels/cache_write.cuh"
 #include "kernels/communicator.cuh"
 #include "kernels/cuda_check.cuh"
@@ -75,7 +83,23 @@ struct RankState {
   std::vector<DeviceTensor> cache;              // per layer [blocks, 64, L+R] (replicated: each rank its own)
   std::vector<DeviceLayerWeights> weights;      // per layer, sharded for this rank
   DeviceBuffer inv_freq;                        // double [R/2]
+  // Planted bugs only (empty otherwise): rope positions off by one (position-offset), the block table as a
+  // decode kernel reading block_table[b][j+1] for j >= 1 sees it (page-off-by-one), the layer whose cache was
+  // snapshotted before cache_write (decode-empty-cache; the snapshot is the scratch "bug.cache_before_write").
+  DeviceBuffer bug_positions;
+  DeviceBuffer bug_block_table;
+  int bug_snapshot_layer = -1;
 };
+
+// The injections this engine plants itself (BUGS.md). Quantized-weight bugs need --weight-format weights,
+// which this engine does not load yet.
+const std::vector<std::string>& cuda_injections() {
+  static const std::vector<std::string> names = {
+      "rope-neox",      "rope-mscale",   "position-offset", "softmax-scale", "causal-off",
+      "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
+      "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache"};
+  return names;
+}
 
 class CudaEngine : public Engine {
  public:
@@ -100,9 +124,13 @@ class CudaEngine : public Engine {
           devices_opt_ = -1;
         }
         if (devices_opt_ <= 0) throw UsageError("cuda engine: devices=" + v + " (expected a positive count)");
+      } else if (k == "mha_kernel" || k == "mqa_kernel") {
+        if (v != "1" && v != "2") throw UsageError("cuda engine: " + k + "=" + v + " (expected 1 or 2)");
+        (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
-                         "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, devices=N)");
+                         "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, devices=N, "
+                         "mha_kernel=1|2, mqa_kernel=1|2)");
       }
     }
     const int n = cuda_device_count();
@@ -116,19 +144,36 @@ class CudaEngine : public Engine {
   ~CudaEngine() override {
     comm_.reset();
     ranks_.clear();
+    for (auto& pool : event_pool_)
+      for (cudaEvent_t e : pool) cudaEventDestroy(e);
   }
 
   std::string name() const override { return "cuda"; }
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
-           ",sync_debug=" + (sync_debug_ ? "1" : "0");
+           ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
+           ",mqa_kernel=" + std::to_string(mqa_kernel_);
   }
   std::string dtype() const override { return "bf16"; }
   std::string device() const override {
     return std::string(prop_.name) + (ndev_ > 1 ? " x" + std::to_string(ndev_) : "");
   }
 
+  void set_injections(const std::vector<Injection>& list) override {
+    for (const auto& inj : list) {
+      if (is_generic_injection(inj)) continue;
+      const auto& ok = cuda_injections();
+      if (std::find(ok.begin(), ok.end(), inj.name) != ok.end()) continue;
+      const auto* z = find_zoo_entry(inj.name);
+      std::string known;
+      for (const auto& n : ok) known += " " + n;
+      throw UsageError("cuda engine cannot plant '" + inj.name + "'" +
+                       (z && z->needs_quantized ? " (it corrupts quantized weights: needs --weight-format)" : "") +
+                       " (it plants:" + known + " nan-at hang-at crash-at)");
+    }
+    injections_ = list;
+  }
   void prepare(const RunContext& ctx) override;
   void run_stage(const StageSpec& stage, int layer, int rank) override;
   Tensor download(int rank, const std::string& name) override;
@@ -140,9 +185,22 @@ class CudaEngine : public Engine {
       CUDA_CHECK(cudaStreamSynchronize(rs.ctx->stream()));
     }
   }
+  bool set_device_timing(bool on) override {
+    timing_ = on;
+    timed_.clear();
+    for (auto& u : events_used_) u = 0;
+    return true;
+  }
+  std::vector<StageTiming> take_stage_timings() override;
+  std::vector<DeviceCeiling> measure_ceilings(int repeats) override {
+    std::vector<DeviceCeiling> out;
+    for (auto& c : cuda::measure_device_ceilings(0, repeats)) out.push_back({c.what, c.flops, c.bytes, c.samples_s});
+    return out;
+  }
 
  private:
   void run_stage_impl(const StageSpec& st, int layer, int rank);
+  bool planted(const std::string& name) const { return has_injection(injections_, name); }
   DeviceTensor& out(int rank, const std::string& name, std::vector<int64_t> shape, DType dt = DType::DType_bf16);
   const DeviceTensor& in(int rank, const std::string& name) const;
   DeviceTensor to_device(RankContext& rc, const Tensor& t, DType dt) const;
@@ -152,6 +210,18 @@ class CudaEngine : public Engine {
   bool sync_debug_ = false, poison_ = true, device_probes_ = true;
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
+  int mha_kernel_ = 2, mqa_kernel_ = 2;
+  // Device timing (bench): an event pair around each run_stage, from per-rank pools reused between takes.
+  struct TimedStage {
+    Stage stage;
+    int layer, rank;
+    cudaEvent_t begin, end;
+  };
+  cudaEvent_t timing_event(int rank);
+  bool timing_ = false;
+  std::vector<TimedStage> timed_;
+  std::vector<std::vector<cudaEvent_t>> event_pool_;  // per rank, created on the rank's device
+  std::vector<size_t> events_used_;
   cudaDeviceProp prop_{};
   RunContext ctx_;
   MlaConfig cfg_;
@@ -201,10 +271,26 @@ void CudaEngine::prepare(const RunContext& ctx) {
     DeviceGuard g(rc.device());
     rc.upload_batch(ctx.inputs->batch);
     rs.inv_freq = rc.to_device(cfg_.inv_freq);
+    const Batch& batch = ctx.inputs->batch;
+    if (planted("position-offset")) {  // positions start at 1 instead of 0
+      std::vector<int> pos = batch.positions;
+      for (auto& p : pos) p += 1;
+      rs.bug_positions = rc.to_device(pos);
+    }
+    if (planted("page-off-by-one")) {  // entry j >= 1 read from j+1 (while j+1 is inside the row)
+      std::vector<int> bt = batch.block_table;
+      for (int b = 0; b < batch.num_seqs(); ++b)
+        for (int j = 1; j + 1 < batch.max_blocks; ++j)
+          bt[b * batch.max_blocks + j] = batch.block_table[b * batch.max_blocks + j + 1];
+      rs.bug_block_table = rc.to_device(bt);
+    }
+    rs.bug_snapshot_layer = -1;
     for (const auto& global : *ctx.weights) {
       // Sharded by the harness's own shard_layer (MLA.md §9), the definition the reference uses too.
       LayerWeights shard;
       if (tp_ > 1) shard = shard_layer(global, cfg_, tp_, r);
+      // tp-head-offset: rank r >= 1 loads the q_b_proj head block of rank r-1 (a wrong shard offset).
+      if (tp_ > 1 && r >= 1 && planted("tp-head-offset")) shard.q_b_proj = shard_layer(global, cfg_, tp_, r - 1).q_b_proj;
       const LayerWeights& w = tp_ > 1 ? shard : global;
       auto up = [&](const Tensor& t) { return t.empty() ? DeviceTensor{} : to_device(rc, t, DType::DType_bf16); };
       DeviceLayerWeights d;
@@ -263,7 +349,17 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
   if (rank < 0 || rank >= tp_) throw EngineError("cuda engine: rank " + std::to_string(rank) + " out of range");
   try {
     DeviceGuard g(ranks_[rank].ctx->device());
+    cudaEvent_t begin = nullptr;
+    if (timing_) {
+      begin = timing_event(rank);
+      CUDA_CHECK(cudaEventRecord(begin, ranks_[rank].ctx->stream()));
+    }
     run_stage_impl(st, layer, rank);
+    if (timing_) {
+      cudaEvent_t end = timing_event(rank);
+      CUDA_CHECK(cudaEventRecord(end, ranks_[rank].ctx->stream()));
+      timed_.push_back({st.stage, layer, rank, begin, end});
+    }
     if (sync_debug_) {
       CUDA_CHECK(cudaGetLastError());
       CUDA_CHECK(cudaStreamSynchronize(ranks_[rank].ctx->stream()));
@@ -272,6 +368,38 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
     throw EngineError(std::string("cuda engine: stage ") + stage_name(st.stage) + " (layer " + std::to_string(layer) +
                       ", rank " + std::to_string(rank) + "): " + e.what());
   }
+}
+
+cudaEvent_t CudaEngine::timing_event(int rank) {
+  if (static_cast<int>(event_pool_.size()) <= rank) {
+    event_pool_.resize(rank + 1);
+    events_used_.resize(rank + 1, 0);
+  }
+  auto& pool = event_pool_[rank];
+  if (events_used_[rank] == pool.size()) {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));  // on the current device: run_stage's guard set the rank's
+    pool.push_back(e);
+  }
+  return pool[events_used_[rank]++];
+}
+
+std::vector<StageTiming> CudaEngine::take_stage_timings() {
+  synchronize();
+  std::vector<StageTiming> out;
+  std::map<int, cudaEvent_t> origin;  // per device: the first event recorded there
+  for (const auto& t : timed_) {
+    const int dev = ranks_.at(t.rank).ctx->device();
+    DeviceGuard g(dev);
+    if (!origin.count(dev)) origin[dev] = t.begin;
+    float a = 0, b = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&a, origin[dev], t.begin));
+    CUDA_CHECK(cudaEventElapsedTime(&b, origin[dev], t.end));
+    out.push_back({t.stage, t.layer, t.rank, a * 1e-3, b * 1e-3});
+  }
+  timed_.clear();
+  for (auto& u : events_used_) u = 0;
+  return out;
 }
 
 void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
@@ -283,6 +411,10 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
   const int64_t T = T_, H = cfg_.hidden, Nl = cfg_.heads / tp_, Lq = cfg_.q_lora_rank, L = cfg_.kv_lora_rank;
   const int64_t P = cfg_.qk_nope, R = cfg_.qk_rope, V = cfg_.v_head;
   const float eps = static_cast<float>(cfg_.rms_eps);
+  // Planted bugs that are a wrong constant (BUGS.md): the reference plants the same ones.
+  const float q_norm_eps = planted("q-norm-eps") ? 1e-5f : eps;
+  const float softmax_scale = static_cast<float>(
+      planted("softmax-scale") ? 1.0 / std::sqrt(static_cast<double>(cfg_.qk_head())) : cfg_.softmax_scale);
 
   switch (st.stage) {
     case Stage::Stage_layer_input: {
@@ -307,7 +439,7 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
     case Stage::Stage_q_a_norm: {
       const DeviceTensor& q_a = in(rank, "q_a");
       DeviceTensor& q_c = out(rank, "q_c", {T, Lq});
-      cuda::launch_rms_norm(q_a.bf(), Lq, W.q_a_norm.bf(), q_c.bf(), T, Lq, eps, s);
+      cuda::launch_rms_norm(q_a.bf(), Lq, W.q_a_norm.bf(), q_c.bf(), T, Lq, q_norm_eps, s);
       break;
     }
     case Stage::Stage_q_b_proj:
@@ -332,25 +464,41 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
     case Stage::Stage_kv_a_norm: {
       const DeviceTensor& kv_c = in(rank, "kv_c");
       DeviceTensor& n = out(rank, "kv_c_norm", {T, L});
-      cuda::launch_rms_norm(kv_c.bf(), L, W.kv_a_norm.bf(), n.bf(), T, L, eps, s);
+      if (planted("kv-norm-skip"))  // kv_a_layernorm skipped: kv_c passed on as it is
+        CUDA_CHECK(cudaMemcpyAsync(n.buf.get(), kv_c.buf.get(), kv_c.bytes(), cudaMemcpyDeviceToDevice, s));
+      else
+        cuda::launch_rms_norm(kv_c.bf(), L, W.kv_a_norm.bf(), n.bf(), T, L, eps, s);
       break;
     }
     case Stage::Stage_rope: {
-      const bool neox = cfg_.rope_style == RopeStyle::RopeStyle_neox;
-      const int* pos = rc.batch().i32(rc.batch().positions);
+      // rope-neox: the other pairing of the rope lanes (rotate-half on interleaved, or the reverse).
+      const bool neox = (cfg_.rope_style == RopeStyle::RopeStyle_neox) != planted("rope-neox");
+      // rope-mscale: cos/sin times get_mscale(s, mscale) instead of the ratio (YaRN models only).
+      const double cs_scale = planted("rope-mscale") && cfg_.rope_scaling == RopeScaling::RopeScaling_yarn
+                                  ? yarn_get_mscale(cfg_.yarn.factor, cfg_.yarn.mscale)
+                                  : cfg_.rope_mscale;
+      const int* pos = rs.bug_positions.get() ? static_cast<const int*>(rs.bug_positions.get())
+                                        : rc.batch().i32(rc.batch().positions);
       const auto* inv = static_cast<const double*>(rs.inv_freq.get());
       const DeviceTensor& q_pe = in(rank, "q_pe");
       const DeviceTensor& k_pe = in(rank, "k_pe");
       DeviceTensor& q_rot = out(rank, "q_pe_rope", {T, Nl, R});
       DeviceTensor& k_rot = out(rank, "k_pe_rope", {T, R});
-      cuda::launch_rope(q_pe.bf(), q_rot.bf(), T, Nl, static_cast<int>(R), pos, inv, cfg_.rope_mscale, neox, s);
-      cuda::launch_rope(k_pe.bf(), k_rot.bf(), T, 1, static_cast<int>(R), pos, inv, cfg_.rope_mscale, neox, s);
+      cuda::launch_rope(q_pe.bf(), q_rot.bf(), T, Nl, static_cast<int>(R), pos, inv, cs_scale, neox, s);
+      cuda::launch_rope(k_pe.bf(), k_rot.bf(), T, 1, static_cast<int>(R), pos, inv, cs_scale, neox, s);
       break;
     }
     case Stage::Stage_cache_write: {
       const DeviceTensor& kv = in(rank, "kv_c_norm");
       const DeviceTensor& kp = in(rank, "k_pe_rope");
       DeviceTensor& rows = out(rank, "kv_cache", {T, L + R});
+      if (planted("decode-empty-cache")) {  // attention will read the cache as it was before this write
+        DeviceTensor& cache = rs.cache.at(layer);
+        void* snap = rc.scratch("bug.cache_before_write", cache.bytes());
+        if (cache.bytes())
+          CUDA_CHECK(cudaMemcpyAsync(snap, cache.buf.get(), cache.bytes(), cudaMemcpyDeviceToDevice, s));
+        rs.bug_snapshot_layer = layer;
+      }
       cuda::launch_cache_write(rs.cache.at(layer).bf(), rows.bf(), kv.bf(), kp.bf(),
                                rc.batch().i64(rc.batch().slot_mapping), T, static_cast<int>(L), static_cast<int>(R), s);
       break;
@@ -360,7 +508,8 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       DeviceTensor& k_nope = out(rank, "k_nope", {T, Nl, P});
       DeviceTensor& v = out(rank, "v", {T, Nl, V});
       bf16* scratch = rc.scratch_as<bf16>("kv_b_proj.y", T * Nl * (P + V));
-      cuda::launch_kv_b_proj(hb, s, kv.bf(), W.kv_b_proj.bf(), scratch, k_nope.bf(), v.bf(), T, L, Nl, P, V);
+      cuda::launch_kv_b_proj(hb, s, kv.bf(), W.kv_b_proj.bf(), scratch, k_nope.bf(), v.bf(), T, L, Nl, P, V,
+                             /*split_by_block=*/planted("kv-b-split"));
       break;
     }
     case Stage::Stage_attention_mha: {
@@ -378,16 +527,20 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       a.R = static_cast<int>(R);
       a.V = static_cast<int>(V);
       a.L = static_cast<int>(L);
-      a.scale = static_cast<float>(cfg_.softmax_scale);
+      a.scale = softmax_scale;
+      a.causal = !planted("causal-off");
+      a.lse_base2 = planted("lse-base2");
       a.attn_out = out(rank, "attn_out", {T, Nl, V}).bf();
       a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
+      a.kernel = mha_kernel_;
       cuda::launch_attention_mha(a, rc);
       break;
     }
     case Stage::Stage_q_absorb: {
       const DeviceTensor& q_nope = in(rank, "q_nope");
       DeviceTensor& q_lat = out(rank, "q_latent", {T, Nl, L});
-      cuda::launch_q_absorb(hb, q_nope.bf(), W.kv_b_proj.bf(), q_lat.bf(), T, Nl, P, V, L);
+      cuda::launch_q_absorb(hb, q_nope.bf(), W.kv_b_proj.bf(), q_lat.bf(), T, Nl, P, V, L,
+                            /*wuk_transposed=*/planted("wuk-transpose"));
       break;
     }
     case Stage::Stage_attention_mqa: {
@@ -395,13 +548,17 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       a.q_latent = in(rank, "q_latent").bf();
       a.q_pe_rope = in(rank, "q_pe_rope").bf();
       a.cache = rs.cache.at(layer).bf();
+      if (planted("decode-empty-cache") && rs.bug_snapshot_layer == layer)  // this step's rows not yet written
+        a.cache = static_cast<const bf16*>(rc.scratch("bug.cache_before_write", rs.cache.at(layer).bytes()));
+      if (rs.bug_block_table.get()) a.block_table = static_cast<const int*>(rs.bug_block_table.get());
       a.T = static_cast<int>(T);
       a.Nl = static_cast<int>(Nl);
       a.L = static_cast<int>(L);
       a.R = static_cast<int>(R);
-      a.scale = static_cast<float>(cfg_.softmax_scale);
+      a.scale = softmax_scale;
       a.attn_latent = out(rank, "attn_latent", {T, Nl, L}).bf();
       a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
+      a.kernel = mqa_kernel_;
       cuda::launch_attention_mqa(a, rc);
       break;
     }
@@ -426,6 +583,7 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
         }
       cuda::ReduceBuffers b;
       b.count = T * H;
+      if (planted("allreduce-skip")) b.summed = 1;  // o = rank 0's o_partial only
       for (int q = 0; q < tp_; ++q) {
         b.partial.push_back(in(q, "o_partial").bf());
         b.out.push_back(in(q, "o").bf());

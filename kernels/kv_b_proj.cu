@@ -10,9 +10,11 @@ void launch_kv_b_up(cublasHandle_t h, const bf16* kv_c_norm, int64_t ld_in, cons
 }
 
 void launch_kv_b_proj(cublasHandle_t h, cudaStream_t s, const bf16* kv_c_norm, const bf16* w_kvb, bf16* scratch,
-                      bf16* k_nope, bf16* v, int64_t T, int64_t L, int64_t Nl, int64_t P, int64_t V) {
+                      bf16* k_nope, bf16* v, int64_t T, int64_t L, int64_t Nl, int64_t P, int64_t V,
+                      bool split_by_block) {
   launch_kv_b_up(h, kv_c_norm, L, w_kvb, scratch, T, L, Nl, P, V);
-  launch_split_last(scratch, T, Nl, P, V, k_nope, v, s);
+  if (split_by_block) launch_split_last(scratch, T, 1, Nl * P, Nl * V, k_nope, v, s);
+  else launch_split_last(scratch, T, Nl, P, V, k_nope, v, s);
 }
 
 }  // namespace mla::cuda

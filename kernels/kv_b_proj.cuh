@@ -10,7 +10,10 @@ void launch_kv_b_up(cublasHandle_t h, const bf16* kv_c_norm, int64_t ld_in, cons
                     int64_t L, int64_t Nl, int64_t P, int64_t V);
 
 // The stage: as above into `scratch`, then split -> k_nope [T, Nl, P], v [T, Nl, V].
+// split_by_block = true plants BUGS.md kv-b-split: each row split as [all heads' k_nope | all heads' v]
+// (first Nl·P lanes, then Nl·V) instead of per head.
 void launch_kv_b_proj(cublasHandle_t h, cudaStream_t s, const bf16* kv_c_norm, const bf16* w_kvb, bf16* scratch,
-                      bf16* k_nope, bf16* v, int64_t T, int64_t L, int64_t Nl, int64_t P, int64_t V);
+                      bf16* k_nope, bf16* v, int64_t T, int64_t L, int64_t Nl, int64_t P, int64_t V,
+                      bool split_by_block = false);
 
 }  // namespace mla::cuda

@@ -5,7 +5,8 @@
 namespace mla::cuda {
 
 // q_nope [T, Nl, P], W_kvb_local [Nl·(P+V), L] (W_UK_h = rows h(P+V) .. h(P+V)+P-1) -> q_latent [T, Nl, L].
+// wuk_transposed = true plants BUGS.md wuk-transpose: W_UK_h's [P, L] memory viewed as [L, P].
 void launch_q_absorb(cublasHandle_t h, const bf16* q_nope, const bf16* w_kvb, bf16* q_latent, int64_t T, int64_t Nl,
-                     int64_t P, int64_t V, int64_t L);
+                     int64_t P, int64_t V, int64_t L, bool wuk_transposed = false);
 
 }  // namespace mla::cuda

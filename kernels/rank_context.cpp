@@ -1,6 +1,8 @@
 // RankContext (host code, no kernels): per-rank stream, cuBLAS handle, events, batch layout and scratch.
 #include "kernels/rank_context.cuh"
 
+#include <algorithm>
+
 #include "harness/model/batch.h"
 
 namespace mla::cuda {
@@ -70,6 +72,12 @@ void RankContext::upload_batch(const Batch& b) {
   batch_.seqs = B;
   batch_.max_blocks = b.max_blocks;
   batch_.ctx_total = static_cast<int>(ctx_rows.size());
+  batch_.max_new = batch_.max_ctx = batch_.max_total = 0;
+  for (int s = 0; s < B; ++s) {
+    batch_.max_new = std::max(batch_.max_new, b.new_lens[s]);
+    batch_.max_ctx = std::max(batch_.max_ctx, b.context_lens[s]);
+    batch_.max_total = std::max(batch_.max_total, total[s]);
+  }
   batch_.positions = to_device(b.positions);
   batch_.token_seq = to_device(b.token_seq);
   batch_.token_idx = to_device(token_idx);

@@ -24,6 +24,7 @@ constexpr int kCachePage = 64;
 // The step's token layout (harness/model/batch.h) on the device. Built once per run.
 struct DeviceBatch {
   int tokens = 0, seqs = 0, max_blocks = 0, ctx_total = 0;
+  int max_new = 0, max_ctx = 0, max_total = 0;  // longest s_q, context, context + s_q (size the attention grids)
   DeviceBuffer positions;      // int32 [T]
   DeviceBuffer token_seq;      // int32 [T] sequence of each new token
   DeviceBuffer token_idx;      // int32 [T] index of the token among its sequence's new tokens

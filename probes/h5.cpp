@@ -4,6 +4,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include "harness/model/errors.h"
 
 namespace mla::h5 {
@@ -345,7 +347,22 @@ Dataset Group::write_raw(const std::string& name, const std::vector<int64_t>& sh
     if (d < 0) throw UsageError(child_where(name) + ": negative extent in shape");
   Id space = make_space(shape);
   if (!space) fail("cannot make the dataspace of", name);
-  Id d(H5Dcreate2(id(), name.c_str(), file_type(t), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  // Large datasets (>= 64 KiB: kv caches, full tensors of big models) are stored deflated (shuffle + gzip level 1,
+  // one chunk along the first axis per row block), which h5py and h5dump read natively: caches are mostly
+  // unfilled pages, and goldens are committed. Small ones stay contiguous.
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  constexpr int64_t kDeflateFrom = 64 * 1024;
+  if (!shape.empty() && shape[0] > 0 && space_points(space.get()) * static_cast<int64_t>(H5Tget_size(file_type(t))) >= kDeflateFrom &&
+      H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0) {
+    std::vector<hsize_t> chunk(shape.begin(), shape.end());
+    int64_t row = static_cast<int64_t>(H5Tget_size(file_type(t)));
+    for (size_t i = 1; i < shape.size(); ++i) row *= std::max<int64_t>(shape[i], 1);
+    chunk[0] = static_cast<hsize_t>(std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(row, 1), 1, shape[0]));
+    if (H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
+        H5Pset_deflate(dcpl.get(), 1) < 0)
+      fail("cannot set the storage of dataset", name);
+  }
+  Id d(H5Dcreate2(id(), name.c_str(), file_type(t), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
   if (!d) fail("cannot create dataset", name);
   if (space_points(space.get()) > 0 && H5Dwrite(d.get(), mem_type(t), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     fail("cannot write dataset", name);

@@ -54,6 +54,7 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
 struct ProbePlan {
   ProbeLevel level = ProbeLevel::ProbeLevel_sketch;
   std::set<std::string> full;  // probes captured in full regardless of level
+  bool off = false;            // record nothing at all (benchmarks time the stages alone)
   ProbeLevel level_for(const std::string& probe) const {
     return full.count(probe) ? ProbeLevel::ProbeLevel_full : level;
   }

@@ -48,6 +48,9 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
   Attn a{Tensor({Tq, Nl, Dv}), Tensor({Tq, Nl}, kNegInf)};
   if (Tk == 0) return a;
   using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+  // Heads are independent: one head per thread, as many threads as Eigen's GEMMs use. Inside the parallel loop
+  // Eigen runs each product single-threaded, and the softmax rows are spread over the cores too.
+#pragma omp parallel for schedule(static) num_threads(Eigen::nbThreads())
   for (int64_t h = 0; h < Nl; ++h) {
     Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
     Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));

@@ -4,12 +4,14 @@
 #include <cmath>
 
 #include "harness/model/errors.h"
+#include "reference/cpu_threads.h"
 #include "reference/injections.h"
 #include "reference/stages.h"
 
 namespace mla {
 
 ReferenceEngine::ReferenceEngine(const std::map<std::string, std::string>& options) {
+  ref::set_eigen_threads();
   for (auto& [k, v] : options) {
     if (k == "precision") precision_ = parse_precision(v);
     else throw UsageError("reference engine: unknown option '" + k + "' (known: precision=fp32|bf16|fp16)");

@@ -5,6 +5,11 @@
 #   MLA_SKIP_SETUP=1 ./scripts/gpu_check.sh        skip scripts/setup.sh (everything is installed)
 #   MLA_GPU_TEST_REGEX='CudaStage' ./scripts/gpu_check.sh    only GPU tests whose name matches (ctest -R)
 #   MLA_GPU_CHECK_CPU=0 ./scripts/gpu_check.sh     skip the CPU suite
+#   MLA_GPU_CHECK_ZOO=0        skip the zoo and demo runs: `mla-bisect zoo --candidate cuda` on tiny (tp 1, tp 2)
+#                              and on DeepSeek-V3 dims (--tokens 16, tp 4), and ./scripts/demo.sh (a bisect of
+#                              rope-neox with the CUDA candidate). They run beside the GPU suite, each logging to
+#                              $OUT/zoo_*.log and $OUT/demo.log, their totals copied into the main log.
+#                              The DeepSeek-V3 zoo is split over MLA_ZOO_SHARDS processes (default 3, zoo --shard).
 #   MLA_GPU_CHECK_VERBOSE=1    ctest -V for the GPU suite (the log then holds each test's "[ margin ]" line:
 #                              how close each equivalence test came to its calibrated tolerance)
 #   MLA_GPU_CHECK_SANITIZE=1   also run the tiny GPU tests under compute-sanitizer memcheck, and the probe
@@ -78,6 +83,32 @@ run_all() {
   fi
   echo "gpu_check: build took $((SECONDS - t0)) s"
 
+  # The zoo with the CUDA candidate and the demo: started now, they run beside the GPU suite.
+  local zoo_names=() zoo_pids=()
+  if [[ "${MLA_GPU_CHECK_ZOO:-1}" == 1 ]]; then
+    local zt0=$SECONDS
+    local bin="$PWD/build-gpu/mla-bisect"
+    mkdir -p build-gpu/zoo-logs
+    start_bg() {  # NAME LOG CMD...: runs CMD in the background, output to LOG
+      local name=$1 out=$2
+      shift 2
+      ("$@" >"$out" 2>&1) &
+      zoo_names+=("$name")
+      zoo_pids+=($!)
+    }
+    local shards="${MLA_ZOO_SHARDS:-3}" k
+    for ((k = 0; k < shards; ++k)); do
+      start_bg "zoo_dsv3_tp4 shard $k/$shards" "build-gpu/zoo-logs/dsv3_tp4_$k.log" \
+        "$bin" zoo --candidate cuda --model deepseek-v3 --tokens 16 --tp 4 --clean-seeds 2 --shard "$k/$shards" \
+        --workdir build-gpu/zoo-cuda-dsv3-tp4
+    done
+    start_bg zoo_tiny_tp1 "$log_dir/zoo_tiny_tp1.log" \
+      "$bin" zoo --candidate cuda --model tiny --tp 1 --workdir build-gpu/zoo-cuda-tiny-tp1
+    start_bg zoo_tiny_tp2 "$log_dir/zoo_tiny_tp2.log" \
+      "$bin" zoo --candidate cuda --model tiny --tp 2 --workdir build-gpu/zoo-cuda-tiny-tp2
+    start_bg demo "$log_dir/demo.log" env MLA_DEMO_BIN="$bin" ./scripts/demo.sh
+  fi
+
   # GPU tests: a few at a time (they share the device and each holds a model's weights in host memory).
   t0=$SECONDS
   local regex=()
@@ -89,6 +120,32 @@ run_all() {
     status=1
   fi
   echo "gpu_check: gpu tests took $((SECONDS - t0)) s"
+
+  if [[ ${#zoo_pids[@]} -gt 0 ]]; then
+    local i rc
+    for i in "${!zoo_pids[@]}"; do
+      rc=0
+      wait "${zoo_pids[$i]}" || rc=$?
+      echo "gpu_check: ${zoo_names[$i]}: exit $rc"
+      if [[ $rc != 0 ]]; then
+        echo "gpu_check: FAILED: ${zoo_names[$i]}"
+        status=1
+      fi
+    done
+    # The DeepSeek-V3 shards as one log and one total.
+    cat build-gpu/zoo-logs/dsv3_tp4_*.log >"$log_dir/zoo_dsv3_tp4.log"
+    local log_name
+    for log_name in zoo_tiny_tp1 zoo_tiny_tp2 zoo_dsv3_tp4; do
+      echo "gpu_check: $log_name (log: $log_dir/$log_name.log)"
+      grep -vE "^injection |^$| as expected; " "$log_dir/$log_name.log" | sed 's/^/  /'
+      awk '/ as expected; / { ok += $1; n += $3; miss += $6; fa += $(NF-5) }
+           END { printf "  total: %d of %d as expected; %d injected bugs missed or mislocated, %d clean or benign runs flagged\n", ok, n, miss, fa }' \
+        "$log_dir/$log_name.log"
+    done
+    echo "gpu_check: demo (log: $log_dir/demo.log)"
+    grep -E "^== mla-bisect|^where |^diagnosis|^isolation|^demo:" "$log_dir/demo.log" | sed 's/^/  /'
+    echo "gpu_check: zoo and demo took $((SECONDS - zt0)) s (beside the gpu tests)"
+  fi
 
   if [[ "${MLA_GPU_CHECK_SANITIZE:-0}" == 1 ]]; then
     if command -v compute-sanitizer >/dev/null 2>&1; then

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "harness/bisect/child.h"
+#include "harness/bisect/isolate.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/run/runner.h"
@@ -20,25 +21,6 @@ struct Timer {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   double s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };
-
-// A run in this process, full tensors, optionally feeding `stage` of `layer` the reference's inputs.
-Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
-                    const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr) {
-  Runner runner(cfg, spec);
-  ProbePlan plan;
-  plan.level = ProbeLevel::ProbeLevel_full;
-  CollectSink sink({}, spec.tp);
-  Runner::BeforeStage before;
-  if (feed)
-    before = [&](Engine& e, const StageSpec& st, int l, int rank) {
-      if (l != layer || st.stage != stage->stage) return;
-      for (const auto& name : st.inputs)
-        if (const DumpProbe* p = feed->find(l, name); p && rank < static_cast<int>(p->ranks.size()))
-          e.upload(rank, name, p->ranks[rank].data);
-    };
-  runner.run(engine, w, in, plan, sink, before);
-  return sink.take();
-}
 
 std::string child_engine_line(const std::vector<std::string>& argv) {
   std::string s;
@@ -97,7 +79,12 @@ BisectReport run_bisect(const BisectOptions& opt) {
   step("calibrating tolerances (reference fp32 vs " + cand.meta.engine_dtype + ")");
   const MlaConfig& cfg = opt.cfg;
   const RunSpec& spec = opt.spec;
-  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, opt.weight_seed);
+  const auto weights = load_weights(opt.weights, cfg, spec, opt.weight_seed).layers;
+  // Weight injections are a wrong dequantization (harness/weights): the candidate's in-process runs get their own.
+  const auto injections = parse_injections(opt.inject);
+  const auto cand_weights = engine_injections(injections).size() != injections.size()
+                                ? load_weights(opt.weights, cfg, spec, opt.weight_seed, injections).layers
+                                : weights;
   const Inputs inputs = ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
   const Precision cand_precision =
       cand.meta.engine_dtype.empty() ? Precision::Precision_fp32 : parse_precision(cand.meta.engine_dtype);
@@ -136,11 +123,11 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const Dump ref_full = run_in_process(*ref_engine, cfg, spec, weights, inputs);
   auto make_candidate = [&] {
     auto e = make_engine(EngineSpec::parse(opt.candidate));
-    e->set_injections(parse_injections(opt.inject));
+    e->set_injections(engine_injections(injections));
     return e;
   };
   auto cand_engine = make_candidate();
-  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, weights, inputs);
+  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, cand_weights, inputs);
   const CompareReport full_rep = compare_dumps(cand_full, ref_full, tol);
   for (const auto& r : full_rep.results)
     if (r.layer == first.layer && r.name == first.name) rep.full = r.m;
@@ -148,32 +135,11 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const StageGraph graph = build_graph(cfg, spec.graph_shape());
   const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
   auto iso_engine = make_candidate();
-  const Dump iso = run_in_process(*iso_engine, cfg, spec, weights, inputs, &ref_full, first.layer, stage);
-  const DumpProbe* pi = iso.find(first.layer, first.name);
-  const DumpProbe* pr = ref_full.find(first.layer, first.name);
-  if (pi && pr) {
-    rep.isolated = compare_gathered(gather(*pi), gather(*pr), *pr, first.layer, {});
-    const bool still_wrong = !rep.isolated.nonfinite_agree || rep.isolated.rel_l2 > first.tol.rel_l2 ||
-                             rep.isolated.max_token_rel > first.tol.token_rel;
-    if (still_wrong) {
-      rep.isolation = "introduced by stage " + first.stage + ": on the reference's exact inputs it is still wrong "
-                      "(rel_l2 " + fmt_num(rep.isolated.rel_l2) + " > " + fmt_num(first.tol.rel_l2) + ")";
-    } else {
-      // Upstream error below tolerance, amplified here: where did it grow fastest (relative to tolerance)?
-      double best = 0;
-      std::string where;
-      for (size_t i = 1; i < full_rep.results.size(); ++i) {
-        const auto &a = full_rep.results[i - 1], &b = full_rep.results[i];
-        const double ra = a.m.rel_l2 / std::max(a.tol.rel_l2, 1e-30), rb = b.m.rel_l2 / std::max(b.tol.rel_l2, 1e-30);
-        if (ra > 0 && rb / ra > best) {
-          best = rb / ra;
-          where = a.name + " -> " + b.name + " (stage " + b.stage + ", layer " + std::to_string(b.layer) + ")";
-        }
-      }
-      rep.isolation = "amplified: on the reference's exact inputs stage " + first.stage + " is right (rel_l2 " +
-                      fmt_num(rep.isolated.rel_l2) + "); error below tolerance upstream grew, fastest at " + where +
-                      " (x" + fmt_num(best, 3) + " relative to tolerance)";
-    }
+  const Dump iso = run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full, first.layer, stage);
+  const IsolationResult judged = judge_isolation(iso, ref_full, first, full_rep);
+  if (judged.judged) {
+    rep.isolated = judged.isolated;
+    rep.isolation = judged.sentence;
   }
   const Metrics& m = rep.full.basis.empty() ? first.m : rep.full;
   rep.drill = drill_down(first, m, first.tol);

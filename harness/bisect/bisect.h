@@ -12,6 +12,7 @@
 #include "harness/compare/compare.h"
 #include "harness/compare/diagnose.h"
 #include "harness/run/engine.h"
+#include "harness/weights/loader.h"
 
 namespace mla {
 
@@ -19,6 +20,7 @@ struct BisectOptions {
   MlaConfig cfg;
   RunSpec spec;
   uint64_t weight_seed = 0;
+  WeightSpec weights;                 // --weights / --weight-format / --layer-range (the children get them in run_args)
   std::vector<std::string> run_args;  // the run options as command-line args, for the children
   std::string reference = "reference";
   std::string candidate = "reference:precision=bf16";

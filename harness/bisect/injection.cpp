@@ -22,9 +22,11 @@ const std::vector<ZooEntry>& bug_zoo() {
       {"page-off-by-one", {"attn_latent", "lse"}, "only sequences longer than one page (64)", "decode", "absorbed"},
       {"decode-empty-cache", {"attn_latent", "lse", "attn_out"}, "every token off; the step's cache rows unseen", "",
        "absorbed"},
-      {"fp8-scale-transpose", {}, "blocks off, block-shaped error (128x128)", "", "", 1, true},
-      {"nvfp4-nibble-swap", {}, "content off, norms similar", "", "", 1, true},
-      {"nvfp4-global-recip", {}, "pure scale", "", "", 1, true},
+      // Planted in every projection weight of the run's format: the first projection diverges (q_a_proj,
+      // or q_proj without q LoRA).
+      {"fp8-scale-transpose", {"q_a", "q_nope", "q_pe"}, "blocks off, block-shaped error (128x128)", "", "", 1, true},
+      {"nvfp4-nibble-swap", {"q_a", "q_nope", "q_pe"}, "content off, norms similar", "", "", 1, true},
+      {"nvfp4-global-recip", {"q_a", "q_nope", "q_pe"}, "pure scale", "", "", 1, true},
   };
   return zoo;
 }
@@ -80,6 +82,18 @@ std::vector<Injection> parse_injections(const std::string& text) {
     }
     out.push_back(inj);
   }
+  return out;
+}
+
+bool is_weight_injection(const Injection& inj) {
+  const ZooEntry* z = find_zoo_entry(inj.name);
+  return z && z->needs_quantized;
+}
+
+std::vector<Injection> engine_injections(const std::vector<Injection>& list) {
+  std::vector<Injection> out;
+  for (const auto& i : list)
+    if (!is_weight_injection(i)) out.push_back(i);
   return out;
 }
 

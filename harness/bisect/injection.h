@@ -32,4 +32,10 @@ struct ZooEntry {
 const std::vector<ZooEntry>& bug_zoo();
 const ZooEntry* find_zoo_entry(const std::string& name);
 
+// Weight injections (needs_quantized: fp8-scale-transpose, nvfp4-*) are planted by the weight loader as a
+// wrong dequantization (harness/weights/loader.h), so every engine gets them through its weights; engines
+// are given the others only.
+bool is_weight_injection(const Injection& inj);
+std::vector<Injection> engine_injections(const std::vector<Injection>& list);
+
 }  // namespace mla

@@ -13,6 +13,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/model/errors.h"
+#include "harness/weights/inspect_weights.h"
 #include "probes/dump.h"
 
 namespace mla::cli {
@@ -185,12 +186,20 @@ struct Inspector {
   int (*run)(const InspectOptions&);
 };
 
+int inspect_weights(const InspectOptions& o) {
+  describe_weights(o.file, std::cout, o.layer);
+  return 0;
+}
+
 // Unknown extensions go to the dump reader, which says clearly what the file is not.
 const Inspector kInspectors[] = {
     {"mla-bisect dump", {".h5", ".hdf5"}, inspect_dump},
+    {"weights", {".gguf", ".safetensors"}, inspect_weights},
 };
 
 int run_inspect(const InspectOptions& o) {
+  if (std::filesystem::is_directory(o.file) || std::filesystem::path(o.file).filename() == "model.safetensors.index.json")
+    return inspect_weights(o);  // a checkpoint directory
   std::string ext = std::filesystem::path(o.file).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
   for (const auto& i : kInspectors)
@@ -203,11 +212,14 @@ int run_inspect(const InspectOptions& o) {
 void setup_inspect(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<InspectOptions>();
   auto* cmd = app.add_subcommand("inspect", "Describe a dump (.h5): provenance, status (complete, or where the run "
-                                            "stopped and each rank's last stage), inputs, and every probe per layer");
+                                            "stopped and each rank's last stage), inputs, and every probe per layer; "
+                                            "or a weight file (.gguf, .safetensors, checkpoint directory)");
   cmd->add_option("file", o->file, "The file to describe: an mla-bisect dump (FILE.h5; a crashed run's "
-                                   "FILE.h5.journal is folded into it first)")
+                                   "FILE.h5.journal is folded into it first), or weights: model.gguf, "
+                                   "model.safetensors or a checkpoint directory (tensors, types, shapes, the detected "
+                                   "MLA config)")
       ->required();
-  cmd->add_option("--layer", o->layer, "Only list the probes of this layer");
+  cmd->add_option("--layer", o->layer, "Only list the probes (or a checkpoint's tensors) of this layer");
   cmd->callback([o, &exit_code] { exit_code = run_inspect(*o); });
 }
 

@@ -16,6 +16,7 @@
 #include "harness/run/engine.h"
 #include "harness/run/runner.h"
 #include "harness/run/watchdog.h"
+#include "harness/weights/loader.h"
 #include "probes/dump.h"
 
 namespace mla::cli {
@@ -167,9 +168,11 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   const ProbePlan plan = o.run.to_plan();
   Runner runner(cfg, spec);
   auto engine = make_engine(EngineSpec::parse(o.engine));
-  engine->set_injections(parse_injections(o.inject));
+  const auto injections = parse_injections(o.inject);
+  engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
   const auto t0 = std::chrono::steady_clock::now();
-  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, weight_seed);
+  const LoadedWeights loaded = load_weights(o.run.weight_spec(), cfg, spec, weight_seed, injections);
+  const auto& weights = loaded.layers;
   if (o.input.empty()) inputs = synthetic_inputs(cfg, spec, weights);
   TableSink table;
   TeeSink tee;
@@ -183,7 +186,10 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     meta.device = engine->device();
     meta.model = cfg.to_json();
     meta.run_options = run_spec_to_json(spec);
-    meta.run_options["weights"] = "synthetic";
+    meta.run_options["weights"] = o.run.weights;
+    if (!o.run.weight_format.empty()) meta.run_options["weight_format"] = o.run.weight_format;
+    if (!o.run.layer_range.empty()) meta.run_options["layer_range"] = o.run.layer_range;
+    meta.run_options["weights_loaded"] = loaded.description;
     meta.run_options["weight_seed"] = weight_seed;
     meta.run_options["input"] = o.input.empty() ? std::string("synthetic") : o.input;
     meta.run_options["probe_level"] = o.run.probe_level;
@@ -208,7 +214,8 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   std::cout << "model " << cfg.name << "  engine " << engine->name() << ":" << engine->options() << "  mode "
             << mode_name(spec.mode) << "  attention " << form_name(spec.form) << "  tokens " << inputs.batch.tokens()
             << "  tp " << spec.tp << "  layers " << spec.layers << "  seed " << spec.seed << "\n"
-            << "softmax scale " << cfg.softmax_scale << "  rope cos/sin scale " << cfg.rope_mscale << "\n\n";
+            << "softmax scale " << cfg.softmax_scale << "  rope cos/sin scale " << cfg.rope_mscale << "\n"
+            << "weights " << loaded.description << "\n\n";
   table.print(std::cout);
   std::cout << "\nsetup " << std::chrono::duration<double>(t1 - t0).count() << " s, run "
             << std::chrono::duration<double>(t2 - t1).count() << " s\n";

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <sstream>
 
 #include "harness/bisect/zoo.h"
 #include "harness/cli/commands.h"
@@ -14,11 +15,22 @@ namespace mla::cli {
 std::string default_candidate();
 
 namespace {
+// The --weight-format a weight injection runs with. FP8 uses DeepSeek's 128x128 blocks, unless the first
+// projection has fewer than two blocks in a dimension (then a scale grid read transposed is the right one and
+// the bug cannot show): small models get 16x16 blocks.
+std::string zoo_weight_format(const std::string& injection, const MlaConfig& cfg) {
+  const WeightFormat f = injection_weight_format(injection);
+  if (f != WeightFormat::WeightFormat_fp8) return weight_format_name(f);
+  const int rows = cfg.has_q_lora() ? cfg.q_lora_rank : cfg.heads * cfg.qk_head();
+  return std::min(rows, cfg.hidden) >= 256 ? "fp8" : "fp8:16";
+}
+
 struct ZooCmdOptions {
   RunOptions run;
   std::string candidate;
   int clean_seeds = 3;
   std::string only;  // comma list of injections
+  std::string shard;  // "I/N": cases i with i % N == I only
   std::string workdir = "mla-bisect-zoo";
   std::string json;
   double timeout = 120;
@@ -38,6 +50,7 @@ int run_zoo(ZooCmdOptions o) {
     c.options.spec = ro.to_spec();
     c.options.spec.validate(cfg);
     c.options.weight_seed = ro.weight_seed;
+    c.options.weights = ro.weight_spec();
     c.options.run_args = ro.to_args();
     c.options.candidate = o.candidate.empty() ? default_candidate() : o.candidate;
     c.options.timeout_s = o.timeout;
@@ -47,8 +60,9 @@ int run_zoo(ZooCmdOptions o) {
     return c;
   };
   for (const auto& e : bug_zoo()) {
-    if (e.needs_quantized || !selected(e.name)) continue;
+    if (!selected(e.name)) continue;
     RunOptions ro = o.run;
+    if (e.needs_quantized) ro.weight_format = zoo_weight_format(e.name, cfg);
     if (!e.mode.empty()) ro.mode = e.mode;
     if (!e.form.empty()) ro.attention = e.form;
     else if (ro.mode != o.run.mode) ro.attention.clear();
@@ -69,6 +83,18 @@ int run_zoo(ZooCmdOptions o) {
       ro.seed = o.run.seed + 1000 + s;
       cases.push_back(make_case("", ro, {}, "clean: must not be flagged"));
     }
+  if (!o.shard.empty()) {
+    int si = -1, sn = 0;
+    char slash = 0;
+    std::string rest;
+    std::istringstream is(o.shard);
+    if (!(is >> si >> slash >> sn) || slash != '/' || sn < 1 || si < 0 || si >= sn || (is >> rest))
+      throw UsageError("--shard " + o.shard + ": expected I/N with 0 <= I < N");
+    std::vector<ZooCase> mine;
+    for (size_t i = 0; i < cases.size(); ++i)
+      if (static_cast<int>(i % sn) == si) mine.push_back(std::move(cases[i]));
+    cases = std::move(mine);
+  }
   std::vector<ZooRow> rows;
   const bool tty = isatty(2);
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -103,6 +129,8 @@ void setup_zoo(CLI::App& app, int& exit_code) {
                                                "reference:precision=bf16)");
   cmd->add_option("--clean-seeds", o->clean_seeds, "Clean runs (seeds) that must not be flagged")->capture_default_str();
   cmd->add_option("--only", o->only, "Comma list of injections to run (default: all)");
+  cmd->add_option("--shard", o->shard, "I/N: run only the cases i with i % N == I (0 <= I < N), so that N "
+                                       "processes share one zoo; the totals are the shard's");
   cmd->add_option("--workdir", o->workdir, "Where the dumps go")->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "Per-stage watchdog, seconds")->capture_default_str();
   cmd->add_option("--json", o->json, "Write the table as JSON");

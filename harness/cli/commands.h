@@ -10,6 +10,8 @@ void setup_bench(CLI::App& app, int& exit_code);
 void setup_inspect(CLI::App& app, int& exit_code);
 void setup_compare(CLI::App& app, int& exit_code);
 void setup_bisect(CLI::App& app, int& exit_code);
+void setup_explore(CLI::App& app, int& exit_code);
 void setup_zoo(CLI::App& app, int& exit_code);
+void setup_golden(CLI::App& app, int& exit_code);
 
 }  // namespace mla::cli

@@ -19,7 +19,9 @@ int main(int argc, char** argv) {
   mla::cli::setup_inspect(app, exit_code);
   mla::cli::setup_compare(app, exit_code);
   mla::cli::setup_bisect(app, exit_code);
+  mla::cli::setup_explore(app, exit_code);
   mla::cli::setup_zoo(app, exit_code);
+  mla::cli::setup_golden(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

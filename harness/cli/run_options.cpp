@@ -34,6 +34,36 @@ void add_run_options(CLI::App& app, RunOptions& o) {
   app.add_option("--weight-seed", o.weight_seed, "Seed of the synthetic weights")->capture_default_str();
   app.add_option("--probe-level", o.probe_level, "stats | sketch | full")->capture_default_str();
   app.add_option("--full-probes", o.full_probes, "Comma list of probes captured in full regardless of --probe-level");
+  app.add_option("--weights", o.weights, "synthetic[:SEED], or a checkpoint: a .gguf file, a .safetensors file or a "
+                                         "directory of them (config.json beside; sharded through "
+                                         "model.safetensors.index.json). A checkpoint also gives the model config "
+                                         "unless --model is given")
+      ->capture_default_str();
+  app.add_option("--weight-format", o.weight_format,
+                 "Quantize the projection weights into this format and dequantize them for the reference: f32, f16, "
+                 "bf16, fp8[:BLOCK], nvfp4, nvfp4-ct, mxfp4, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, "
+                 "q6_k, gguf-mxfp4, gguf-nvfp4");
+  app.add_option("--layer-range", o.layer_range, "Checkpoint layers A:B (A..B-1; sets --layers to B-A); only their "
+                                                 "tensors are read");
+  // After parsing: a checkpoint brings its config, and a layer range its layer count.
+  app.parse_complete_callback([&app, &o] {
+    if (!app.count("--model") && !o.weight_spec().synthetic()) o.model = o.weights;
+    if (!o.layer_range.empty()) {
+      const LayerRange r = parse_layer_range(o.layer_range);
+      if (app.count("--layers") && o.layers != r.count())
+        throw UsageError("--layer-range " + o.layer_range + " holds " + std::to_string(r.count()) +
+                         " layers but --layers is " + std::to_string(o.layers));
+      o.layers = r.count();
+    }
+  });
+}
+
+WeightSpec RunOptions::weight_spec() const {
+  WeightSpec w;
+  w.source = weights;
+  w.format = weight_format;
+  w.layer_range = layer_range;
+  return w;
 }
 
 RunSpec RunOptions::to_spec() const {
@@ -60,6 +90,7 @@ RunSpec RunOptions::to_spec() const {
     }
   }
   if (s.context.empty() && s.mode != Mode::Mode_prefill) s.context = {s.mode == Mode::Mode_decode ? 200 : 100};
+  if (!weight_spec().synthetic()) s.input_norm = true;  // real checkpoints carry input_layernorm: start at h
   return s;
 }
 
@@ -72,6 +103,9 @@ std::vector<std::string> RunOptions::to_args() const {
   if (tokens > 0) a.insert(a.end(), {"--tokens", std::to_string(tokens)});
   if (!context.empty()) a.insert(a.end(), {"--context", context});
   if (!full_probes.empty()) a.insert(a.end(), {"--full-probes", full_probes});
+  if (weights != "synthetic") a.insert(a.end(), {"--weights", weights});
+  if (!weight_format.empty()) a.insert(a.end(), {"--weight-format", weight_format});
+  if (!layer_range.empty()) a.insert(a.end(), {"--layer-range", layer_range});
   return a;
 }
 

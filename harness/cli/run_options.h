@@ -8,6 +8,7 @@
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "probes/probe.h"
+#include "harness/weights/loader.h"
 
 namespace mla::cli {
 
@@ -24,8 +25,12 @@ struct RunOptions {
   uint64_t weight_seed = 0;
   std::string probe_level = "sketch";
   std::string full_probes;  // comma list
+  std::string weights = "synthetic";  // --weights: synthetic[:SEED] or a checkpoint (.gguf, .safetensors, directory)
+  std::string weight_format;          // --weight-format: quantize the weights into this format, then dequantize
+  std::string layer_range;            // --layer-range A:B: checkpoint layers A..B-1
 
   RunSpec to_spec() const;   // throws UsageError
+  WeightSpec weight_spec() const;
   std::vector<std::string> to_args() const;  // the same options as command-line arguments (for child runs)
   ProbePlan to_plan() const;
 };

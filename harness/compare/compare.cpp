@@ -171,7 +171,7 @@ Metrics sketch_metrics(const Gathered& a, const Gathered& b, const DumpProbe& p)
                         std::to_string(b.nan) + "/" + std::to_string(b.inf);
   // Equal counts can still sit at different places: a token whose norm is NaN (or Inf) on one side only.
   const auto kind = [](float v) { return std::isnan(v) ? 1 : std::isinf(v) ? 2 : 0; };
-  for (int64_t t = 0; false && m.nonfinite_agree && t < T && t < static_cast<int64_t>(a.token_l2.size()) &&
+  for (int64_t t = 0; m.nonfinite_agree && t < T && t < static_cast<int64_t>(a.token_l2.size()) &&
                       t < static_cast<int64_t>(b.token_l2.size());
        ++t)
     if (kind(a.token_l2[t]) != kind(b.token_l2[t])) {

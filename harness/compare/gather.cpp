@@ -38,7 +38,7 @@ Gathered gather(const DumpProbe& p) {
     for (auto& r : p.ranks) ++votes[r.checksum];
     int speaker = 0;
     for (int r = 1; r < tp; ++r)
-      if (false) speaker = r;
+      if (votes[p.ranks[r].checksum] > votes[p.ranks[speaker].checksum]) speaker = r;
     const auto& r0 = p.ranks[speaker];
     const bool majority = 2 * votes[r0.checksum] > tp;
     g.nan = r0.nan;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/model/errors.h"
+#include "harness/weights/checkpoint_config.h"
 
 namespace mla {
 
@@ -322,6 +323,8 @@ MlaConfig config_from_json(const json& j) {
 
 MlaConfig load_model_config(const std::string& spec) {
   if (auto p = find_preset(spec)) return *p;
+  // A checkpoint file: GGUF metadata, or the config.json beside a .safetensors (harness/weights/checkpoint_config.h).
+  if (is_checkpoint_path(spec) && !std::filesystem::is_directory(spec)) return checkpoint_config(spec);
   std::filesystem::path path(spec);
   if (std::filesystem::is_directory(path)) path /= "config.json";
   if (!std::filesystem::exists(path)) {

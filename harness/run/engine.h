@@ -34,6 +34,18 @@ struct RunContext {
   const Inputs* inputs = nullptr;
 };
 
+// Benchmark figures an engine measures on its own device (`mla-bisect bench`).
+struct StageTiming {
+  Stage stage = Stage::Stage_layer_input;
+  int layer = 0, rank = 0;
+  double start_s = 0, end_s = 0;  // device clock, seconds after the first stage timed on the same device
+};
+struct DeviceCeiling {
+  std::string what;              // e.g. "cuBLAS bf16 GEMM 8192^3"
+  double flops = 0, bytes = 0;   // per run; bytes count read + written
+  std::vector<double> samples_s;  // one per timed run
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -54,6 +66,19 @@ class Engine {
   // The probe record of a tensor, computed where the tensor lives. Default: download and compute on the host.
   virtual ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req);
   virtual void synchronize() {}
+
+  // Benchmark hooks for engines that queue work on a device (the defaults: not supported). While on, each
+  // run_stage is bracketed by device events; take_stage_timings waits for the device and returns the
+  // stages run since the last take, in call order. measure_ceilings times the device's own limits now.
+  virtual bool set_device_timing(bool on) {
+    (void)on;
+    return false;
+  }
+  virtual std::vector<StageTiming> take_stage_timings() { return {}; }
+  virtual std::vector<DeviceCeiling> measure_ceilings(int repeats) {
+    (void)repeats;
+    return {};
+  }
 
   // Plants bugs (BUGS.md) in this engine's own computation. nan-at, hang-at and crash-at are engine-agnostic
   // (the Runner applies them through upload and at stage entry); an engine accepts the others it implements

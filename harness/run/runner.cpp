@@ -61,6 +61,7 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
         engine.run_stage(st, layer, rank);
         apply_nan_injections(engine, st, rank);
       }
+      if (plan.off) continue;
       for (int rank = 0; rank < spec_.tp; ++rank)
         for (const auto& name : st.outputs) {
           const ProbeSpec& p = *graph_.find(name);

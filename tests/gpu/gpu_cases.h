@@ -67,6 +67,50 @@ inline std::vector<Case> big_cases() {
   return v;
 }
 
+// Shapes that cross the fast kernels' tiles: the flash kernel's query tiles (64 or 128 rows) and 64-key
+// tiles (several of each, the causal diagonal, a ragged last tile), the split-KV decode's pages and splits
+// (empty splits of short sequences, an empty context) and the context path of chunked prefill. Tiny dims keep
+// the CPU references fast; tweaked so that both flash instantiations and both load paths run: the preset
+// itself (V 12: scalar loads, D 192 / V 128 kernel), tiny_vec (V 16: cp.async) and tiny_wide (D 208, V 136:
+// the D 256 / V 256 kernel). One real-dims decode covers the 4-group, 32-row split kernel.
+inline void tiny_vec(MlaConfig& c) { c.v_head = 16; }
+inline void tiny_wide(MlaConfig& c) {
+  c.qk_nope = 200;
+  c.v_head = 136;
+}
+
+inline std::vector<Case> long_cases() {
+  std::vector<Case> v;
+  v.push_back(make_case("tiny_prefill_t300_tp1", "tiny", kPrefill, kMha, 1, 300));
+  auto vec = make_case("tiny_vec_prefill_t300_tp2", "tiny", kPrefill, kMha, 2, 300);
+  vec.tweak = tiny_vec;
+  v.push_back(vec);
+  auto wide = make_case("tiny_wide_prefill_t200_tp1", "tiny", kPrefill, kMha, 1, 200);
+  wide.tweak = tiny_wide;
+  v.push_back(wide);
+  auto wide_ch = make_case("tiny_wide_chunked_t150_tp2", "tiny", kChunked, kMha, 2, 150, 2, {200, 67});
+  wide_ch.tweak = tiny_wide;
+  v.push_back(wide_ch);
+  v.push_back(make_case("tiny_chunked_t150_tp2", "tiny", kChunked, kMha, 2, 150, 2, {200, 67}));
+  v.push_back(make_case("tiny_decode_sq2_long_tp1", "tiny", kDecode, kAbsorbed, 1, 2, 3, {0, 700, 1500}));
+  v.push_back(make_case("dsv3_decode_long_tp1", "deepseek-v3", kDecode, kAbsorbed, 1, 1, 4, {100, 1000, 2000, 4000}));
+  return v;
+}
+
+// The numbered fallbacks (STYLE.md habit 6): version 1 of attention_mha and attention_mqa on the tiny cases
+// and on the long tiny ones.
+inline std::vector<Case> fallback_cases() {
+  std::vector<Case> v;
+  for (auto c : tiny_cases()) v.push_back(c);
+  for (auto c : long_cases())
+    if (c.model == "tiny") v.push_back(c);
+  for (auto& c : v) {
+    c.name = "v1_" + c.name;
+    c.engine_options = "mha_kernel=1,mqa_kernel=1";
+  }
+  return v;
+}
+
 inline std::string case_name(const testing::TestParamInfo<Case>& info) { return info.param.name; }
 
 }  // namespace mla::gputest

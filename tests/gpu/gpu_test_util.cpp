@@ -25,7 +25,8 @@ std::string Case::describe() const {
   os << name << " [model " << model << ", " << mode_name(mode) << ", " << form_name(form) << ", tp " << tp
      << ", tokens " << tokens << " x batch " << batch << ", context {";
   for (size_t i = 0; i < context.size(); ++i) os << (i ? "," : "") << context[i];
-  os << "}, layers " << layers << (input_norm ? ", input_norm" : "") << ", seed " << seed << "]";
+  os << "}, layers " << layers << (input_norm ? ", input_norm" : "") << ", seed " << seed
+     << (engine_options.empty() ? "" : ", cuda:" + engine_options) << "]";
   return os.str();
 }
 

@@ -44,6 +44,7 @@ struct Case {
   uint64_t seed = 1;
   int position_offset = 0;
   std::function<void(MlaConfig&)> tweak;  // e.g. neox rope, no q LoRA
+  std::string engine_options;             // the CUDA engine's, e.g. "mha_kernel=1,mqa_kernel=1" (fallbacks)
   std::string describe() const;
 };
 

@@ -1,6 +1,7 @@
 // Every stage of the CUDA engine on exactly the reference's inputs (isolation: before each stage the fp32
 // reference's input tensors are uploaded), against the fp32 reference, on the tiny preset and on the
-// DeepSeek-V3 and GLM-5 dims.
+// DeepSeek-V3 and GLM-5 dims; the fast attention kernels also on shapes that cross their tiles (Long), and
+// the simple version-1 kernels they replaced (Fallback).
 //
 // Tolerance (calibrated, per probe and rank): rel_l2(cuda, fp32) <= 4 x rel_l2(bf16 reference, fp32) + 2^-10,
 // and the worst token alike. Why: isolated, both bf16 engines see the same bf16 inputs and round each output
@@ -28,13 +29,15 @@ TEST_P(CudaStage, CudaIsEquivalentToRef) {
   const Capture ref = capture(*fp32, run);
   auto bf16 = reference_engine("bf16");
   const Capture noise = capture(*bf16, run, &ref);
-  auto cuda = cuda_engine();
+  auto cuda = cuda_engine(c.engine_options);
   const Capture got = capture(*cuda, run, &ref);
   expect_equivalent(run, got, noise, ref, kStageTol, "isolated " + c.describe());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaStage, testing::ValuesIn(tiny_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(RealDims, CudaStage, testing::ValuesIn(big_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Long, CudaStage, testing::ValuesIn(long_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Fallback, CudaStage, testing::ValuesIn(fallback_cases()), case_name);
 
 }  // namespace
 }  // namespace mla::gputest

@@ -1,0 +1,62 @@
+// In-process runs with reference inputs fed to one stage, and the introduced-or-amplified judgment.
+#include "harness/bisect/isolate.h"
+
+#include <algorithm>
+
+#include "harness/report/compare_report.h"
+#include "harness/run/runner.h"
+#include "probes/collect.h"
+
+namespace mla {
+
+Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
+                    const Inputs& in, const Dump* feed, int layer, const StageSpec* stage) {
+  Runner runner(cfg, spec);
+  ProbePlan plan;
+  plan.level = ProbeLevel::ProbeLevel_full;
+  CollectSink sink({}, spec.tp);
+  Runner::BeforeStage before;
+  if (feed && stage)
+    before = [&](Engine& e, const StageSpec& st, int l, int rank) {
+      if (l != layer || st.stage != stage->stage) return;
+      for (const auto& name : st.inputs)
+        if (const DumpProbe* p = feed->find(l, name); p && rank < static_cast<int>(p->ranks.size()))
+          e.upload(rank, name, p->ranks[rank].data);
+    };
+  runner.run(engine, w, in, plan, sink, before);
+  return sink.take();
+}
+
+IsolationResult judge_isolation(const Dump& iso, const Dump& ref_full, const ProbeResult& first,
+                                const CompareReport& growth) {
+  IsolationResult res;
+  const DumpProbe* pi = iso.find(first.layer, first.name);
+  const DumpProbe* pr = ref_full.find(first.layer, first.name);
+  if (!pi || !pr) return res;
+  res.judged = true;
+  res.isolated = compare_gathered(gather(*pi), gather(*pr), *pr, first.layer, {});
+  res.introduced = !res.isolated.nonfinite_agree || res.isolated.rel_l2 > first.tol.rel_l2 ||
+                   res.isolated.max_token_rel > first.tol.token_rel;
+  if (res.introduced) {
+    res.sentence = "introduced by stage " + first.stage + ": on the reference's exact inputs it is still wrong "
+                   "(rel_l2 " + fmt_num(res.isolated.rel_l2) + " > " + fmt_num(first.tol.rel_l2) + ")";
+    return res;
+  }
+  // Upstream error below tolerance, amplified here: where did it grow fastest (relative to tolerance)?
+  double best = 0;
+  std::string where;
+  for (size_t i = 1; i < growth.results.size(); ++i) {
+    const auto &a = growth.results[i - 1], &b = growth.results[i];
+    const double ra = a.m.rel_l2 / std::max(a.tol.rel_l2, 1e-30), rb = b.m.rel_l2 / std::max(b.tol.rel_l2, 1e-30);
+    if (ra > 0 && rb / ra > best) {
+      best = rb / ra;
+      where = a.name + " -> " + b.name + " (stage " + b.stage + ", layer " + std::to_string(b.layer) + ")";
+    }
+  }
+  res.sentence = "amplified: on the reference's exact inputs stage " + first.stage + " is right (rel_l2 " +
+                 fmt_num(res.isolated.rel_l2) + "); error below tolerance upstream grew, fastest at " + where +
+                 " (x" + fmt_num(best, 3) + " relative to tolerance)";
+  return res;
+}
+
+}  // namespace mla

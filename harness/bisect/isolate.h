@@ -1,0 +1,31 @@
+// Isolation (DESIGN.md "Bisect", step 1): re-run an engine in this process with one stage fed the reference's
+// exact inputs, and judge whether that stage introduced the error or only amplified error from upstream.
+// Shared by bisect (after its child runs) and explore (on two dumps).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/compare/compare.h"
+#include "harness/run/engine.h"
+
+namespace mla {
+
+// A run in this process with every probe in full. With `feed`, `stage` of `layer` first gets its input tensors
+// from `feed` (a full-level dump of the same spec and tp), rank by rank.
+Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
+                    const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr);
+
+struct IsolationResult {
+  bool judged = false;      // both runs hold the probe
+  bool introduced = false;  // still wrong on the reference's exact inputs
+  Metrics isolated;         // the isolated probe against the fed reference
+  std::string sentence;     // "introduced by stage S: ..." | "amplified: ..."
+};
+
+// `iso` is the candidate's run fed from `ref_full` at `first`'s stage. Still beyond `first`'s tolerance: the stage
+// introduced the error. Within it: sub-tolerance error upstream was amplified; `growth` (a comparison of the
+// candidate against the reference, graph order) says where the error grew fastest relative to its tolerance.
+IsolationResult judge_isolation(const Dump& iso, const Dump& ref_full, const ProbeResult& first,
+                                const CompareReport& growth);
+
+}  // namespace mla

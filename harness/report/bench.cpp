@@ -1,0 +1,626 @@
+// The benchmark: per-stage and per-layer times of one engine, FLOPs, and the GEMM ceiling of the same run.
+// Engines that run on a device (Engine::set_device_timing) take another path, run_device_bench: the weights
+// are placed once, stages are timed with device events, and the ceilings (a large GEMM and a device copy)
+// are measured on that device in the same run.
+#include "harness/report/bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <ostream>
+
+#include <Eigen/Core>
+
+#include "harness/model/errors.h"
+#include "harness/model/inputs.h"
+#include "harness/model/weights.h"
+#include "harness/run/engine.h"
+#include "harness/run/runner.h"
+#include "reference/cpu_threads.h"
+
+namespace mla {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Forwards to an engine and times it: each run_stage (synchronized, so asynchronous engines are timed whole),
+// each probe, and the moment prepare returned. Times are summed over layers and ranks.
+class TimedEngine : public Engine {
+ public:
+  explicit TimedEngine(Engine& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  std::string options() const override { return inner_.options(); }
+  std::string dtype() const override { return inner_.dtype(); }
+  std::string device() const override { return inner_.device(); }
+
+  void prepare(const RunContext& ctx) override {
+    inner_.prepare(ctx);
+    inner_.synchronize();
+    stage_s.clear();
+    probe_s.clear();
+    prepared = Clock::now();
+  }
+  void run_stage(const StageSpec& stage, int layer, int rank) override {
+    const auto t0 = Clock::now();
+    inner_.run_stage(stage, layer, rank);
+    inner_.synchronize();
+    stage_s[stage.stage] += seconds_since(t0);
+  }
+  Tensor download(int rank, const std::string& name) override { return inner_.download(rank, name); }
+  void upload(int rank, const std::string& name, const Tensor& t) override { inner_.upload(rank, name, t); }
+  ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
+    const auto t0 = Clock::now();
+    ProbeRecord r = inner_.probe(rank, spec, req);
+    inner_.synchronize();
+    probe_s[spec.stage] += seconds_since(t0);
+    return r;
+  }
+  void synchronize() override { inner_.synchronize(); }
+
+  std::map<Stage, double> stage_s, probe_s;
+  Clock::time_point prepared;
+
+ private:
+  Engine& inner_;
+};
+
+class NullSink : public ProbeSink {
+ public:
+  void record(int, const ProbeSpec&, int, const ProbeRecord&) override {}
+};
+
+struct LayerRun {
+  std::map<Stage, double> stage_s, probe_s;  // per layer
+  double layer_s = 0;                        // per layer: wall time after prepare, probes included
+};
+
+struct Projection {
+  Stage stage;
+  int64_t in = 0, out = 0;  // this rank's weight [out, in]
+};
+
+// The single-GEMM projections of this run, with one rank's shapes.
+std::vector<Projection> projections(const MlaConfig& c, const RunSpec& spec, const StageGraph& g) {
+  const int64_t Nl = c.heads / spec.tp, H = c.hidden, L = c.kv_lora_rank, R = c.qk_rope;
+  const std::vector<Projection> all = {
+      {Stage::Stage_q_a_proj, H, c.q_lora_rank},
+      {Stage::Stage_q_b_proj, c.q_lora_rank, Nl * c.qk_head()},
+      {Stage::Stage_q_proj, H, Nl * c.qk_head()},
+      {Stage::Stage_kv_a_proj, H, L + R},
+      {Stage::Stage_kv_b_proj, L, Nl * (c.qk_nope + c.v_head)},
+      {Stage::Stage_o_proj, Nl * c.v_head, H},
+  };
+  std::vector<Projection> present;
+  for (const auto& p : all)
+    if (g.find_stage(p.stage)) present.push_back(p);
+  return present;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  return "unknown";
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+nlohmann::json timing_json(const Timing& t) {
+  return {{"median_s", t.median}, {"min_s", t.min}, {"max_s", t.max}, {"samples_s", t.samples}};
+}
+
+// The bench's inputs. synthetic_inputs fills the context cache through the reference's kv path on the CPU:
+// minutes at B = 64, L = 4096 with DeepSeek-V3 dims. Device timing does not depend on the values, so large
+// contexts get random N(0,1) rows instead (bf16-exact, never zeros: METHOD.md).
+Inputs bench_inputs(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
+                    bool* random_cache) {
+  Batch batch = make_batch(spec);
+  int64_t ctx = 0;
+  for (int c : batch.context_lens) ctx += c;
+  *random_cache = ctx * cfg.hidden > (int64_t{1} << 27);
+  if (!*random_cache) return synthetic_inputs(cfg, spec, weights);
+  Inputs in;
+  in.x = synthetic_hidden(batch.tokens(), cfg.hidden, spec.seed, 1000);
+  for (int l = 0; l < spec.layers; ++l) {
+    Tensor cache({batch.num_blocks, kPageSize, cfg.cache_row()});
+    fill_normal(cache.ptr(), cache.numel(), spec.seed, 3000 + l, 1.0f);
+    round_in_place(cache, Precision::Precision_bf16);
+    in.kv_cache.push_back(std::move(cache));
+  }
+  in.batch = std::move(batch);
+  return in;
+}
+
+// The layer's fewest bytes (PERF.md: 2·N_w + 29,824·T for DeepSeek-V3 prefill at tp 1): every rank's weights
+// once, x in and h_out out, the cache rows written, and the context rows read.
+double layer_min_bytes(const MlaConfig& c, const RunSpec& spec, const Batch& batch) {
+  const double tp = spec.tp, Nl = c.heads / spec.tp, H = c.hidden, Lq = c.q_lora_rank, L = c.kv_lora_rank;
+  const double R = c.qk_rope, P = c.qk_nope, V = c.v_head, D = c.qk_head(), W = L + R, T = batch.tokens();
+  double ctx = 0;
+  for (int x : batch.context_lens) ctx += x;
+  const double q_w = Lq > 0 ? Lq * H + Lq + Nl * D * Lq : Nl * D * H;
+  const double w = q_w + W * H + L + Nl * (P + V) * L + H * Nl * V + (spec.graph_shape().input_norm ? H : 0);
+  return 2 * (tp * w + 2 * T * H + T * W + ctx * W);
+}
+
+// The device path: prepare once, warm up, time every stage with device events, then the probe overhead.
+BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner& runner) {
+  const MlaConfig& cfg = o.cfg;
+  const RunSpec& spec = o.spec;
+  const StageGraph& graph = runner.graph();
+  BenchResult r;
+  r.device = true;
+  r.device_name = engine.device();
+  r.model = cfg.name;
+  r.engine = engine.name() + ":" + engine.options();
+  r.mode = mode_name(spec.mode);
+  r.form = form_name(spec.form);
+  r.tokens = spec.tokens;
+  r.batch = spec.batch;
+  r.context = spec.context;
+  r.tp = spec.tp;
+  r.layers = spec.layers;
+  r.repeats = o.repeats;
+  r.warmup = o.warmup;
+  r.logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  r.physical_cores = ref::physical_cores();
+  r.cpu_model = cpu_model_name();
+
+  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, o.weight_seed);
+  const Inputs inputs = bench_inputs(cfg, spec, weights, &r.random_cache);
+  const RunContext ctx{&cfg, &spec, &graph, &weights, &inputs};
+  engine.prepare(ctx);
+  engine.synchronize();
+  for (auto& c : engine.measure_ceilings(std::max(o.repeats, 20)))
+    r.ceilings.push_back({c.what, c.flops, c.bytes, Timing::of(c.samples_s)});
+
+  const auto walk = [&](const ProbePlan* plan) {
+    for (int layer = 0; layer < spec.layers; ++layer)
+      for (const auto& st : graph.stages) {
+        for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
+        if (!plan) continue;
+        for (int rank = 0; rank < spec.tp; ++rank)
+          for (const auto& name : st.outputs) {
+            const ProbeSpec& p = *graph.find(name);
+            (void)engine.probe(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
+          }
+      }
+  };
+  const auto wall = [&](const ProbePlan* plan) {
+    engine.synchronize();
+    const auto t0 = Clock::now();
+    walk(plan);
+    engine.synchronize();
+    return seconds_since(t0) / spec.layers;
+  };
+  for (int i = 0; i < std::max(o.warmup, 1); ++i) walk(nullptr);
+  engine.synchronize();
+
+  // A stage's time spans all its ranks (ranks sharing a GPU run concurrently on their own streams):
+  // first rank's start to last rank's end, summed over layers; the layer: its first start to its last end.
+  std::map<Stage, std::vector<double>> stage_s;
+  std::vector<double> span_s;
+  engine.set_device_timing(true);
+  for (int i = 0; i < o.repeats; ++i) {
+    walk(nullptr);
+    std::map<std::pair<int, Stage>, std::pair<double, double>> st_span;  // (layer, stage) -> [start, end]
+    std::map<int, std::pair<double, double>> layer_span;
+    const auto widen = [](auto& m, const auto& key, double s, double e) {
+      auto it = m.find(key);
+      if (it == m.end()) m.emplace(key, std::make_pair(s, e));
+      else it->second = {std::min(it->second.first, s), std::max(it->second.second, e)};
+    };
+    for (const auto& t : engine.take_stage_timings()) {
+      widen(st_span, std::make_pair(t.layer, t.stage), t.start_s, t.end_s);
+      widen(layer_span, t.layer, t.start_s, t.end_s);
+    }
+    std::map<Stage, double> per;
+    for (const auto& [key, se] : st_span) per[key.second] += se.second - se.first;
+    for (const auto& st : graph.stages) stage_s[st.stage].push_back(per[st.stage] / spec.layers);
+    double span = 0;
+    for (const auto& [l, se] : layer_span) span += se.second - se.first;
+    span_s.push_back(span / spec.layers);
+  }
+  engine.set_device_timing(false);
+
+  // Probe overhead: host wall clock of the layer (synchronized) without probes and at each level, alternating.
+  std::vector<ProbePlan> levels;
+  for (ProbeLevel l : o.probe_levels) {
+    if (o.probe_repeats == 0) break;
+    ProbePlan p;
+    p.level = l;
+    p.full = o.full_probes;
+    levels.push_back(p);
+  }
+  for (const auto& plan : levels) walk(&plan);  // warm-up: probe scratch buffers
+  std::vector<double> bare_s;
+  std::vector<std::vector<double>> level_s(levels.size());
+  const int probe_rounds = std::max(1, std::min(o.repeats, o.probe_repeats));
+  for (int i = 0; i < (levels.empty() ? std::min(o.repeats, 5) : probe_rounds); ++i) {
+    bare_s.push_back(wall(nullptr));
+    for (size_t k = 0; k < levels.size(); ++k) level_s[k].push_back(wall(&levels[k]));
+  }
+
+  for (const auto& st : graph.stages) {
+    StageBench sb;
+    sb.name = stage_name(st.stage);
+    sb.flops = stage_flops(st.stage, cfg, spec, inputs.batch);
+    sb.bytes = stage_bytes(st.stage, cfg, spec, inputs.batch);
+    sb.time = Timing::of(stage_s[st.stage]);
+    r.layer_flops += sb.flops;
+    r.stages.push_back(std::move(sb));
+  }
+  r.layer_bytes = layer_min_bytes(cfg, spec, inputs.batch);
+  r.layer_time = Timing::of(span_s);
+  r.layer_wall = Timing::of(bare_s);
+  for (size_t k = 0; k < levels.size(); ++k)
+    r.probes.push_back({probe_level_name(levels[k].level), Timing::of(level_s[k])});
+  return r;
+}
+
+void print_device_bench(const BenchResult& r, std::ostream& os) {
+  std::string ctx;
+  for (int c : r.context) ctx += (ctx.empty() ? "" : ",") + std::to_string(c);
+  os << "bench  model " << r.model << "  engine " << r.engine << "  mode " << r.mode << "  attention " << r.form
+     << "  tokens " << r.tokens << "  batch " << r.batch << (ctx.empty() ? "" : "  context " + ctx) << "  tp " << r.tp
+     << "  layers " << r.layers << "\n"
+     << "device  " << r.device_name << "; host " << r.cpu_model << ", " << r.logical_cpus << " logical CPUs"
+     << (r.random_cache ? "; context cache: random rows (timing only)" : "") << "\n";
+  for (const auto& c : r.ceilings)
+    os << "ceiling  " << c.what << ": " << fmt("%.3f", c.time.median * 1e3) << " ms (" << fmt("%.3f", c.time.min * 1e3)
+       << ".." << fmt("%.3f", c.time.max * 1e3) << ")"
+       << (c.flops > 0 ? " = " + fmt("%.1f", c.flops_per_s() * 1e-12) + " TFLOP/s" : "")
+       << (c.flops == 0 && c.bytes > 0 ? " = " + fmt("%.1f", c.bytes_per_s() * 1e-9) + " GB/s" : "") << "\n";
+  os << "times: device events, median of " << r.repeats << " rounds after " << std::max(r.warmup, 1)
+     << " warm-up (min..max); per layer; a stage spans all its ranks; roofline = max(FLOP / GEMM rate, "
+        "bytes / copy rate) / time\n\n";
+  char line[320];
+  std::snprintf(line, sizeof line, "%-16s %10s %21s %9s %8s %9s %8s %8s %6s\n", "stage", "time ms", "(min..max)",
+                "GFLOP", "TFLOP/s", "MB", "GB/s", "roofline", "bound");
+  os << line;
+  const auto row = [&](const std::string& name, const Timing& t, double flops, double bytes) {
+    const double sec = t.median;
+    const double floor_s = r.roofline_s(flops, bytes);
+    const bool compute = r.gemm_rate() > 0 && r.copy_rate() > 0 && flops / r.gemm_rate() > bytes / r.copy_rate();
+    const std::string range = "(" + fmt("%.3f", t.min * 1e3) + ".." + fmt("%.3f", t.max * 1e3) + ")";
+    std::snprintf(line, sizeof line, "%-16s %10.4f %21s %9s %8s %9s %8s %8s %6s\n", name.c_str(), sec * 1e3,
+                  range.c_str(), flops > 0 ? fmt("%.2f", flops * 1e-9).c_str() : "-",
+                  flops > 0 && sec > 0 ? fmt("%.1f", flops / sec * 1e-12).c_str() : "-",
+                  bytes > 0 ? fmt("%.1f", bytes * 1e-6).c_str() : "-",
+                  bytes > 0 && sec > 0 ? fmt("%.0f", bytes / sec * 1e-9).c_str() : "-",
+                  floor_s > 0 && sec > 0 ? fmt("%.3f", floor_s / sec).c_str() : "-",
+                  floor_s > 0 ? (compute ? "FLOP" : "bytes") : "-");
+    os << line;
+  };
+  double stage_sum = 0;
+  for (const auto& s : r.stages) {
+    row(s.name, s.time, s.flops, s.bytes);
+    stage_sum += s.time.median;
+  }
+  row("layer", r.layer_time, r.layer_flops, r.layer_bytes);
+  os << "(layer: first stage start to last stage end on the device; sum of the stage medians "
+     << fmt("%.3f", stage_sum * 1e3) << " ms; host wall, synchronized: " << fmt("%.3f", r.layer_wall.median * 1e3)
+     << " ms; layer bytes = weights + x + h_out + cache rows)\n";
+  for (const auto& p : r.probes)
+    os << "probe overhead at " << p.level << ": layer wall " << fmt("%.3f", p.layer_time.median * 1e3) << " ms vs "
+       << fmt("%.3f", r.layer_wall.median * 1e3) << " ms without probes = "
+       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.median / r.layer_wall.median : 0) << "x (median of "
+       << p.layer_time.samples.size() << " rounds)\n";
+}
+}  // namespace
+
+double BenchResult::roofline_s(double flops, double bytes) const {
+  const double a = gemm_rate() > 0 ? flops / gemm_rate() : 0, b = copy_rate() > 0 ? bytes / copy_rate() : 0;
+  return std::max(a, b);
+}
+
+double stage_bytes(Stage stage, const MlaConfig& c, const RunSpec& spec, const Batch& batch) {
+  const double T = batch.tokens(), H = c.hidden, tp = spec.tp, Nl = c.heads / spec.tp, Lq = c.q_lora_rank;
+  const double L = c.kv_lora_rank, R = c.qk_rope, P = c.qk_nope, V = c.v_head, D = c.qk_head(), W = L + R;
+  double ctx = 0, total = 0;
+  for (int b = 0; b < batch.num_seqs(); ++b) {
+    ctx += batch.context_lens[b];
+    total += batch.context_lens[b] + batch.new_lens[b];
+  }
+  constexpr double e = 2;  // bf16
+  double rank = 0;         // one rank's bytes
+  switch (stage) {
+    case Stage::Stage_input_norm: rank = e * (2 * T * H + H); break;
+    case Stage::Stage_q_a_proj: rank = e * (T * H + Lq * H + T * Lq); break;
+    case Stage::Stage_q_a_norm: rank = e * (2 * T * Lq + Lq); break;
+    case Stage::Stage_q_b_proj: rank = e * (T * Lq + Nl * D * Lq + T * Nl * D); break;
+    case Stage::Stage_q_proj: rank = e * (T * H + Nl * D * H + T * Nl * D); break;
+    case Stage::Stage_kv_a_proj: rank = e * (T * H + W * H + T * W); break;
+    case Stage::Stage_kv_a_norm: rank = e * (2 * T * L + L); break;
+    case Stage::Stage_rope: rank = e * 2 * (T * Nl * R + T * R); break;
+    case Stage::Stage_cache_write: rank = e * 3 * T * W; break;  // read kv_c_norm | k_pe_rope; write cache + rows
+    case Stage::Stage_kv_b_proj: rank = e * (T * L + Nl * (P + V) * L + T * Nl * (P + V)); break;
+    case Stage::Stage_attention_mha:
+      rank = e * (T * Nl * D + T * Nl * P + T * R + 2 * T * Nl * V) + 4 * T * Nl +
+             (ctx > 0 ? e * (ctx * W + Nl * (P + V) * L + ctx * Nl * (P + V)) : 0);
+      break;
+    case Stage::Stage_q_absorb: rank = e * (T * Nl * P + Nl * P * L + T * Nl * L); break;
+    case Stage::Stage_attention_mqa: rank = e * (total * W + T * Nl * W + T * Nl * L) + 4 * T * Nl; break;
+    case Stage::Stage_v_up: rank = e * (T * Nl * L + Nl * V * L + T * Nl * V); break;
+    case Stage::Stage_o_proj: rank = e * (T * Nl * V + H * Nl * V + T * H); break;
+    case Stage::Stage_all_reduce: rank = e * (tp * T * H + T * H); break;
+    case Stage::Stage_residual: rank = e * 3 * T * H; break;
+    default: rank = 0;
+  }
+  return rank * tp;
+}
+
+Timing Timing::of(std::vector<double> samples) {
+  Timing t;
+  t.samples = samples;
+  if (samples.empty()) return t;
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  t.median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+  t.min = samples.front();
+  t.max = samples.back();
+  return t;
+}
+
+double stage_flops(Stage stage, const MlaConfig& c, const RunSpec& spec, const Batch& batch) {
+  const double T = batch.tokens(), H = c.hidden, N = c.heads, tp = spec.tp, Lq = c.q_lora_rank;
+  const double L = c.kv_lora_rank, R = c.qk_rope, P = c.qk_nope, V = c.v_head, D = c.qk_head();
+  // Keys each sequence's queries see, causal bottom-right: n(n+1)/2 among the new tokens, n·ctx in the context.
+  const auto attention = [&](double per_pair, bool up_project_context) {
+    double f = 0;
+    for (int b = 0; b < batch.num_seqs(); ++b) {
+      const double n = batch.new_lens[b], ctx = batch.context_lens[b];
+      f += per_pair * (n * (n + 1) / 2 + n * ctx);
+      if (up_project_context) f += 2 * ctx * L * N * (P + V);
+    }
+    return f;
+  };
+  switch (stage) {
+    case Stage::Stage_q_a_proj: return tp * 2 * T * H * Lq;  // replicated: every rank computes it
+    case Stage::Stage_q_b_proj: return 2 * T * Lq * N * D;
+    case Stage::Stage_q_proj: return 2 * T * H * N * D;
+    case Stage::Stage_kv_a_proj: return tp * 2 * T * H * (L + R);
+    case Stage::Stage_kv_b_proj: return 2 * T * L * N * (P + V);
+    case Stage::Stage_attention_mha: return attention(2 * N * (D + V), true);
+    case Stage::Stage_q_absorb: return 2 * T * N * P * L;
+    case Stage::Stage_attention_mqa: return attention(2 * N * ((L + R) + L), false);
+    case Stage::Stage_v_up: return 2 * T * N * L * V;
+    case Stage::Stage_o_proj: return 2 * T * N * V * H;
+    default: return 0;
+  }
+}
+
+BenchResult run_bench(const BenchOptions& o) {
+  const MlaConfig& cfg = o.cfg;
+  const RunSpec& spec = o.spec;
+  if (o.repeats < 1) throw UsageError("--repeats must be at least 1");
+  if (o.warmup < 0) throw UsageError("--warmup must not be negative");
+  Runner runner(cfg, spec);
+  auto engine = make_engine(EngineSpec::parse(o.engine));  // the reference sets Eigen's threads here
+  if (engine->set_device_timing(false)) return run_device_bench(o, *engine, runner);
+  TimedEngine timed(*engine);
+  const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, o.weight_seed);
+  const Inputs inputs = synthetic_inputs(cfg, spec, weights);
+  const StageGraph& graph = runner.graph();
+
+  BenchResult r;
+  r.model = cfg.name;
+  r.engine = engine->name() + ":" + engine->options();
+  r.mode = mode_name(spec.mode);
+  r.form = form_name(spec.form);
+  r.tokens = spec.tokens;
+  r.batch = spec.batch;
+  r.context = spec.context;
+  r.tp = spec.tp;
+  r.layers = spec.layers;
+  r.repeats = o.repeats;
+  r.warmup = o.warmup;
+  r.logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  r.physical_cores = ref::physical_cores();
+  r.eigen_threads = Eigen::nbThreads();
+  r.cpu_model = cpu_model_name();
+  r.simd = Eigen::SimdInstructionSetsInUse();
+
+  // The ceiling: Y = X·Wᵀ at the size of the largest projection this run does (one rank's shapes), in Eigen,
+  // exactly as ref::linear computes it, on seeded non-zero data.
+  const auto projs = projections(cfg, spec, graph);
+  if (projs.empty()) throw UsageError("bench: the stage graph has no projection to size the GEMM ceiling");
+  const Projection big = *std::max_element(projs.begin(), projs.end(), [](const Projection& a, const Projection& b) {
+    return a.in * a.out < b.in * b.out;
+  });
+  r.gemm.what = stage_name(big.stage);
+  r.gemm.m = inputs.batch.tokens();
+  r.gemm.n = big.out;
+  r.gemm.k = big.in;
+  r.gemm.flops = 2.0 * r.gemm.m * r.gemm.n * r.gemm.k;
+  RowMatrix X(r.gemm.m, r.gemm.k), W(r.gemm.n, r.gemm.k), Y(r.gemm.m, r.gemm.n);
+  fill_normal(X.data(), X.size(), o.weight_seed, 901, 1.0f);
+  fill_normal(W.data(), W.size(), o.weight_seed, 902, 1.0f / std::sqrt(static_cast<float>(r.gemm.k)));
+  const auto gemm_once = [&] {
+    const auto t0 = Clock::now();
+    Y.noalias() = X * W.transpose();
+    return seconds_since(t0);
+  };
+
+  NullSink sink;
+  const auto layer_once = [&](const ProbePlan& plan) {
+    runner.run(timed, weights, inputs, plan, sink);
+    LayerRun run;
+    run.layer_s = seconds_since(timed.prepared) / spec.layers;
+    for (auto& [s, v] : timed.stage_s) run.stage_s[s] = v / spec.layers;
+    for (auto& [s, v] : timed.probe_s) run.probe_s[s] = v / spec.layers;
+    return run;
+  };
+  ProbePlan off;
+  off.off = true;
+  std::vector<ProbePlan> levels;
+  for (ProbeLevel l : o.probe_levels) {
+    ProbePlan p;
+    p.level = l;
+    p.full = o.full_probes;
+    levels.push_back(p);
+  }
+
+  // Rounds interleave the GEMM, the layer without probes and the layer at each level, so that noise from
+  // other work on the machine lands on all of them alike.
+  std::vector<double> gemm_s, layer_s;
+  std::map<Stage, std::vector<double>> stage_s, probe_s;
+  std::vector<std::vector<double>> level_s(levels.size());
+  for (int round = 0; round < o.warmup + o.repeats; ++round) {
+    const bool timed_round = round >= o.warmup;
+    const double g = gemm_once();
+    const LayerRun bare = layer_once(off);
+    std::vector<LayerRun> probed;
+    for (const auto& plan : levels) probed.push_back(layer_once(plan));
+    if (!timed_round) continue;
+    gemm_s.push_back(g);
+    layer_s.push_back(bare.layer_s);
+    for (const auto& st : graph.stages) {
+      stage_s[st.stage].push_back(bare.stage_s.count(st.stage) ? bare.stage_s.at(st.stage) : 0.0);
+      const double p = probed.empty() || !probed.back().probe_s.count(st.stage) ? 0.0 : probed.back().probe_s.at(st.stage);
+      probe_s[st.stage].push_back(p);
+    }
+    for (size_t i = 0; i < levels.size(); ++i) level_s[i].push_back(probed[i].layer_s);
+  }
+
+  for (const auto& st : graph.stages) {
+    StageBench s;
+    s.name = stage_name(st.stage);
+    s.flops = stage_flops(st.stage, cfg, spec, inputs.batch);
+    s.time = Timing::of(stage_s[st.stage]);
+    s.probe_time = Timing::of(probe_s[st.stage]);
+    r.layer_flops += s.flops;
+    r.stages.push_back(std::move(s));
+  }
+  r.layer_time = Timing::of(layer_s);
+  r.gemm.time = Timing::of(gemm_s);
+  for (size_t i = 0; i < levels.size(); ++i) r.probes.push_back({probe_level_name(levels[i].level), Timing::of(level_s[i])});
+  return r;
+}
+
+void print_bench(const BenchResult& r, std::ostream& os) {
+  if (r.device) {
+    print_device_bench(r, os);
+    return;
+  }
+  std::string ctx;
+  for (int c : r.context) ctx += (ctx.empty() ? "" : ",") + std::to_string(c);
+  os << "bench  model " << r.model << "  engine " << r.engine << "  mode " << r.mode << "  attention " << r.form
+     << "  tokens " << r.tokens << "  batch " << r.batch << (ctx.empty() ? "" : "  context " + ctx) << "  tp " << r.tp
+     << "  layers " << r.layers << "\n"
+     << "machine  " << r.cpu_model << ", " << r.logical_cpus << " logical CPUs, " << r.physical_cores
+     << " physical cores; Eigen threads " << r.eigen_threads << "; Eigen SIMD " << r.simd << "\n"
+     << "times: median of " << r.repeats << " rounds after " << r.warmup
+     << " warm-up (min..max in brackets); per layer, summed over ranks; probes off\n\n";
+
+  const std::string top = r.probes.empty() ? "" : r.probes.back().level;
+  const std::string probe_head = top.empty() ? "" : "probes ms (" + top + ")";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-16s %11s %23s %9s %9s %8s %12s\n", "stage", "time ms", "(min..max)", "GFLOP",
+                "GFLOP/s", "of GEMM", probe_head.c_str());
+  os << line;
+  const double gemm_rate = r.gemm_gflops();
+  const auto row = [&](const std::string& name, const Timing& t, double flops, const std::string& probe) {
+    const double rate = flops > 0 && t.median > 0 ? flops / t.median * 1e-9 : 0;
+    const std::string range = "(" + fmt("%.3f", t.min * 1e3) + ".." + fmt("%.3f", t.max * 1e3) + ")";
+    std::snprintf(line, sizeof line, "%-16s %11.3f %23s %9s %9s %8s %12s\n", name.c_str(), t.median * 1e3,
+                  range.c_str(), flops > 0 ? fmt("%.3f", flops * 1e-9).c_str() : "-",
+                  rate > 0 ? fmt("%.2f", rate).c_str() : "-",
+                  rate > 0 && gemm_rate > 0 ? fmt("%.2f", rate / gemm_rate).c_str() : "-", probe.c_str());
+    os << line;
+  };
+  double stage_sum = 0, probe_sum = 0;
+  for (const auto& s : r.stages) {
+    row(s.name, s.time, s.flops, top.empty() ? "" : fmt("%.3f", s.probe_time.median * 1e3));
+    stage_sum += s.time.median;
+    probe_sum += s.probe_time.median;
+  }
+  row("layer", r.layer_time, r.layer_flops, top.empty() ? "" : fmt("%.3f", probe_sum * 1e3));
+  os << "(sum of the stage medians " << fmt("%.3f", stage_sum * 1e3) << " ms)\n\n";
+
+  os << "ceiling: Eigen GEMM of the " << r.gemm.what << " size, Y[" << r.gemm.m << " x " << r.gemm.n << "] = X["
+     << r.gemm.m << " x " << r.gemm.k << "] * W[" << r.gemm.n << " x " << r.gemm.k << "]^T: "
+     << fmt("%.3f", r.gemm.time.median * 1e3) << " ms (" << fmt("%.3f", r.gemm.time.min * 1e3) << ".."
+     << fmt("%.3f", r.gemm.time.max * 1e3) << "), " << fmt("%.3f", r.gemm.flops * 1e-9) << " GFLOP, "
+     << fmt("%.2f", gemm_rate) << " GFLOP/s\n";
+  os << "layer: " << fmt("%.2f", r.layer_gflops()) << " GFLOP/s = " << fmt("%.3f", r.fraction_of_gemm())
+     << " of the GEMM ceiling" << (r.engine.rfind("reference", 0) == 0 ? " (issue 2 aims for >= 0.5)" : "") << "\n";
+  for (const auto& p : r.probes)
+    os << "probe overhead at " << p.level << ": layer " << fmt("%.3f", p.layer_time.median * 1e3) << " ms = "
+       << fmt("%.3f", r.layer_time.median > 0 ? p.layer_time.median / r.layer_time.median : 0) << "x the layer without probes\n";
+}
+
+nlohmann::json bench_to_json(const BenchResult& r) {
+  nlohmann::json j;
+  j["model"] = r.model;
+  j["engine"] = r.engine;
+  j["mode"] = r.mode;
+  j["attention"] = r.form;
+  j["tokens"] = r.tokens;
+  j["batch"] = r.batch;
+  j["context"] = r.context;
+  j["tp"] = r.tp;
+  j["layers"] = r.layers;
+  j["repeats"] = r.repeats;
+  j["warmup"] = r.warmup;
+  j["machine"] = {{"cpu_model", r.cpu_model},       {"logical_cpus", r.logical_cpus},
+                  {"physical_cores", r.physical_cores}, {"eigen_threads", r.eigen_threads},
+                  {"eigen_simd", r.simd}};
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : r.stages) {
+    nlohmann::json e = {{"stage", s.name}, {"flops", s.flops}, {"time", timing_json(s.time)},
+                        {"probe_time", timing_json(s.probe_time)}};
+    e["gflops_per_s"] = s.flops > 0 && s.time.median > 0 ? s.flops / s.time.median * 1e-9 : 0.0;
+    stages.push_back(e);
+  }
+  j["stages"] = stages;
+  j["layer"] = {{"flops", r.layer_flops}, {"time", timing_json(r.layer_time)}, {"gflops_per_s", r.layer_gflops()},
+                {"fraction_of_gemm", r.fraction_of_gemm()}};
+  j["gemm_ceiling"] = {{"projection", r.gemm.what}, {"m", r.gemm.m},   {"n", r.gemm.n},
+                       {"k", r.gemm.k},             {"flops", r.gemm.flops}, {"time", timing_json(r.gemm.time)},
+                       {"gflops_per_s", r.gemm_gflops()}};
+  nlohmann::json probes = nlohmann::json::array();
+  for (const auto& p : r.probes)
+    probes.push_back({{"level", p.level},
+                      {"layer_time", timing_json(p.layer_time)},
+                      {"ratio", r.layer_time.median > 0 ? p.layer_time.median / r.layer_time.median : 0.0}});
+  j["probe_overhead"] = probes;
+  if (r.device) {
+    j["device"] = {{"name", r.device_name}, {"random_cache", r.random_cache}};
+    nlohmann::json ceilings = nlohmann::json::array();
+    for (const auto& c : r.ceilings)
+      ceilings.push_back({{"what", c.what}, {"flops", c.flops}, {"bytes", c.bytes}, {"time", timing_json(c.time)},
+                          {"flops_per_s", c.flops_per_s()}, {"bytes_per_s", c.bytes_per_s()}});
+    j["ceilings"] = ceilings;
+    for (size_t i = 0; i < r.stages.size(); ++i) {
+      const auto& s = r.stages[i];
+      auto& e = j["stages"][i];
+      e["bytes"] = s.bytes;
+      e["bytes_per_s"] = s.time.median > 0 ? s.bytes / s.time.median : 0.0;
+      e["roofline_fraction"] = s.time.median > 0 ? r.roofline_s(s.flops, s.bytes) / s.time.median : 0.0;
+    }
+    j["layer"]["bytes"] = r.layer_bytes;
+    j["layer"]["wall"] = timing_json(r.layer_wall);
+    j["layer"]["roofline_fraction"] = r.layer_time.median > 0 ? r.roofline_s(r.layer_flops, r.layer_bytes) / r.layer_time.median : 0.0;
+    for (size_t i = 0; i < r.probes.size(); ++i)
+      j["probe_overhead"][i]["ratio"] =
+          r.layer_wall.median > 0 ? r.probes[i].layer_time.median / r.layer_wall.median : 0.0;
+  }
+  return j;
+}
+
+}  // namespace mla

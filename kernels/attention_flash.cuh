@@ -1,0 +1,33 @@
+// attention_mha version 2: a FlashAttention-2-style tiled kernel on the tensor cores (mma.sync m16n8k16
+// bf16, fp32 accumulators, online softmax in fp32, natural-log lse); no Tq×Tk matrix is ever stored.
+// Used by attention_mha for the new tokens (causal) and for the cached context (not causal).
+#pragma once
+#include "kernels/attention_core.cuh"  // AttnOperand
+
+namespace mla::cuda {
+
+// Queries: rows = new tokens [T]; Q row of head h = [q_nope (P) | q_pe (R)]. Keys: rows contiguous per
+// sequence (row = seq_k_start[b] + s); K row = [k_nope (P) | k_pe (R)], V row = v (V). Shapes as in
+// MhaArgs; k_pe has head_stride 0 (one vector per token shared by all heads).
+struct FlashParams {
+  AttnOperand q_nope, q_pe;     // [T, heads, P], [T, heads, R]
+  AttnOperand k_nope, k_pe, v;  // [keys, heads, P], [keys, R] (shared), [keys, heads, V]
+  int P = 0, R = 0, V = 0;
+  int heads = 0, seqs = 0;
+  int max_q_len = 0;  // longest s_q of the batch (sizes the grid)
+  float scale = 0.f;  // softmax scale (natural units; the kernel works in log2 units)
+  const int* seq_q_start = nullptr;  // [B] first query token of each sequence
+  const int* seq_q_len = nullptr;    // [B]
+  const int* seq_k_start = nullptr;  // [B] first key row
+  const int* seq_k_len = nullptr;    // [B]
+  bool causal = false;               // query i of s_q sees keys s < i + 1 + k_len − s_q (bottom-right)
+  bf16* out_bf16 = nullptr;          // [T, heads, V] when set; else
+  float* out_f32 = nullptr;          // [T, heads, V] (the chunked path merges two of these by lse)
+  float* lse = nullptr;              // [T, heads] natural log; −inf for an empty key set (out 0)
+};
+
+// Whether an instantiated kernel covers these head dims (P + R ≤ 256, V ≤ 256).
+bool flash_supports(int P, int R, int V);
+void launch_attention_flash(const FlashParams& p, cudaStream_t stream);
+
+}  // namespace mla::cuda

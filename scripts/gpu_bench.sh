@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the GPU machine, after scripts/gpu_check.sh built build-gpu/: `mla-bisect bench --engine cuda` on the
+# shapes of PERF.md (DeepSeek-V3 prefill T = 512 and 4096, decode B = 64/128 at L = 4096, the attention core
+# with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels for comparison. Each run
+# measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to $OUT/bench.log and
+# the JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT, build-gpu/bench/.
+#
+#   MLA_BENCH_ONLY='prefill4096 decode16h'   run only these shape names (see the list below)
+#   MLA_BENCH_EXTRA='--repeats 30'           extra arguments for every run
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out="${OUT:-build-gpu/bench}"
+work=build-gpu/bench
+mkdir -p "$out" "$work"
+log="$out/bench.log"
+: >"$log"
+bin=build-gpu/mla-bisect
+[[ -x "$bin" ]] || { echo "gpu_bench: $bin not built (run scripts/gpu_check.sh first)"; exit 1; }
+
+# DeepSeek-V3 with 16 heads: one rank's attention at tp 8, run at tp 1 so that nothing else shares the GPU.
+cfg16="$work/dsv3-16heads"
+mkdir -p "$cfg16"
+sed -e 's/"num_attention_heads": 128/"num_attention_heads": 16/' \
+    -e 's/"num_key_value_heads": 128/"num_key_value_heads": 16/' tests/testdata/deepseek_v3_config.json \
+    >"$cfg16/config.json"
+
+E="cuda:poison=0"  # poisoning outputs with NaN is a debugging aid: its memsets are not part of the layer
+shapes=(
+  "prefill512|--engine $E --model deepseek-v3 --mode prefill --tokens 512 --probe-level sketch"
+  "prefill4096|--engine $E --model deepseek-v3 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 2"
+  "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 3"
+  "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 4096 --probe-level stats --probe-repeats 1"
+  "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
+  "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
+  "glm5decode64|--engine $E --model glm-5 --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
+  "v1prefill512|--engine $E,mha_kernel=1 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"
+  "v1decode16h|--engine $E,mqa_kernel=1 --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
+)
+
+status=0
+for entry in "${shapes[@]}"; do
+  name="${entry%%|*}"
+  args="${entry#*|}"
+  if [[ -n "${MLA_BENCH_ONLY:-}" && " ${MLA_BENCH_ONLY} " != *" $name "* ]]; then continue; fi
+  {
+    echo "=== gpu_bench: $name: mla-bisect bench $args ${MLA_BENCH_EXTRA:-}"
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    if ! "$bin" bench $args ${MLA_BENCH_EXTRA:-} --json "$work/bench_$name.json" 2>&1; then
+      echo "gpu_bench: $name FAILED"
+      status=1
+    fi
+    echo "gpu_bench: $name took $((SECONDS - t0)) s"
+  } 2>&1 | tee -a "$log"
+done
+tar -czf "$out/bench_json.tar.gz" -C "$work" $(cd "$work" && ls bench_*.json 2>/dev/null) 2>/dev/null
+grep -q "FAILED" "$log" && status=1
+exit $status

@@ -1,0 +1,192 @@
+// The bug zoo on the CUDA engine (BUGS.md, issue 5): every entry that applies to a GPU path is planted in the
+// CUDA engine's own kernels, and it is the same bug the reference plants — a CUDA run with the bug equals the
+// reference run with the same bug at the calibrated bf16 tolerance, probe by probe. Then the harness end to
+// end: `mla-bisect zoo --candidate cuda` localizes every entry (tiny, tp 1 and 2) and flags no clean run, and
+// the demo's bisect (rope-neox, DeepSeek-V3 dims, 64 tokens) finds the rope.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "harness/model/errors.h"
+#include "tests/gpu/gpu_cases.h"
+
+namespace mla::gputest {
+namespace {
+
+// The entries of BUGS.md this engine plants (all but the quantized-weight ones).
+const std::vector<std::string> kGpuEntries = {
+    "rope-neox",      "rope-mscale",   "position-offset", "softmax-scale",  "causal-off",
+    "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
+    "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache"};
+
+TEST(CudaInjections, AcceptsEveryGpuEntryAndRejectsTheQuantizedOnesByName) {
+  MLA_REQUIRE_GPU();
+  auto e = cuda_engine();
+  for (const auto& name : kGpuEntries) EXPECT_NO_THROW(e->set_injections(parse_injections(name))) << name;
+  EXPECT_NO_THROW(e->set_injections(parse_injections("rope-neox,nan-at:q_c:3,hang-at:rope@1,crash-at:o_proj")));
+  for (const auto& z : bug_zoo()) {
+    if (!z.needs_quantized) continue;
+    try {
+      e->set_injections(parse_injections("rope-neox," + z.name));
+      ADD_FAILURE() << z.name << ": expected a UsageError";
+    } catch (const UsageError& err) {
+      EXPECT_NE(std::string(err.what()).find("'" + z.name + "'"), std::string::npos) << err.what();
+    }
+  }
+  // Every zoo entry is either planted here or needs quantized weights: nothing applicable is left out.
+  for (const auto& z : bug_zoo())
+    EXPECT_TRUE(z.needs_quantized || std::find(kGpuEntries.begin(), kGpuEntries.end(), z.name) != kGpuEntries.end())
+        << z.name;
+}
+
+// The same bug in both engines: CUDA with the bug against the fp32 reference with the bug, within the
+// whole-layer calibration (the bf16 reference with the bug gives the noise).
+struct Planted {
+  std::string inject;
+  Case c;
+};
+
+void PrintTo(const Planted& p, std::ostream* os) { *os << p.inject << " on " << p.c.describe(); }
+
+std::vector<Planted> planted_cases() {
+  std::vector<Planted> v;
+  const Case prefill = make_case("prefill_tp1", "tiny", kPrefill, kMha, 1, 12);
+  for (const char* n : {"rope-neox", "rope-mscale", "position-offset", "softmax-scale", "causal-off", "kv-b-split",
+                        "kv-norm-skip", "q-norm-eps"})
+    v.push_back({n, prefill});
+  v.push_back({"softmax-scale", make_case("decode_tp1", "tiny", kDecode, kAbsorbed, 1, 2, 2, {5, 70})});
+  v.push_back({"tp-head-offset", make_case("prefill_tp2", "tiny", kPrefill, kMha, 2, 8)});
+  v.push_back({"allreduce-skip", make_case("prefill_tp2", "tiny", kPrefill, kMha, 2, 8)});
+  v.push_back({"tp-head-offset", make_case("decode_tp8", "tiny", kDecode, kAbsorbed, 8, 1, 2, {40, 100})});
+  v.push_back({"wuk-transpose", make_case("prefill_absorbed_tp1", "tiny", kPrefill, kAbsorbed, 1, 10)});
+  v.push_back({"lse-base2", make_case("chunked_tp1", "tiny", kChunked, kMha, 1, 8, 2, {0, 30})});
+  v.push_back({"page-off-by-one", make_case("decode_tp1", "tiny", kDecode, kAbsorbed, 1, 1, 2, {40, 200})});
+  v.push_back({"page-off-by-one", make_case("decode_sq2_tp2", "tiny", kDecode, kAbsorbed, 2, 2, 2, {64, 130})});
+  v.push_back({"decode-empty-cache", make_case("prefill_absorbed_tp1", "tiny", kPrefill, kAbsorbed, 1, 10)});
+  v.push_back({"decode-empty-cache", make_case("decode_tp2", "tiny", kDecode, kAbsorbed, 2, 2, 2, {3, 66})});
+  v.push_back({"rope-neox", make_case("dsv3_prefill_tp1", "deepseek-v3", kPrefill, kMha, 1, 4)});
+  return v;
+}
+
+class CudaPlantedBug : public testing::TestWithParam<Planted> {};
+
+TEST_P(CudaPlantedBug, MatchesTheReferenceWithTheSameBug) {
+  MLA_REQUIRE_GPU();
+  const Planted& p = GetParam();
+  const GpuRun run = make_run(p.c);
+  const auto inj = parse_injections(p.inject);
+  auto fp32 = reference_engine("fp32");
+  fp32->set_injections(inj);
+  const Capture ref = capture(*fp32, run);
+  auto bf16 = reference_engine("bf16");
+  bf16->set_injections(inj);
+  const Capture noise = capture(*bf16, run);
+  auto cuda = cuda_engine();
+  cuda->set_injections(inj);
+  const Capture got = capture(*cuda, run);
+  expect_equivalent(run, got, noise, ref, Tolerance{4.0, 1.0 / 1024}, p.inject + " planted, " + p.c.describe());
+
+  // And the bug is really there: some probe of the CUDA run differs from a clean CUDA run.
+  auto clean = cuda_engine();
+  const Capture base = capture(*clean, run);
+  bool differs = false;
+  for (const auto& [key, rec] : got.recs) differs = differs || rec.checksum != base.recs.at(key).checksum;
+  EXPECT_TRUE(differs || p.inject == "q-norm-eps") << p.inject << ": the planted run is bit-identical to a clean one";
+}
+
+std::string planted_name(const testing::TestParamInfo<Planted>& info) {
+  std::string n = info.param.inject + "_" + info.param.c.name;
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, CudaPlantedBug, testing::ValuesIn(planted_cases()), planted_name);
+
+// ---- the harness end to end, through the CLI ----
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result sh(const std::string& args) {
+  const std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
+  Result r;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
+  const int st = pclose(p.release());
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string tmpdir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("mla_gpu_test_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+void expect_zoo_ok(const std::string& tp) {
+  const std::string dir = tmpdir("zoo_tp" + tp);
+  const auto r = sh("zoo --candidate cuda --model tiny --tokens 16 --tp " + tp + " --workdir " + dir + " --json " + dir +
+                    "/zoo.json");
+  std::cout << r.out;
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("0 injected bugs missed or mislocated, 0 clean or benign runs flagged"), std::string::npos)
+      << r.out;
+  std::ifstream f(dir + "/zoo.json");
+  ASSERT_TRUE(f) << "no " << dir << "/zoo.json";
+  const auto j = nlohmann::json::parse(f);
+  std::set<std::string> seen;
+  for (const auto& row : j) {
+    EXPECT_TRUE(row["ok"].get<bool>()) << row.dump();
+    seen.insert(row["inject"].get<std::string>());
+  }
+  for (const auto& n : kGpuEntries) EXPECT_TRUE(seen.count(n)) << n << " missing from the zoo table";
+  EXPECT_TRUE(seen.count("")) << "no clean run in the zoo table";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CudaZoo, TinyTp1LocalizesEveryEntryAndFlagsNoCleanRun) {
+  MLA_REQUIRE_GPU();
+  expect_zoo_ok("1");
+}
+
+TEST(CudaZoo, TinyTp2LocalizesEveryEntryAndFlagsNoCleanRun) {
+  MLA_REQUIRE_GPU();
+  expect_zoo_ok("2");
+}
+
+// scripts/demo.sh's bisect with the CUDA candidate: rope-neox on DeepSeek-V3 dims, 64 tokens.
+TEST(CudaZoo, DemoBisectFindsRopeNeoxAtTheRope) {
+  MLA_REQUIRE_GPU();
+  const std::string dir = tmpdir("demo");
+  const auto r = sh("bisect --model deepseek-v3 --tokens 64 --inject rope-neox --candidate cuda --workdir " + dir +
+                    " --json " + dir + "/bisect.json");
+  std::cout << r.out;
+  EXPECT_EQ(r.code, 1) << r.out;
+  std::ifstream f(dir + "/bisect.json");
+  ASSERT_TRUE(f) << "no " << dir << "/bisect.json";
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_TRUE(j["first_divergence"].is_object()) << j.dump(2);
+  EXPECT_EQ(j["first_divergence"]["probe"], "q_pe_rope") << j["first_divergence"].dump();
+  EXPECT_EQ(j["first_divergence"]["stage"], "rope") << j["first_divergence"].dump();
+  EXPECT_NE(j["diagnosis"]["pattern"].get<std::string>(), "") << j["diagnosis"].dump();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mla::gputest

@@ -1,0 +1,367 @@
+// Comparator self-tests (harness/compare, label cpu, in process): dumps built with the Runner and a CollectSink,
+// then edited by hand. Identical dumps pass; one ulp of noise passes at the FP32 floor; one element at 2x the
+// tolerance fails and is located; +inf vs -inf and NaNs at different positions fail; a channel permutation with
+// equal norms is caught by sketches and by full tensors; tp 2 equals tp 1 once gathered; bf16 passes at the
+// calibrated tolerance while another input seed fails; a replicated probe that differs on one rank names it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "harness/compare/compare.h"
+#include "harness/model/config.h"
+#include "harness/model/inputs.h"
+#include "harness/model/weights.h"
+#include "harness/run/engine.h"
+#include "harness/run/runner.h"
+#include "probes/collect.h"
+
+namespace {
+
+using namespace mla;
+
+struct World {
+  MlaConfig cfg = *find_preset("tiny");
+  RunSpec spec;
+  std::vector<LayerWeights> weights;
+  Inputs inputs;
+  explicit World(RunSpec s, uint64_t weight_seed = 3) : spec(std::move(s)) {
+    weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, weight_seed);
+    inputs = synthetic_inputs(cfg, spec, weights);
+  }
+};
+
+RunSpec prefill(int tokens, int tp = 1) {
+  RunSpec s;
+  s.tokens = tokens;
+  s.tp = tp;
+  return s;
+}
+
+RunSpec decode(int tp = 1) {
+  RunSpec s;
+  s.mode = Mode::Mode_decode;
+  s.form = AttentionForm::AttentionForm_absorbed;
+  s.tokens = 1;
+  s.batch = 2;
+  s.context = {40, 70};
+  s.tp = tp;
+  return s;
+}
+
+// Runs `engine` on the setup's weights and inputs (at `tp` if given) into an in-memory dump.
+Dump run(const World& st, ProbeLevel level, const std::string& engine = "reference", int tp = 0,
+         const std::string& inject = "") {
+  RunSpec spec = st.spec;
+  if (tp > 0) spec.tp = tp;
+  Runner runner(st.cfg, spec);
+  auto e = make_engine(EngineSpec::parse(engine));
+  e->set_injections(parse_injections(inject));
+  DumpMeta meta;
+  meta.engine = e->name();
+  meta.engine_dtype = e->dtype();
+  meta.tp = spec.tp;
+  CollectSink sink(meta, spec.tp);
+  ProbePlan plan;
+  plan.level = level;
+  runner.run(*e, st.weights, st.inputs, plan, sink);
+  Dump d = sink.take();
+  d.path = engine + " tp" + std::to_string(spec.tp) + (inject.empty() ? "" : " " + inject);
+  return d;
+}
+
+DumpProbe& probe(Dump& d, const std::string& name, int layer = 0) {
+  for (auto& p : d.probes)
+    if (p.layer == layer && p.name == name) return p;
+  throw std::runtime_error("no probe " + name);
+}
+
+const ProbeResult& result(const CompareReport& rep, const std::string& name, int layer = 0) {
+  for (const auto& r : rep.results)
+    if (r.layer == layer && r.name == name) return r;
+  throw std::runtime_error("no result " + name);
+}
+
+std::string first(const CompareReport& rep) {
+  return rep.first_divergence < 0 ? "(none)" : rep.results[rep.first_divergence].name;
+}
+
+// Every verdict pass (no missing, no divergence).
+void expect_all_pass(const CompareReport& rep) {
+  EXPECT_EQ(rep.first_divergence, -1) << "first divergence " << first(rep) << ": "
+                                      << rep.results[std::max(rep.first_divergence, 0)].why;
+  for (const auto& r : rep.results) EXPECT_EQ(r.verdict, Verdict::Verdict_pass) << r.name << ": " << r.why;
+}
+
+// Recomputes every record of `d` from its full data at `level` (as an engine would have recorded it).
+void rerecord(Dump& d, const World& st, ProbeLevel level) {
+  RunSpec spec = st.spec;
+  spec.tp = d.meta.tp;
+  Runner runner(st.cfg, spec);
+  for (auto& p : d.probes) {
+    const ProbeSpec& ps = *runner.graph().find(p.name);
+    for (size_t r = 0; r < p.ranks.size(); ++r) {
+      ASSERT_GT(p.ranks[r].data.numel(), 0) << p.name;
+      const std::string dtype = p.ranks[r].dtype;
+      const Tensor data = p.ranks[r].data;
+      p.ranks[r] = compute_probe_record(data, dtype, make_probe_request(ps, spec.tp, static_cast<int>(r), level));
+    }
+  }
+}
+
+const ToleranceModel kFloor{};  // FP32-vs-FP32 floor
+
+TEST(CompareSelfTest, IdenticalDumpsPass) {
+  for (const RunSpec& spec : {prefill(8), prefill(8, 2), decode(2)}) {
+    const World st(spec);
+    for (ProbeLevel level : {ProbeLevel::ProbeLevel_stats, ProbeLevel::ProbeLevel_sketch, ProbeLevel::ProbeLevel_full}) {
+      SCOPED_TRACE(std::string(mode_name(spec.mode)) + " tp " + std::to_string(spec.tp) + " " + probe_level_name(level));
+      const Dump d = run(st, level);
+      const CompareReport rep = compare_dumps(d, d, kFloor);
+      expect_all_pass(rep);
+      ASSERT_GT(rep.results.size(), 10u);
+      for (const auto& r : rep.results) {
+        EXPECT_EQ(r.m.rel_l2, 0.0) << r.name;
+        EXPECT_EQ(r.m.basis, level == ProbeLevel::ProbeLevel_full     ? "full"
+                             : level == ProbeLevel::ProbeLevel_sketch ? "sketch"
+                                                                      : "stats (lower bound)");
+      }
+    }
+  }
+}
+
+TEST(CompareSelfTest, OneUlpOfNoiseOnEveryElementPassesAtTheFp32Floor) {
+  const World st(prefill(8, 2));
+  const Dump ref = run(st, ProbeLevel::ProbeLevel_full);
+  Dump cand = ref;
+  int64_t moved = 0;
+  for (auto& p : cand.probes)
+    for (auto& rec : p.ranks)
+      for (size_t i = 0; i < rec.data.data.size(); ++i) {
+        float& x = rec.data.data[i];
+        x = std::nextafter(x, i % 2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity());
+        ++moved;
+      }
+  ASSERT_GT(moved, 1000);
+  const CompareReport rep = compare_dumps(cand, ref, kFloor);
+  expect_all_pass(rep);
+  for (const auto& r : rep.results) {
+    EXPECT_GT(r.m.rel_l2, 0.0) << r.name << ": the noise must be seen";
+    EXPECT_LT(r.m.rel_l2, 1e-6) << r.name;
+    EXPECT_NE(r.tol.origin.find("floor"), std::string::npos) << r.tol.origin;
+  }
+}
+
+// One element of q_nope (heads, tp 2) moved by `factor` x the tolerance (overall or on its token, whichever is
+// stricter). Returns the comparison.
+CompareReport move_one_element(const World& st, const Dump& ref, double factor, int64_t t, int64_t h, int64_t c) {
+  Dump cand = ref;
+  DumpProbe& p = probe(cand, "q_nope");
+  const int tp = static_cast<int>(p.ranks.size());
+  const int64_t N = p.shape[1], P = p.shape[2], Nl = N / tp;
+  const Gathered g = gather(probe(const_cast<Dump&>(ref), "q_nope"));
+  double tok = 0;
+  for (int64_t i = 0; i < N * P; ++i) tok += std::pow(g.data.data[t * N * P + i], 2);
+  const Tolerance tol = kFloor.for_probe("q_nope", 0);
+  const double limit = std::min(tol.rel_l2 * g.l2, tol.token_rel * std::sqrt(tok));
+  float& x = p.ranks[h / Nl].data.data[(t * Nl + h % Nl) * P + c];
+  x = static_cast<float>(x + factor * limit);
+  return compare_dumps(cand, ref, kFloor);
+}
+
+TEST(CompareSelfTest, OneElementAtTwiceTheToleranceFailsAndIsLocated) {
+  const World st(prefill(8, 2));
+  const Dump ref = run(st, ProbeLevel::ProbeLevel_full);
+  // token 5, head 6 (rank 1 of 2 with 8 heads), channel 11
+  const CompareReport bad = move_one_element(st, ref, 2.0, 5, 6, 11);
+  ASSERT_EQ(first(bad), "q_nope");
+  const ProbeResult& r = bad.results[bad.first_divergence];
+  EXPECT_EQ(r.verdict, Verdict::Verdict_diverge) << r.why;
+  EXPECT_EQ(r.m.max_at.layer, 0);
+  EXPECT_EQ(r.m.max_at.rank, 1);
+  EXPECT_EQ(r.m.max_at.token, 5);
+  EXPECT_EQ(r.m.max_at.head, 6);
+  EXPECT_EQ(r.m.max_at.channel, 11);
+  EXPECT_EQ(r.m.max_at.to_string(), "layer 0 rank 1 token 5 head 6 channel 11");
+  ASSERT_FALSE(r.m.worst.empty());
+  EXPECT_EQ(r.m.worst.front().at.to_string(), r.m.max_at.to_string());
+  // The maps point at the same place.
+  ASSERT_EQ(r.m.rank_rel.size(), 2u);
+  EXPECT_EQ(r.m.rank_rel[0], 0.0);
+  EXPECT_GT(r.m.rank_rel[1], 0.0);
+  for (size_t t = 0; t < r.m.token_rel.size(); ++t) EXPECT_EQ(r.m.token_rel[t] > 0, t == 5) << "token " << t;
+  for (size_t h = 0; h < r.m.head_rel.size(); ++h) EXPECT_EQ(r.m.head_rel[h] > 0, h == 6) << "head " << h;
+  // Half the tolerance passes: the threshold sits between.
+  expect_all_pass(move_one_element(st, ref, 0.5, 5, 6, 11));
+}
+
+TEST(CompareSelfTest, PlusInfinityAgainstMinusInfinityFails) {
+  const World st(prefill(8));
+  Dump ref = run(st, ProbeLevel::ProbeLevel_full);
+  Dump cand = ref;
+  const int64_t at = 3 * 48 + 20;  // q_c [8, 48]: token 3, channel 20
+  probe(cand, "q_c").ranks[0].data.data[at] = std::numeric_limits<float>::infinity();
+  probe(ref, "q_c").ranks[0].data.data[at] = -std::numeric_limits<float>::infinity();
+  const CompareReport rep = compare_dumps(cand, ref, kFloor);
+  ASSERT_EQ(first(rep), "q_c");
+  const ProbeResult& r = result(rep, "q_c");
+  EXPECT_EQ(r.verdict, Verdict::Verdict_nonfinite);
+  EXPECT_FALSE(r.m.nonfinite_agree);
+  EXPECT_NE(r.m.first_nonfinite.find("+inf vs -inf"), std::string::npos) << r.m.first_nonfinite;
+  EXPECT_NE(r.m.first_nonfinite.find("token 3 channel 20"), std::string::npos) << r.m.first_nonfinite;
+  // The same infinity on both sides agrees.
+  probe(ref, "q_c").ranks[0].data.data[at] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(result(compare_dumps(cand, ref, kFloor), "q_c").verdict, Verdict::Verdict_pass);
+}
+
+TEST(CompareSelfTest, NanAtDifferentPositionsFails) {
+  const World st(prefill(8));  // tp 1: nan-at plants on rank 0 only, and a replicated probe must agree across ranks
+  for (ProbeLevel level : {ProbeLevel::ProbeLevel_full, ProbeLevel::ProbeLevel_sketch}) {
+    SCOPED_TRACE(probe_level_name(level));
+    // One NaN in q_c on each side (the same count), at token 1 vs token 6, planted by the engine.
+    const Dump cand = run(st, level, "reference", 0, "nan-at:q_c:60");
+    const Dump ref = run(st, level, "reference", 0, "nan-at:q_c:300");
+    const CompareReport rep = compare_dumps(cand, ref, kFloor);
+    ASSERT_EQ(first(rep), "q_c");
+    EXPECT_EQ(result(rep, "q_c").verdict, Verdict::Verdict_nonfinite) << result(rep, "q_c").why;
+    // The same NaN on both sides agrees at q_c (downstream, the NaN spreads the same way too).
+    const Dump same = run(st, level, "reference", 0, "nan-at:q_c:60");
+    EXPECT_EQ(result(compare_dumps(cand, same, kFloor), "q_c").verdict, Verdict::Verdict_pass);
+  }
+}
+
+// Reverses the channels of every row (replicated probes) or of every head (heads probes): the norms per token and
+// per head stay the same, the content does not.
+void permute_channels(DumpProbe& p) {
+  const int64_t last = p.shape.back();
+  for (auto& rec : p.ranks)
+    for (int64_t row = 0; row < rec.data.numel() / last; ++row)
+      std::reverse(rec.data.data.begin() + row * last, rec.data.data.begin() + (row + 1) * last);
+}
+
+TEST(CompareSelfTest, ChannelPermutationWithEqualNormsIsCaughtBySketchAndByFullTensors) {
+  for (const char* name : {"q_c", "q_nope"}) {
+    SCOPED_TRACE(name);
+    const World st(prefill(8, 2));
+    const Dump ref_full = run(st, ProbeLevel::ProbeLevel_full);
+    Dump cand_full = ref_full;
+    permute_channels(probe(cand_full, name));
+
+    // Full tensors: element-wise, plainly different.
+    CompareReport rep = compare_dumps(cand_full, ref_full, kFloor);
+    ASSERT_EQ(first(rep), name);
+    EXPECT_EQ(result(rep, name).m.basis, "full");
+    EXPECT_GT(result(rep, name).m.rel_l2, 0.1);
+
+    // Sketch level (the records as the engine would have written them): the norms agree, the sketches do not.
+    Dump ref = ref_full, cand = cand_full;
+    rerecord(ref, st, ProbeLevel::ProbeLevel_sketch);
+    rerecord(cand, st, ProbeLevel::ProbeLevel_sketch);
+    const Gathered ga = gather(probe(cand, name)), gb = gather(probe(ref, name));
+    EXPECT_FALSE(ga.full);
+    ASSERT_TRUE(ga.sketch);
+    EXPECT_NEAR(ga.l2, gb.l2, 1e-6 * gb.l2) << "the permutation keeps the norm";
+    for (size_t t = 0; t < gb.token_l2.size(); ++t) EXPECT_NEAR(ga.token_l2[t], gb.token_l2[t], 1e-5 * gb.token_l2[t]);
+    for (size_t i = 0; i < gb.head_l2.size(); ++i) EXPECT_NEAR(ga.head_l2[i], gb.head_l2[i], 1e-5 * gb.head_l2[i] + 1e-7);
+    rep = compare_dumps(cand, ref, kFloor);
+    ASSERT_EQ(first(rep), name) << "a permutation must be caught by the sketch";
+    const ProbeResult& r = result(rep, name);
+    EXPECT_EQ(r.m.basis, "sketch");
+    EXPECT_EQ(r.verdict, Verdict::Verdict_diverge);
+    EXPECT_NEAR(r.m.norm_ratio, 1.0, 1e-6);
+    EXPECT_GT(r.m.rel_l2, 0.1);
+  }
+}
+
+TEST(CompareSelfTest, TpTwoDumpEqualsTpOneDumpOnceGathered) {
+  for (const RunSpec& spec : {prefill(8), decode()}) {
+    const World st(spec);
+    for (ProbeLevel level : {ProbeLevel::ProbeLevel_full, ProbeLevel::ProbeLevel_sketch}) {
+      SCOPED_TRACE(std::string(mode_name(spec.mode)) + " " + probe_level_name(level));
+      const Dump tp1 = run(st, level, "reference", 1);
+      for (int tp : {2, 4}) {
+        const Dump tpn = run(st, level, "reference", tp);
+        ASSERT_EQ(probe(const_cast<Dump&>(tpn), "q_nope").ranks.size(), static_cast<size_t>(tp));
+        expect_all_pass(compare_dumps(tpn, tp1, kFloor));
+        expect_all_pass(compare_dumps(tp1, tpn, kFloor));
+      }
+    }
+  }
+}
+
+TEST(CompareSelfTest, Bf16RunPassesAtCalibratedToleranceAndAnotherSeedFails) {
+  for (const RunSpec& spec : {prefill(16), decode(2)}) {
+    SCOPED_TRACE(mode_name(spec.mode));
+    const World st(spec);
+    const ToleranceModel tol = calibrate(st.cfg, st.spec, st.weights, st.inputs, Precision::Precision_bf16);
+    ASSERT_FALSE(tol.per_probe.empty());
+    for (ProbeLevel level : {ProbeLevel::ProbeLevel_full, ProbeLevel::ProbeLevel_sketch}) {
+      SCOPED_TRACE(probe_level_name(level));
+      const Dump fp32 = run(st, level);
+      const Dump bf16 = run(st, level, "reference:precision=bf16");
+      const CompareReport rep = compare_dumps(bf16, fp32, tol);
+      expect_all_pass(rep);
+      int above_floor = 0;
+      for (const auto& r : rep.results) {
+        EXPECT_NE(r.tol.origin.find("calibrated"), std::string::npos) << r.tol.origin;
+        above_floor += r.m.rel_l2 > 1e-5;
+      }
+      EXPECT_GT(above_floor, 5) << "bf16 must differ from FP32 (else the test proves nothing)";
+      // The FP32 floor is far too tight for bf16.
+      EXPECT_GE(compare_dumps(bf16, fp32, kFloor).first_divergence, 0);
+
+      RunSpec other = st.spec;
+      other.seed = 7;
+      World st2(other);
+      st2.weights = st.weights;
+      st2.inputs = synthetic_inputs(st2.cfg, other, st2.weights);
+      const CompareReport bad = compare_dumps(run(st2, level, "reference:precision=bf16"), fp32, tol);
+      ASSERT_EQ(first(bad), "x") << "another input seed must diverge at the very first probe";
+      EXPECT_EQ(bad.results[bad.first_divergence].verdict, Verdict::Verdict_diverge);
+    }
+  }
+}
+
+// Moves one element of rank r's copy of a replicated probe, as an engine whose rank r computed it differently would
+// have recorded it (full level: its checksum changes with its bytes).
+void perturb_rank(Dump& d, const World& st, const std::string& name, int r) {
+  DumpProbe& p = probe(d, name);
+  Tensor t = p.ranks[r].data;
+  t.data[7] += 1e-3f;
+  RunSpec spec = st.spec;
+  spec.tp = static_cast<int>(p.ranks.size());
+  Runner runner(st.cfg, spec);
+  p.ranks[r] = compute_probe_record(t, p.ranks[r].dtype,
+                                    make_probe_request(*runner.graph().find(name), spec.tp, r, ProbeLevel::ProbeLevel_full));
+}
+
+TEST(CompareSelfTest, ReplicatedProbeDifferingOnOneRankNamesThatRank) {
+  const World st(prefill(8));
+  const Dump ref = run(st, ProbeLevel::ProbeLevel_full, "reference", 1);
+  const Dump tp4 = run(st, ProbeLevel::ProbeLevel_full, "reference", 4);
+  for (ProbeLevel level : {ProbeLevel::ProbeLevel_full, ProbeLevel::ProbeLevel_sketch}) {
+    for (int bad_rank : {0, 2, 3}) {
+      SCOPED_TRACE(std::string(probe_level_name(level)) + ", rank " + std::to_string(bad_rank));
+      Dump cand = tp4, reference = ref;
+      perturb_rank(cand, st, "kv_c_norm", bad_rank);
+      if (level != ProbeLevel::ProbeLevel_full) {
+        rerecord(cand, st, level);
+        rerecord(reference, st, level);
+      }
+      const CompareReport rep = compare_dumps(cand, reference, kFloor);
+      ASSERT_EQ(first(rep), "kv_c_norm");
+      const ProbeResult& r = result(rep, "kv_c_norm");
+      EXPECT_EQ(r.verdict, Verdict::Verdict_diverge);
+      const std::string named = "rank " + std::to_string(bad_rank);
+      EXPECT_NE(r.why.find(named), std::string::npos) << r.why;
+      ASSERT_EQ(r.problems.size(), 1u) << "only the odd rank is named";
+      EXPECT_NE(r.problems[0].find(named), std::string::npos) << r.problems[0];
+      // The majority speaks for the probe: its metrics match the reference exactly.
+      EXPECT_EQ(r.m.rel_l2, 0.0);
+    }
+  }
+}
+
+}  // namespace

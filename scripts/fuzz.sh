@@ -48,11 +48,12 @@ say "compiler $CXX_BIN ($("$CXX_BIN" --version | head -n1))"
 # Coverage instrumentation and the sanitizers for everything the targets link; -fsanitize=fuzzer (the
 # driver) only on the targets themselves (tests/fuzz/CMakeLists.txt).
 SAN="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+mkdir -p "$BUILD"
 cmake -S . -B "$BUILD" -G Ninja \
   -DCMAKE_C_COMPILER="$CC_BIN" -DCMAKE_CXX_COMPILER="$CXX_BIN" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" \
-  -DMLA_WITH_CUDA=OFF -DMLA_BUILD_FUZZERS=ON >"$BUILD.configure.log" 2>&1 ||
-  { cat "$BUILD.configure.log" >&2; die "cmake configure failed"; }
+  -DMLA_WITH_CUDA=OFF -DMLA_BUILD_FUZZERS=ON >"$BUILD/configure.log" 2>&1 ||
+  { cat "$BUILD/configure.log" >&2; die "cmake configure failed"; }
 cmake --build "$BUILD" --target "${TARGETS[@]/#/fuzz_}" -j"$(nproc)" || die "building the fuzz targets failed"
 
 mkdir -p "$BUILD/artifacts"

@@ -8,8 +8,10 @@
 #   MLA_GPU_CHECK_ZOO=0        skip the zoo and demo runs: `mla-bisect zoo --candidate cuda` on tiny (tp 1, tp 2)
 #                              and on DeepSeek-V3 dims (--tokens 16, tp 4), and ./scripts/demo.sh (a bisect of
 #                              rope-neox with the CUDA candidate). They run beside the GPU suite, each logging to
-#                              $OUT/zoo_*.log and $OUT/demo.log, their totals copied into the main log.
-#                              The DeepSeek-V3 zoo is split over MLA_ZOO_SHARDS processes (default 3, zoo --shard).
+#                              $OUT/zoo_*.log and $OUT/demo.log (one line per finished case, then the table),
+#                              their tables and totals copied into the main log. The DeepSeek-V3 zoo is split over
+#                              MLA_ZOO_SHARDS processes (default 3, zoo --shard), one log each.
+#   MLA_ZOO_RUNS='dsv3_tp4'    which of tiny_tp1 tiny_tp2 dsv3_tp4 demo run (default: all four)
 #   MLA_GPU_CHECK_VERBOSE=1    ctest -V for the GPU suite (the log then holds each test's "[ margin ]" line:
 #                              how close each equivalence test came to its calibrated tolerance)
 #   MLA_GPU_CHECK_SANITIZE=1   also run the tiny GPU tests under compute-sanitizer memcheck, and the probe
@@ -88,7 +90,8 @@ run_all() {
   if [[ "${MLA_GPU_CHECK_ZOO:-1}" == 1 ]]; then
     local zt0=$SECONDS
     local bin="$PWD/build-gpu/mla-bisect"
-    mkdir -p build-gpu/zoo-logs
+    local runs=" ${MLA_ZOO_RUNS:-tiny_tp1 tiny_tp2 dsv3_tp4 demo} "
+    rm -f "$log_dir"/zoo_*.log "$log_dir/demo.log"  # a previous run's logs would join the totals
     start_bg() {  # NAME LOG CMD...: runs CMD in the background, output to LOG
       local name=$1 out=$2
       shift 2
@@ -97,16 +100,24 @@ run_all() {
       zoo_pids+=($!)
     }
     local shards="${MLA_ZOO_SHARDS:-3}" k
-    for ((k = 0; k < shards; ++k)); do
-      start_bg "zoo_dsv3_tp4 shard $k/$shards" "build-gpu/zoo-logs/dsv3_tp4_$k.log" \
-        "$bin" zoo --candidate cuda --model deepseek-v3 --tokens 16 --tp 4 --clean-seeds 2 --shard "$k/$shards" \
-        --workdir build-gpu/zoo-cuda-dsv3-tp4
-    done
-    start_bg zoo_tiny_tp1 "$log_dir/zoo_tiny_tp1.log" \
-      "$bin" zoo --candidate cuda --model tiny --tp 1 --workdir build-gpu/zoo-cuda-tiny-tp1
-    start_bg zoo_tiny_tp2 "$log_dir/zoo_tiny_tp2.log" \
-      "$bin" zoo --candidate cuda --model tiny --tp 2 --workdir build-gpu/zoo-cuda-tiny-tp2
-    start_bg demo "$log_dir/demo.log" env MLA_DEMO_BIN="$bin" ./scripts/demo.sh
+    if [[ $runs == *" dsv3_tp4 "* ]]; then
+      for ((k = 0; k < shards; ++k)); do
+        start_bg "zoo_dsv3_tp4 shard $k/$shards" "$log_dir/zoo_dsv3_tp4_$k.log" \
+          "$bin" zoo --candidate cuda --model deepseek-v3 --tokens 16 --tp 4 --clean-seeds 2 --shard "$k/$shards" \
+          --progress --workdir build-gpu/zoo-cuda-dsv3-tp4
+      done
+    fi
+    if [[ $runs == *" tiny_tp1 "* ]]; then
+      start_bg zoo_tiny_tp1 "$log_dir/zoo_tiny_tp1.log" \
+        "$bin" zoo --candidate cuda --model tiny --tp 1 --progress --workdir build-gpu/zoo-cuda-tiny-tp1
+    fi
+    if [[ $runs == *" tiny_tp2 "* ]]; then
+      start_bg zoo_tiny_tp2 "$log_dir/zoo_tiny_tp2.log" \
+        "$bin" zoo --candidate cuda --model tiny --tp 2 --progress --workdir build-gpu/zoo-cuda-tiny-tp2
+    fi
+    if [[ $runs == *" demo "* ]]; then
+      start_bg demo "$log_dir/demo.log" env MLA_DEMO_BIN="$bin" ./scripts/demo.sh
+    fi
   fi
 
   # GPU tests: a few at a time (they share the device and each holds a model's weights in host memory).
@@ -132,18 +143,29 @@ run_all() {
         status=1
       fi
     done
-    # The DeepSeek-V3 shards as one log and one total.
-    cat build-gpu/zoo-logs/dsv3_tp4_*.log >"$log_dir/zoo_dsv3_tp4.log"
-    local log_name
-    for log_name in zoo_tiny_tp1 zoo_tiny_tp2 zoo_dsv3_tp4; do
-      echo "gpu_check: $log_name (log: $log_dir/$log_name.log)"
-      grep -vE "^injection |^$| as expected; " "$log_dir/$log_name.log" | sed 's/^/  /'
-      awk '/ as expected; / { ok += $1; n += $3; miss += $6; fa += $(NF-5) }
-           END { printf "  total: %d of %d as expected; %d injected bugs missed or mislocated, %d clean or benign runs flagged\n", ok, n, miss, fa }' \
-        "$log_dir/$log_name.log"
+    # Each zoo's table rows (the DeepSeek-V3 shards together) and one total.
+    local zoo logs f
+    for zoo in zoo_tiny_tp1 zoo_tiny_tp2 zoo_dsv3_tp4; do
+      logs=()
+      for f in "$log_dir/$zoo.log" "$log_dir/$zoo"_[0-9]*.log; do [[ -f $f ]] && logs+=("$f"); done
+      [[ ${#logs[@]} -gt 0 ]] || continue
+      echo "gpu_check: $zoo (logs: ${logs[*]})"
+      for f in "${logs[@]}"; do
+        if grep -q " as expected; " "$f"; then
+          sed -n '/^injection /,/ as expected; /p' "$f" | grep -vE "^injection |^$| as expected; " | sed 's/^/  /'
+        else  # killed or failed before its table: what it finished, and its last lines
+          echo "  $f has no table; finished cases and last lines:"
+          grep "^zoo \[" "$f" | sed 's/^/    /'
+          tail -n 3 "$f" | grep -v "^zoo \[" | sed 's/^/    /'
+        fi
+      done
+      cat "${logs[@]}" | awk '/ as expected; / { ok += $1; n += $3; miss += $6; fa += $(NF-5); tables++ }
+        END { printf "  total (%d table%s): %d of %d as expected; %d injected bugs missed or mislocated, %d clean or benign runs flagged\n", tables, tables == 1 ? "" : "s", ok, n, miss, fa }'
     done
-    echo "gpu_check: demo (log: $log_dir/demo.log)"
-    grep -E "^== mla-bisect|^where |^diagnosis|^isolation|^demo:" "$log_dir/demo.log" | sed 's/^/  /'
+    if [[ -f "$log_dir/demo.log" ]]; then
+      echo "gpu_check: demo (log: $log_dir/demo.log)"
+      grep -E "^== mla-bisect|^where |^diagnosis|^isolation|^demo:" "$log_dir/demo.log" | sed 's/^/  /'
+    fi
     echo "gpu_check: zoo and demo took $((SECONDS - zt0)) s (beside the gpu tests)"
   fi
 

@@ -797,6 +797,13 @@ TEST(DumpCorrupt, ForeignAndMalformedFilesNameTheProblem) {
     in.set_attr("num_blocks", 2);
   }
   expect_error(dir.path("inputs.h5"), "page id 9 outside [0, 2)");
+  {
+    auto f = h5::File::create(dir.path("inputs2.h5"));
+    f.set_attr("format", "mla-bisect-dump");
+    f.set_attr("schema_version", 1);
+    f.create_group("inputs").write<float>("x", {4, 8}, std::vector<float>(32));
+  }
+  expect_error(dir.path("inputs2.h5"), "missing dataset 'positions'");
   // Dump::config()/spec() without the JSON they need.
   const Dump bare = read_dump(dir.path("ok.h5"));
   try {

@@ -10,7 +10,10 @@
 #include <functional>
 #include <new>
 
+#include "harness/model/config.h"
 #include "harness/model/errors.h"
+#include "harness/weights/checkpoint_config.h"
+#include "harness/weights/dequant.h"
 #include "harness/weights/gguf.h"
 #include "harness/weights/safetensors.h"
 #include "tests/test_weights_util.h"
@@ -367,6 +370,61 @@ TEST(WeightsHardening, CountsAreCheckedBeforeAnythingIsReserved) {
   const auto o = parse_gguf_bytes(w.b);
   EXPECT_FALSE(o.ok);
   EXPECT_LT(o.largest, 4096u) << "largest single allocation";
+}
+
+// The fuzzers' seed corpora (tests/fuzz/corpus: valid files, the known-bad corpus, and every input a fuzzer
+// once found) replayed in the ordinary build: each parses or fails with a UsageError, nothing else.
+TEST(WeightsHardening, FuzzSeedCorporaReplay) {
+  const std::filesystem::path root = MLA_SOURCE_DIR "/tests/fuzz/corpus";
+  ASSERT_TRUE(std::filesystem::is_directory(root)) << root;
+  std::map<std::string, int> seen, ok;
+  for (const auto& sub : {"safetensors", "gguf", "config"}) {
+    for (const auto& e : std::filesystem::directory_iterator(root / sub)) {
+      const std::string s = slurp_file(e.path());
+      const std::vector<uint8_t> b(s.begin(), s.end());
+      ParseOutcome o;
+      if (std::string(sub) == "safetensors") {
+        o = parse_st_bytes(b, e.path().filename().string());
+      } else if (std::string(sub) == "gguf") {
+        o = parse_counted([&] {
+          const Bytes file(b.data(), b.size(), "seed");
+          const GgufHeader h = parse_gguf(file);
+          for (const auto& kv : h.kvs) (void)gguf_value_text(file, kv.value);
+          try {
+            (void)config_from_gguf(file, h);  // the seed may well not be an MLA model: a UsageError is fine
+          } catch (const UsageError&) {
+          }
+        });
+      } else {
+        o = parse_counted([&] { (void)parse_hf_config(s, e.path().filename().string()); });
+      }
+      ++seen[sub];
+      ok[sub] += o.ok;
+      EXPECT_NE(o.error, "NOT A UsageError") << e.path();
+      if (e.path().filename().string().rfind("valid", 0) == 0) EXPECT_TRUE(o.ok) << e.path() << ": " << o.error;
+      if (e.path().filename().string().rfind("bad_", 0) == 0) EXPECT_FALSE(o.ok) << e.path();
+    }
+  }
+  EXPECT_GE(seen["gguf"], 30);
+  EXPECT_GE(seen["safetensors"], 30);
+  EXPECT_GE(ok["config"], 6);  // the real configs of tests/testdata parse
+}
+
+TEST(WeightsHardening, ConfigJsonWithANumberTooLargeIsAUsageError) {
+  // fuzz_config's first finding: nlohmann throws out_of_range (not parse_error) for 15E4829.
+  try {
+    parse_hf_config(R"({"model_type": "deepseek_v3", "hidden_size": 15E4829})", "big.json");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.json: malformed JSON"), std::string::npos) << e.what();
+  }
+}
+
+TEST(WeightsHardening, EmptyTensorsConvertWithoutTouchingMemory) {
+  // fuzz_safetensors' first finding: memcpy of zero bytes to a null vector buffer (UB even when empty).
+  EXPECT_TRUE(st_to_float(StDtype::StDtype_F32, nullptr, 0).empty());
+  std::vector<float> none;
+  dequantize_ggml_row(ggml::F32, nullptr, none.data(), 0);
 }
 
 }  // namespace

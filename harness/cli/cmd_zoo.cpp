@@ -31,6 +31,7 @@ struct ZooCmdOptions {
   int clean_seeds = 3;
   std::string only;  // comma list of injections
   std::string shard;  // "I/N": cases i with i % N == I only
+  bool progress = false;  // one line per finished case on stderr
   std::string workdir = "mla-bisect-zoo";
   std::string json;
   double timeout = 120;
@@ -100,6 +101,12 @@ int run_zoo(ZooCmdOptions o) {
   for (size_t i = 0; i < cases.size(); ++i) {
     if (tty) std::cerr << "\r\033[K[" << i + 1 << "/" << cases.size() << "] " << (cases[i].inject.empty() ? "clean" : cases[i].inject) << std::flush;
     rows.push_back(run_zoo_case(cases[i]));
+    if (o.progress) {
+      const auto& r = rows.back();
+      std::cerr << (tty ? "\r\033[K" : "") << "zoo [" << i + 1 << "/" << cases.size() << "] "
+                << (r.c.inject.empty() ? "clean seed " + std::to_string(r.c.options.spec.seed) : r.c.inject)
+                << ": " << r.verdict << " (found " << r.found << ", " << fmt_num(r.seconds, 3) << " s)\n";
+    }
   }
   if (tty) std::cerr << "\r\033[K";
   print_zoo(std::cout, rows);
@@ -131,6 +138,7 @@ void setup_zoo(CLI::App& app, int& exit_code) {
   cmd->add_option("--only", o->only, "Comma list of injections to run (default: all)");
   cmd->add_option("--shard", o->shard, "I/N: run only the cases i with i % N == I (0 <= I < N), so that N "
                                        "processes share one zoo; the totals are the shard's");
+  cmd->add_flag("--progress", o->progress, "Print one line per finished case on stderr (for logs)");
   cmd->add_option("--workdir", o->workdir, "Where the dumps go")->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "Per-stage watchdog, seconds")->capture_default_str();
   cmd->add_option("--json", o->json, "Write the table as JSON");

@@ -538,7 +538,7 @@ void print_bench(const BenchResult& r, std::ostream& os) {
     const double rate = flops > 0 && t.median > 0 ? flops / t.median * 1e-9 : 0;
     const std::string range = "(" + fmt("%.3f", t.min * 1e3) + ".." + fmt("%.3f", t.max * 1e3) + ")";
     std::snprintf(line, sizeof line, "%-16s %11.3f %23s %9s %9s %8s %12s\n", name.c_str(), t.median * 1e3,
-                  range.c_str(), flops > 0 ? fmt("%.3f", flops * 1e-9).c_str() : "-",
+                  range.c_str(), flops > 0 ? fmt("%.4g", flops * 1e-9).c_str() : "-",
                   rate > 0 ? fmt("%.2f", rate).c_str() : "-",
                   rate > 0 && gemm_rate > 0 ? fmt("%.2f", rate / gemm_rate).c_str() : "-", probe.c_str());
     os << line;
@@ -555,7 +555,7 @@ void print_bench(const BenchResult& r, std::ostream& os) {
   os << "ceiling: Eigen GEMM of the " << r.gemm.what << " size, Y[" << r.gemm.m << " x " << r.gemm.n << "] = X["
      << r.gemm.m << " x " << r.gemm.k << "] * W[" << r.gemm.n << " x " << r.gemm.k << "]^T: "
      << fmt("%.3f", r.gemm.time.median * 1e3) << " ms (" << fmt("%.3f", r.gemm.time.min * 1e3) << ".."
-     << fmt("%.3f", r.gemm.time.max * 1e3) << "), " << fmt("%.3f", r.gemm.flops * 1e-9) << " GFLOP, "
+     << fmt("%.3f", r.gemm.time.max * 1e3) << "), " << fmt("%.4g", r.gemm.flops * 1e-9) << " GFLOP, "
      << fmt("%.2f", gemm_rate) << " GFLOP/s\n";
   os << "layer: " << fmt("%.2f", r.layer_gflops()) << " GFLOP/s = " << fmt("%.3f", r.fraction_of_gemm())
      << " of the GEMM ceiling" << (r.engine.rfind("reference", 0) == 0 ? " (issue 2 aims for >= 0.5)" : "") << "\n";

@@ -307,7 +307,9 @@ void dequantize_ggml_row(uint32_t type, const uint8_t* src, float* dst, int64_t 
                      " elements is not a whole number of blocks of " + std::to_string(ti->block));
   const int64_t nb = n / ti->block;
   switch (type) {
-    case ggml::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case ggml::F32:
+      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
     case ggml::F16:
       for (int64_t i = 0; i < n; ++i) dst[i] = f16(src + 2 * i);
       return;
@@ -385,7 +387,7 @@ Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs) {
     case WeightFormat::WeightFormat_fp8: {
       const int64_t sr = ceil_div(R, w.block_rows), sc = ceil_div(C, w.block_cols);
       std::vector<float> s(static_cast<size_t>(sr * sc));
-      std::memcpy(s.data(), w.scales.data(), s.size() * 4);
+      if (!s.empty()) std::memcpy(s.data(), w.scales.data(), s.size() * 4);
       for (int64_t i = 0; i < R; ++i)
         for (int64_t j = 0; j < C; ++j) {
           const int64_t bi = i / w.block_rows, bj = j / w.block_cols;
@@ -440,7 +442,9 @@ std::vector<float> st_to_float(StDtype t, const uint8_t* src, int64_t numel) {
   };
   switch (t) {
     case StDtype::StDtype_F64: each(8, [&](const uint8_t* p) { return static_cast<float>(load(p, double{})); }); break;
-    case StDtype::StDtype_F32: std::memcpy(out.data(), src, static_cast<size_t>(numel) * 4); break;
+    case StDtype::StDtype_F32:
+      if (numel > 0) std::memcpy(out.data(), src, static_cast<size_t>(numel) * 4);
+      break;
     case StDtype::StDtype_F16: each(2, [&](const uint8_t* p) { return from_fp16_bits(load(p, uint16_t{})); }); break;
     case StDtype::StDtype_BF16: each(2, [&](const uint8_t* p) { return from_bf16_bits(load(p, uint16_t{})); }); break;
     case StDtype::StDtype_I64: each(8, [&](const uint8_t* p) { return static_cast<float>(load(p, int64_t{})); }); break;

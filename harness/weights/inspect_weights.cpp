@@ -51,18 +51,19 @@ void config_lines(const std::string& path, std::ostream& os, int layer) {
     os << "config    none: " << e.what() << "\n";
     return;
   }
-  char buf[512];
+  char yarn_buf[96] = "";
+  if (cfg.rope_scaling == RopeScaling::RopeScaling_yarn)
+    std::snprintf(yarn_buf, sizeof yarn_buf, ", yarn factor %g from %d (mscale %g / %g)", cfg.yarn.factor,
+                  cfg.yarn.original_max_position, cfg.yarn.mscale, cfg.yarn.mscale_all_dim);
+  const std::string yarn = yarn_buf;
+  char buf[640];
   std::snprintf(buf, sizeof buf,
                 "config    %s: hidden %d, heads %d, q_lora_rank %s, kv_lora_rank %d, qk_nope %d, qk_rope %d, v_head %d, "
                 "layers %d, rope theta %g%s, rms eps %g; softmax scale %.6g\n",
                 cfg.model_type.c_str(), cfg.hidden, cfg.heads,
                 cfg.has_q_lora() ? std::to_string(cfg.q_lora_rank).c_str() : "none", cfg.kv_lora_rank, cfg.qk_nope,
                 cfg.qk_rope, cfg.v_head, cfg.num_layers, cfg.rope_theta,
-                cfg.rope_scaling == RopeScaling::RopeScaling_yarn
-                    ? (" yarn x" + std::to_string(cfg.yarn.factor).substr(0, 5) + " from " +
-                       std::to_string(cfg.yarn.original_max_position))
-                          .c_str()
-                    : "",
+                yarn.c_str(),
                 cfg.rms_eps, cfg.softmax_scale);
   os << buf;
   // Load one layer the way a run does: the shapes checked against the config, every tensor dequantized.

@@ -530,7 +530,9 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
 
   const std::string range_text = ws.layer_range.empty() && range.begin == 0
                                      ? std::to_string(spec.layers) + " layer" + (spec.layers == 1 ? "" : "s")
-                                     : "layers " + std::to_string(range.begin) + ".." + std::to_string(range.end - 1);
+                                     : range.count() == 1 ? "layer " + std::to_string(range.begin)
+                                                          : "layers " + std::to_string(range.begin) + ".." +
+                                                                std::to_string(range.end - 1);
   if (ws.synthetic()) {
     uint64_t seed = weight_seed;
     if (ws.source.size() > 10) {

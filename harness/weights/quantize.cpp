@@ -281,7 +281,7 @@ PackedWeight quantize_fp8(const Tensor& w, PackedWeight p) {
           p.data[i * C + j] = float_to_e4m3(w.data[i * C + j] / scale_inv);
     }
   p.scales.resize(s.size() * 4);
-  std::memcpy(p.scales.data(), s.data(), p.scales.size());
+  if (!s.empty()) std::memcpy(p.scales.data(), s.data(), p.scales.size());
   return p;
 }
 
@@ -344,7 +344,9 @@ void quantize_ggml_row(uint32_t type, const float* src, uint8_t* dst, int64_t n)
     throw UsageError(std::string("a row of ") + std::to_string(n) + " elements is not a whole number of " + ti->name +
                      " blocks of " + std::to_string(ti->block));
   switch (type) {
-    case ggml::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case ggml::F32:
+      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
     case ggml::F16:
       for (int64_t i = 0; i < n; ++i) put_f16(dst + 2 * i, src[i]);
       return;

@@ -226,8 +226,12 @@ class HeaderSax {
 
 std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? "," : "") + std::to_string(s[i]);
-  return t + "]";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) t += ',';
+    t += std::to_string(s[i]);
+  }
+  t += ']';
+  return t;
 }
 
 // Reject pathological nesting before nlohmann builds (and recursively destroys) a deep tree.

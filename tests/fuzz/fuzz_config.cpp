@@ -7,6 +7,8 @@
 #include <streambuf>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "harness/model/config.h"
 #include "harness/model/errors.h"
 

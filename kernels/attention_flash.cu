@@ -10,6 +10,9 @@
 // with 128-row blocks, one per SM (BR and blocks per SM are template parameters, for experiments). Smaller dims (the tiny preset) run zero-padded in the
 // first. Query tiles are issued heaviest first (causal: the last rows see the most keys), and head-major
 // within a tile row, so a wave holds similar work. docs/perf-notes.md has each version's figures.
+//
+// Version 3 (opt-in, mha_kernel=3, further below): the same flow with 256-row blocks of 8 warps × 32 rows for
+// D ≤ 192 / V ≤ 128, each K/V fragment feeding two MMA atoms; wider dims (GLM) run version 2's wide kernel.
 #include <cmath>
 
 #include "kernels/attention_flash.cuh"
@@ -286,6 +289,280 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
   }
 }
 
+// Version 3 (mha_kernel=3; D ≤ 192, V ≤ 128 only, wider dims run version 2's D 256 / V 256 kernel): 256-row
+// blocks of 8 warps × 32 query rows, one block per SM. Each warp holds two 16-row MMA atoms, so every K and V
+// fragment read from shared memory feeds two MMAs (version 2: one): ldmatrix per MMA 0.4 instead of 0.5, the
+// shared-memory read rate that bounds version 2. Q (32 rows × 192 do not fit beside the 32 × 128 fp32 O) is
+// re-read from shared memory per k-step. The 64-key tiles (double-buffered by cp.async, one __syncthreads
+// each, as version 2) are consumed in two 32-key steps so that S (32 × 32) stays at 32 registers. Softmax on
+// raw scores: the max in raw units, p = 2^(s·scale·log2e − m·scale·log2e) as one FFMA + ex2; O is rescaled
+// only when some row's max moved (warp vote: after the first tiles it rarely does); the mask only on steps
+// that cross a row's last key; a warp skips the steps past its own last row's keys (the causal diagonal of
+// a 256-row block spans 4 tiles) and, rows past the sequence, every step.
+constexpr int kBr3 = 256, kThreads3 = 256;
+
+template <int DT, int VT>
+constexpr size_t flash3_smem_bytes() {
+  return (static_cast<size_t>(kBr3) * (DT + 8) + 2ull * kBc * (DT + 8) + 2ull * kBc * (VT + 8)) * sizeof(bf16);
+}
+
+template <int DT, int VT>
+__global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const FlashKernelArgs args) {
+  const FlashParams& p = args.p;
+  const bool vec = args.vec;
+  constexpr int SQ = DT + 8, SV = VT + 8;
+  constexpr int KQ = DT / 16;  // k-steps of S = Q·Kᵀ
+  constexpr int NV = VT / 8;   // n-tiles of O
+  constexpr int NVP = VT / 16;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [kBr3][SQ]
+  bf16* sK = sQ + kBr3 * SQ;                     // [2][kBc][SQ]
+  bf16* sV = sK + 2 * kBc * SQ;                  // [2][kBc][SV]
+
+  const int h = blockIdx.x, b = blockIdx.z;
+  const int q_len = p.seq_q_len[b];
+  const int q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBr3;
+  if (q0 >= q_len) return;
+  const int k_len = p.seq_k_len[b];
+  const int q_rows = min(kBr3, q_len - q0);
+  const int offset = k_len - q_len;  // causal: query i sees keys s < i + 1 + offset
+  const int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
+  const int n_tiles = (n_keys + kBc - 1) / kBc;
+  const int64_t q_row0 = p.seq_q_start[b] + q0;
+  const int64_t k_row0 = p.seq_k_start[b];
+
+  load_tile<kThreads3, kBr3, DT>(sQ, p.q_nope, p.q_pe, q_row0, q_rows, h, p.P, p.R, vec);
+  cp_async_commit();
+  if (n_tiles > 0) {
+    load_tile<kThreads3, kBc, DT>(sK, p.k_nope, p.k_pe, k_row0, min(kBc, n_keys), h, p.P, p.R, vec);
+    load_tile<kThreads3, kBc, VT>(sV, p.v, p.v, k_row0, min(kBc, n_keys), h, p.V, 0, vec);
+  }
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int wrow = warp * 32;
+  // ldmatrix row addresses as version 2; the second atom's Q rows are 16 rows further.
+  const uint32_t q_addr = smem_u32(sQ + (wrow + (lane & 15)) * SQ + (lane >> 4) * 8);
+  constexpr uint32_t kAtom = 16 * SQ * 2;  // bytes between the two atoms' Q rows
+  const int kb_off = (((lane >> 4) << 3) + (lane & 7)) * SQ + ((lane >> 3) & 1) * 8;
+  const int vb_off = ((((lane >> 3) & 1) << 3) + (lane & 7)) * SV + (lane >> 4) * 8;
+
+  // Row r = 2·a + hf of this thread: query q0 + wrow + 16a + 8hf + g; lim = its number of visible keys.
+  int lim[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int i = q0 + wrow + 16 * (r >> 1) + 8 * (r & 1) + g;
+    lim[r] = p.causal ? min(k_len, i + 1 + offset) : k_len;
+  }
+  // Keys some row of this warp sees (none when all its rows are past the sequence), and keys all its rows see.
+  const int warp_keys =
+      wrow >= q_rows ? 0 : (p.causal ? max(0, min(k_len, q0 + min(wrow + 32, q_rows) + offset)) : k_len);
+  const int warp_full = p.causal ? min(k_len, q0 + wrow + 1 + offset) : k_len;
+  const float sl2 = p.scale * kLog2e;
+
+  float o[2][NV][4];
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int v = 0; v < NV; ++v) o[a][v][0] = o[a][v][1] = o[a][v][2] = o[a][v][3] = 0.f;
+  float m[4], l[4];  // running max (raw score units) and this lane's partial row sum, per row r
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+  }
+
+  for (int j = 0; j < n_tiles; ++j) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile j landed; every warp is done with the buffer the next prefetch overwrites
+    const int buf = j & 1;
+    if (j + 1 < n_tiles) {
+      const int ks = (j + 1) * kBc, nb = buf ^ 1;
+      load_tile<kThreads3, kBc, DT>(sK + nb * kBc * SQ, p.k_nope, p.k_pe, k_row0 + ks, min(kBc, n_keys - ks), h,
+                                    p.P, p.R, vec);
+      load_tile<kThreads3, kBc, VT>(sV + nb * kBc * SV, p.v, p.v, k_row0 + ks, min(kBc, n_keys - ks), h, p.V, 0,
+                                    vec);
+    }
+    cp_async_commit();
+
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int kbase = j * kBc + half * 32;
+      if (kbase >= warp_keys) continue;  // warp-uniform: no row of this warp sees these keys
+
+      // S = Q·Kᵀ: 2 atoms × 16 rows × 32 keys; fragments of k-step kk + 1 loaded before the MMAs of kk.
+      float s[2][4][4];
+#pragma unroll
+      for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) s[a][n][0] = s[a][n][1] = s[a][n][2] = s[a][n][3] = 0.f;
+      const uint32_t k_addr = smem_u32(sK + buf * kBc * SQ + half * 32 * SQ + kb_off);
+      uint32_t qa[2][2][4], kb[2][2][4];
+      ldmatrix_x4(qa[0][0], q_addr);
+      ldmatrix_x4(qa[0][1], q_addr + kAtom);
+      ldmatrix_x4(kb[0][0], k_addr);
+      ldmatrix_x4(kb[0][1], k_addr + 16 * SQ * 2);
+#pragma unroll
+      for (int kk = 0; kk < KQ; ++kk) {
+        const int cur = kk & 1;
+        if (kk + 1 < KQ) {
+          const uint32_t dq = (kk + 1) * 32;
+          ldmatrix_x4(qa[cur ^ 1][0], q_addr + dq);
+          ldmatrix_x4(qa[cur ^ 1][1], q_addr + kAtom + dq);
+          ldmatrix_x4(kb[cur ^ 1][0], k_addr + dq);
+          ldmatrix_x4(kb[cur ^ 1][1], k_addr + 16 * SQ * 2 + dq);
+        }
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            mma_bf16(s[a][2 * np], qa[cur][a], kb[cur][np][0], kb[cur][np][1]);
+            mma_bf16(s[a][2 * np + 1], qa[cur][a], kb[cur][np][2], kb[cur][np][3]);
+          }
+      }
+
+      // Mask (raw units; −inf stays −inf through the positive scale) only where a row's last key is crossed.
+      if (kbase + 32 > warp_full) {
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+          for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = kbase + n * 8 + 2 * t4 + (e & 1);
+              if (key >= lim[2 * a + (e >> 1)]) s[a][n][e] = -INFINITY;
+            }
+      }
+
+      // Online softmax; a row's max is shared by the 4 lanes holding it.
+      float mx[4], nb2[4];
+      bool moved = false;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int a = r >> 1, e0 = 2 * (r & 1);
+        float x = m[r];
+#pragma unroll
+        for (int n = 0; n < 4; ++n) x = fmaxf(x, fmaxf(s[a][n][e0], s[a][n][e0 + 1]));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        mx[r] = x;
+        moved |= x != m[r];
+        nb2[r] = x == -INFINITY ? 0.f : -x * sl2;  // −max in log2 units (0 while the row saw only −inf)
+      }
+      if (__any_sync(0xffffffffu, moved)) {
+        float c[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          c[r] = exp2_approx(fmaf(m[r], sl2, nb2[r]));  // 0 while m was −inf; 1 where the max stayed
+          l[r] *= c[r];
+        }
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+          for (int v = 0; v < NV; ++v) {
+            o[a][v][0] *= c[2 * a];
+            o[a][v][1] *= c[2 * a];
+            o[a][v][2] *= c[2 * a + 1];
+            o[a][v][3] *= c[2 * a + 1];
+          }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) m[r] = mx[r];
+#pragma unroll
+      for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          s[a][n][0] = exp2_approx(fmaf(s[a][n][0], sl2, nb2[2 * a]));
+          s[a][n][1] = exp2_approx(fmaf(s[a][n][1], sl2, nb2[2 * a]));
+          s[a][n][2] = exp2_approx(fmaf(s[a][n][2], sl2, nb2[2 * a + 1]));
+          s[a][n][3] = exp2_approx(fmaf(s[a][n][3], sl2, nb2[2 * a + 1]));
+          l[2 * a] += s[a][n][0] + s[a][n][1];  // partial over this lane's columns; the quad sums at the end
+          l[2 * a + 1] += s[a][n][2] + s[a][n][3];
+        }
+
+      // O += P·V: P's A fragments from the S accumulators; each V fragment feeds both atoms.
+      uint32_t pa[2][2][4];
+#pragma unroll
+      for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          pa[a][kk][0] = pack_bf16(s[a][2 * kk][0], s[a][2 * kk][1]);
+          pa[a][kk][1] = pack_bf16(s[a][2 * kk][2], s[a][2 * kk][3]);
+          pa[a][kk][2] = pack_bf16(s[a][2 * kk + 1][0], s[a][2 * kk + 1][1]);
+          pa[a][kk][3] = pack_bf16(s[a][2 * kk + 1][2], s[a][2 * kk + 1][3]);
+        }
+      const uint32_t v_addr = smem_u32(sV + buf * kBc * SV + half * 32 * SV + vb_off);
+      constexpr int STEPS = 2 * NVP;
+      uint32_t vb[2][4];
+      ldmatrix_x4_trans(vb[0], v_addr);
+#pragma unroll
+      for (int st = 0; st < STEPS; ++st) {
+        const int kk = st / NVP, vp = st % NVP, cur = st & 1;
+        if (st + 1 < STEPS) {
+          const int nk = (st + 1) / NVP, nv = (st + 1) % NVP;
+          ldmatrix_x4_trans(vb[cur ^ 1], v_addr + (nk * 16 * SV + nv * 16) * 2);
+        }
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          mma_bf16(o[a][2 * vp], pa[a][kk], vb[cur][0], vb[cur][1]);
+          mma_bf16(o[a][2 * vp + 1], pa[a][kk], vb[cur][2], vb[cur][3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const bool pair = (p.V & 1) == 0;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int a = r >> 1, hf = r & 1;
+    const int row = wrow + 16 * a + 8 * hf + g;
+    if (row >= q_rows) continue;
+    const float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
+    const int64_t tok = q_row0 + row;
+    const int64_t base = (tok * p.heads + h) * p.V;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const int col = v * 8 + 2 * t4;
+      if (col >= p.V) continue;
+      const float x0 = o[a][v][2 * hf] * inv, x1 = o[a][v][2 * hf + 1] * inv;
+      if (p.out_bf16) {
+        if (pair) {
+          *reinterpret_cast<__nv_bfloat162*>(p.out_bf16 + base + col) = __floats2bfloat162_rn(x0, x1);
+        } else {
+          p.out_bf16[base + col] = __float2bfloat16_rn(x0);
+          if (col + 1 < p.V) p.out_bf16[base + col + 1] = __float2bfloat16_rn(x1);
+        }
+      } else {
+        if (pair) {
+          *reinterpret_cast<float2*>(p.out_f32 + base + col) = make_float2(x0, x1);
+        } else {
+          p.out_f32[base + col] = x0;
+          if (col + 1 < p.V) p.out_f32[base + col + 1] = x1;
+        }
+      }
+    }
+    if (t4 == 0) p.lse[tok * p.heads + h] = l[r] > 0.f ? (m[r] * sl2 + log2f(l[r])) * kLn2 : -INFINITY;
+  }
+}
+
+template <int DT, int VT>
+void launch_impl3(const FlashKernelArgs& args, cudaStream_t stream) {
+  constexpr size_t smem = flash3_smem_bytes<DT, VT>();
+  auto kernel = attention_flash3_kernel<DT, VT>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(args.p.heads),
+                  static_cast<unsigned>((args.p.max_q_len + kBr3 - 1) / kBr3), static_cast<unsigned>(args.p.seqs));
+  kernel<<<grid, kThreads3, smem, stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+}
+
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 bool operand_vec(const AttnOperand& o) {
   return aligned16(o.ptr) && o.row_stride % 8 == 0 && o.head_stride % 8 == 0;
@@ -318,7 +595,10 @@ void launch_attention_flash(const FlashParams& p, cudaStream_t stream) {
              operand_vec(p.k_nope) && operand_vec(p.k_pe) && operand_vec(p.v);
   // 128-row blocks (8 warps), one per SM. Measured (docs/perf-notes.md): 64-row blocks of 4 warps, two per
   // SM (112 KB each), ran DeepSeek-V3's T = 4096 attention in 4.61 ms against 3.72 ms for these.
-  if (p.P + p.R <= 192 && p.V <= 128) launch_impl<128, 192, 128, true, 1>(args, stream);
+  // Version 3 (256-row blocks, 32 rows per warp) for D ≤ 192 / V ≤ 128; wider dims keep version 2's kernel.
+  const bool narrow = p.P + p.R <= 192 && p.V <= 128;
+  if (narrow && p.version == 3) launch_impl3<192, 128>(args, stream);
+  else if (narrow) launch_impl<128, 192, 128, true, 1>(args, stream);
   else launch_impl<128, 256, 256, false, 1>(args, stream);
 }
 

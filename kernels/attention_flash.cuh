@@ -1,6 +1,7 @@
 // attention_mha version 2: a FlashAttention-2-style tiled kernel on the tensor cores (mma.sync m16n8k16
 // bf16, fp32 accumulators, online softmax in fp32, natural-log lse); no Tq×Tk matrix is ever stored.
 // Used by attention_mha for the new tokens (causal) and for the cached context (not causal).
+// FlashParams::version 3 picks the 256-row, 32-rows-per-warp kernel where it covers the dims.
 #pragma once
 #include "kernels/attention_core.cuh"  // AttnOperand
 
@@ -24,6 +25,8 @@ struct FlashParams {
   bf16* out_bf16 = nullptr;          // [T, heads, V] when set; else
   float* out_f32 = nullptr;          // [T, heads, V] (the chunked path merges two of these by lse)
   float* lse = nullptr;              // [T, heads] natural log; −inf for an empty key set (out 0)
+  int version = 2;  // 2: 128-row blocks, 16 rows per warp; 3: 256-row blocks, 32 rows per warp (D ≤ 192, V ≤ 128;
+                    // wider dims run version 2)
 };
 
 // Whether an instantiated kernel covers these head dims (P + R ≤ 256, V ≤ 256).

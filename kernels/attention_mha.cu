@@ -4,6 +4,8 @@
 //   version 2 (default, MhaArgs::kernel = 2): the flash kernel of attention_flash.cu (tensor cores); with no
 //     context it writes bf16 attn_out and lse directly, with context both parts go through the merge.
 //   version 1 (kernel = 1, the fallback the tests also run): the simple core of attention_core.cuh twice.
+//   version 3 (kernel = 3, opt-in while it is measured): version 2's flow with the 256-row, 32-rows-per-warp
+//     flash kernel for D ≤ 192 / V ≤ 128 (wider dims run version 2's kernel).
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_merge.cuh"
@@ -48,6 +50,7 @@ void launch_attention_mha_flash(const MhaArgs& a, RankContext& rc) {
   p.seq_k_start = db.i32(db.seq_new_start);
   p.seq_k_len = db.i32(db.seq_new_len);
   p.causal = a.causal;
+  p.version = a.kernel;  // 2 or 3 (attention_flash.cu)
   if (db.ctx_total == 0) {
     p.out_bf16 = a.attn_out;
     p.lse = a.lse;

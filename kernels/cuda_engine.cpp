@@ -9,7 +9,8 @@
 //                    every rank has its own GPU, else local)
 //   probe=device|host     where probe statistics and sketches are computed (default device)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
-//   mha_kernel=1|2   attention_mha version: 2 flash on the tensor cores (default), 1 the simple core
+//   mha_kernel=1|2|3 attention_mha version: 2 flash on the tensor cores (default), 3 flash with 256-row
+//                    blocks and 32 rows per warp (opt-in, D ≤ 192 / V ≤ 128), 1 the simple core
 //   mqa_kernel=1|2   attention_mqa version: 2 split-KV on the tensor cores (default), 1 the simple core
 //
 // Planted bugs (--inject, BUGS.md): every entry that applies to a GPU path and needs no quantized weights is
@@ -32,7 +33,9 @@
 #include "kernels/bench_ceilings.cuh"
 #include "kernels/cache_write.cuh"
 #include "kernels/communicator.cuh"
+#include "kernels/probe_capture.cuh"
 #include "kernels/cuda_check.cuh"
+#include "kernels/dequant.cuh"
 #include "kernels/kv_a_proj.cuh"
 #include "kernels/kv_b_proj.cuh"
 #include "kernels/o_proj.cuh"
@@ -125,12 +128,14 @@ class CudaEngine : public Engine {
         }
         if (devices_opt_ <= 0) throw UsageError("cuda engine: devices=" + v + " (expected a positive count)");
       } else if (k == "mha_kernel" || k == "mqa_kernel") {
-        if (v != "1" && v != "2") throw UsageError("cuda engine: " + k + "=" + v + " (expected 1 or 2)");
+        if (v != "1" && v != "2" && !(k == "mha_kernel" && v == "3"))
+          throw UsageError("cuda engine: " + k + "=" + v +
+                           (k == "mha_kernel" ? " (expected 1, 2 or 3)" : " (expected 1 or 2)"));
         (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, devices=N, "
-                         "mha_kernel=1|2, mqa_kernel=1|2)");
+                         "mha_kernel=1|2|3, mqa_kernel=1|2)");
       }
     }
     const int n = cuda_device_count();
@@ -143,6 +148,7 @@ class CudaEngine : public Engine {
 
   ~CudaEngine() override {
     comm_.reset();
+    captures_.clear();
     ranks_.clear();
     for (auto& pool : event_pool_)
       for (cudaEvent_t e : pool) cudaEventDestroy(e);
@@ -179,6 +185,9 @@ class CudaEngine : public Engine {
   Tensor download(int rank, const std::string& name) override;
   void upload(int rank, const std::string& name, const Tensor& t) override;
   ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
+  void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
+  void collect_probes(std::vector<ProbeRecord>& out) override;
+  bool queues_probes() const override { return device_probes_ && !sync_debug_; }
   void synchronize() override {
     for (auto& rs : ranks_) {
       DeviceGuard g(rs.ctx->device());
@@ -228,6 +237,10 @@ class CudaEngine : public Engine {
   int tp_ = 1, T_ = 0;
   std::vector<RankState> ranks_;
   std::unique_ptr<cuda::Communicator> comm_;
+  // Device probes (kernels/probe_capture.cuh): one capture per rank, and the started ones in call order.
+  cuda::ProbeCapture& capture(int rank);
+  std::vector<std::unique_ptr<cuda::ProbeCapture>> captures_;
+  std::vector<std::pair<int, int>> probe_order_;  // (rank, slot)
 };
 
 DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
@@ -251,6 +264,37 @@ DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) c
   return d;
 }
 
+// A projection as stored (--weight-format, checkpoints), uploaded packed and dequantized to bf16 on the rank's
+// device (kernels/dequant.cu), then cut to the rows or columns shard_layer gives the rank (MLA.md §9). The whole
+// tensor is dequantized before slicing: block-quantized formats do not split on block boundaries for every tp
+// (a 256-element K-quant block across o_proj's column shards, a 128x128 fp8 scale block across q_b_proj's
+// row shards); slicing the exact full result gives each rank exactly the host path's bf16 shard.
+DeviceTensor packed_projection(RankContext& rc, const PackedWeight& pw, const std::string& field, const MlaConfig& c,
+                               int tp, int rank, const DequantBugs& bugs) {
+  DeviceGuard g(rc.device());
+  DeviceTensor full = cuda::dequantize_on_device(pw, bugs, DType::DType_bf16, rc.device(), rc.stream());
+  if (tp == 1) return full;
+  const int64_t Nl = c.heads / tp, D = c.qk_head(), PV = c.qk_nope + c.v_head, V = c.v_head;
+  const int64_t R = full.shape[0], C = full.shape[1];
+  int64_t r0 = 0, r1 = R, c0 = 0, c1 = C;
+  if (field == "q_b_proj") r0 = rank * Nl * D, r1 = (rank + 1) * Nl * D;
+  else if (field == "kv_b_proj") r0 = rank * Nl * PV, r1 = (rank + 1) * Nl * PV;
+  else if (field == "o_proj") c0 = rank * Nl * V, c1 = (rank + 1) * Nl * V;
+  else return full;  // replicated
+  if (r1 > R || c1 > C)
+    throw UsageError(pw.origin + ": [" + std::to_string(R) + ", " + std::to_string(C) + "] is too small for the " +
+                     field + " shard of rank " + std::to_string(rank) + " at tp " + std::to_string(tp));
+  DeviceTensor s;
+  s.shape = {r1 - r0, c1 - c0};
+  s.dtype = DType::DType_bf16;
+  s.buf = DeviceBuffer(rc.device(), s.bytes());
+  if (s.bytes() > 0)
+    CUDA_CHECK(cudaMemcpy2DAsync(s.buf.get(), (c1 - c0) * sizeof(bf16), full.bf() + r0 * C + c0, C * sizeof(bf16),
+                                 (c1 - c0) * sizeof(bf16), r1 - r0, cudaMemcpyDeviceToDevice, rc.stream()));
+  CUDA_CHECK(cudaStreamSynchronize(rc.stream()));  // `full` is freed on return
+  return s;
+}
+
 void CudaEngine::prepare(const RunContext& ctx) {
   ctx_ = ctx;
   cfg_ = *ctx.cfg;
@@ -260,6 +304,8 @@ void CudaEngine::prepare(const RunContext& ctx) {
   if (tp_ > cuda::kMaxRanks)
     throw UsageError("cuda engine: tp " + std::to_string(tp_) + " exceeds " + std::to_string(cuda::kMaxRanks));
   comm_.reset();
+  captures_.clear();
+  probe_order_.clear();
   ranks_.clear();
   ranks_.resize(tp_);
   for (int r = 0; r < tp_; ++r) ranks_[r].ctx = std::make_unique<RankContext>(r, r % ndev_);
@@ -293,15 +339,24 @@ void CudaEngine::prepare(const RunContext& ctx) {
       if (tp_ > 1 && r >= 1 && planted("tp-head-offset")) shard.q_b_proj = shard_layer(global, cfg_, tp_, r - 1).q_b_proj;
       const LayerWeights& w = tp_ > 1 ? shard : global;
       auto up = [&](const Tensor& t) { return t.empty() ? DeviceTensor{} : to_device(rc, t, DType::DType_bf16); };
+      // Projections the run holds packed (RunContext::packed) are dequantized here, the run's bugs applied on
+      // the device; the others (and the norms) are the host's FP32 rounded to bf16.
+      const size_t layer = rs.weights.size();
+      const auto* packed = ctx.packed && layer < ctx.packed->size() ? &(*ctx.packed)[layer] : nullptr;
+      auto proj = [&](const std::string& field, const Tensor& t) {
+        if (!packed || !packed->count(field)) return up(t);
+        const bool wrong_block = field == "q_b_proj" && tp_ > 1 && r >= 1 && planted("tp-head-offset");
+        return packed_projection(rc, packed->at(field), field, cfg_, tp_, wrong_block ? r - 1 : r, ctx.dequant_bugs);
+      };
       DeviceLayerWeights d;
       d.input_norm = up(w.input_norm);
-      d.q_a_proj = up(w.q_a_proj);
+      d.q_a_proj = proj("q_a_proj", w.q_a_proj);
       d.q_a_norm = up(w.q_a_norm);
-      d.q_b_proj = up(w.q_b_proj);
-      d.kv_a_proj = up(w.kv_a_proj);
+      d.q_b_proj = proj("q_b_proj", w.q_b_proj);
+      d.kv_a_proj = proj("kv_a_proj", w.kv_a_proj);
       d.kv_a_norm = up(w.kv_a_norm);
-      d.kv_b_proj = up(w.kv_b_proj);
-      d.o_proj = up(w.o_proj);
+      d.kv_b_proj = proj("kv_b_proj", w.kv_b_proj);
+      d.o_proj = proj("o_proj", w.o_proj);
       rs.weights.push_back(std::move(d));
     }
     for (const auto& c : ctx.inputs->kv_cache) rs.cache.push_back(to_device(rc, c, DType::DType_bf16));
@@ -648,69 +703,31 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
     const auto raw = raw_bytes(rank, t);
     return compute_probe_record(to_float(t, raw), cuda::dtype_name(t.dtype), req);
   }
-  RankContext& rc = *ranks_[rank].ctx;
-  DeviceGuard g(rc.device());
-  const int64_t n = t.numel();
-  const int64_t rows = req.tokens > 0 ? req.tokens : 1;
-  const int64_t cols = n / rows;
-  const bool want_sketch = req.level != ProbeLevel::ProbeLevel_stats;
-  const int heads = req.heads > 0 ? static_cast<int>(req.heads) : 0;
-
-  cuda::ProbeStatsArgs a;
-  a.data = t.buf.get();
-  a.dtype = t.dtype;
-  a.rows = rows;
-  a.cols = cols;
-  a.heads = heads;
-  a.col_offset = req.col_offset;
-  a.key = req.probe_key;
-  a.sketch = want_sketch;
-  a.row_stats = rc.scratch_as<double>("probe.row_stats", rows * cuda::kRowStats);
-  a.token_l2 = rc.scratch_as<float>("probe.token_l2", rows);
-  a.head_l2 = heads ? rc.scratch_as<float>("probe.head_l2", rows * heads) : nullptr;
-  a.sketch_out = want_sketch ? rc.scratch_as<float>("probe.sketch", rows * kSketchDim) : nullptr;
-  if (n > 0) cuda::launch_probe_stats(a, rc.stream());
-
-  std::vector<double> st(rows * cuda::kRowStats, 0.0);
-  ProbeRecord rec;
-  rec.shape = t.shape;
-  rec.dtype = cuda::dtype_name(t.dtype);
-  rec.level = req.level;
-  rec.token_l2.assign(rows, 0.f);
-  if (heads) rec.head_l2.assign(rows * heads, 0.f);
-  if (want_sketch) rec.sketch.assign(rows * kSketchDim, 0.f);
-  if (n > 0) {
-    cudaStream_t s = rc.stream();
-    CUDA_CHECK(cudaMemcpyAsync(st.data(), a.row_stats, st.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemcpyAsync(rec.token_l2.data(), a.token_l2, rows * sizeof(float), cudaMemcpyDeviceToHost, s));
-    if (heads)
-      CUDA_CHECK(cudaMemcpyAsync(rec.head_l2.data(), a.head_l2, rec.head_l2.size() * sizeof(float),
-                                 cudaMemcpyDeviceToHost, s));
-    if (want_sketch)
-      CUDA_CHECK(cudaMemcpyAsync(rec.sketch.data(), a.sketch_out, rec.sketch.size() * sizeof(float),
-                                 cudaMemcpyDeviceToHost, s));
-  }
-  // The checksum is FNV-1a over the engine's raw bytes, a sequential hash: computed here on a download.
-  const auto raw = raw_bytes(rank, t);  // synchronizes the stream (the copies above are complete after it)
-  rec.checksum = fnv1a(raw.data(), raw.size());
-  double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double* p = &st[r * cuda::kRowStats];
-    sum += p[0];
-    sumsq += p[1];
-    amax = std::max(amax, p[2]);
-    nan += p[3];
-    inf += p[4];
-  }
-  rec.nan = static_cast<int64_t>(nan);
-  rec.inf = static_cast<int64_t>(inf);
-  const int64_t finite = n - rec.nan - rec.inf;
-  rec.l2 = std::sqrt(sumsq);
-  rec.absmax = amax;
-  rec.mean = finite ? sum / finite : 0.0;
-  rec.std = finite ? std::sqrt(std::max(0.0, sumsq / finite - rec.mean * rec.mean)) : 0.0;
-  if (req.level == ProbeLevel::ProbeLevel_full) rec.data = to_float(t, raw);
+  cuda::ProbeCapture& cap = capture(rank);
+  const int slot = cap.start(t, req);
+  ProbeRecord rec = cap.finish(slot);
+  cap.release_last();
   return rec;
+}
+
+void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
+  if (!device_probes_) return Engine::probe_async(rank, spec, req);
+  probe_order_.push_back({rank, capture(rank).start(in(rank, spec.name), req)});
+}
+
+void CudaEngine::collect_probes(std::vector<ProbeRecord>& out) {
+  Engine::collect_probes(out);
+  auto order = std::move(probe_order_);
+  probe_order_.clear();
+  for (auto& c : captures_)
+    if (c) c->reset();
+  for (const auto& [rank, slot] : order) out.push_back(captures_.at(rank)->finish(slot));
+}
+
+cuda::ProbeCapture& CudaEngine::capture(int rank) {
+  if (static_cast<int>(captures_.size()) <= rank) captures_.resize(rank + 1);
+  if (!captures_[rank]) captures_[rank] = std::make_unique<cuda::ProbeCapture>(*ranks_.at(rank).ctx);
+  return *captures_[rank];
 }
 
 }  // namespace

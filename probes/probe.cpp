@@ -5,6 +5,9 @@
 #include <cstring>
 
 #include "harness/model/errors.h"
+#include "probes/probe_hash.h"
+
+static_assert(mla::kSketchDim == mla::kSketchLanes);
 
 namespace mla {
 
@@ -35,18 +38,7 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
 
 uint64_t probe_key(const std::string& name) { return fnv1a(name.data(), name.size()); }
 
-static inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-float sketch_coeff(uint64_t key, int64_t column, int lane) {
-  const uint64_t h = splitmix64(key ^ splitmix64(static_cast<uint64_t>(column) * kSketchDim + lane));
-  constexpr float kScale = 0.17677669529663687f;  // 1/sqrt(32)
-  return (h >> 63) ? kScale : -kScale;
-}
+float sketch_coeff(uint64_t key, int64_t column, int lane) { return sketch_coeff_at(key, column, lane); }
 
 ProbeRequest make_probe_request(const ProbeSpec& p, int tp, int rank, ProbeLevel level) {
   ProbeRequest r;
@@ -71,7 +63,7 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
   const int64_t T = req.tokens > 0 ? req.tokens : 1;
   const int64_t C = n / T;
   double sum = 0, sumsq = 0, amax = 0;
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float v = t.data[i];
     if (std::isnan(v)) { ++rec.nan; }
@@ -81,15 +73,11 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
       sumsq += static_cast<double>(v) * v;
       amax = std::max(amax, static_cast<double>(std::fabs(v)));
     }
-    if (dtype == "bf16") {
-      const uint16_t b = to_bf16_bits(v);
-      h = fnv1a(&b, 2, h);
-    } else if (dtype == "fp16") {
-      const uint16_t b = to_fp16_bits(v);
-      h = fnv1a(&b, 2, h);
-    } else {
-      h = fnv1a(&v, 4, h);
-    }
+    uint32_t bits;
+    if (dtype == "bf16") bits = to_bf16_bits(v);
+    else if (dtype == "fp16") bits = to_fp16_bits(v);
+    else std::memcpy(&bits, &v, 4);
+    h += checksum_term(static_cast<uint64_t>(i), bits);
   }
   const int64_t finite = n - rec.nan - rec.inf;
   rec.l2 = std::sqrt(sumsq);

@@ -33,7 +33,7 @@ struct ProbeRecord {
   std::string dtype;           // the engine's dtype for this tensor (fp32, bf16, ...)
   double l2 = 0, absmax = 0, mean = 0, std = 0;
   int64_t nan = 0, inf = 0;
-  uint64_t checksum = 0;        // FNV-1a over the engine's raw bytes
+  uint64_t checksum = 0;        // sum of mixed (index, raw bits) terms mod 2^64 (probes/probe_hash.h)
   std::vector<float> token_l2;  // [T]
   std::vector<float> head_l2;   // [T, heads] (empty without a heads axis)
   std::vector<float> sketch;    // [T, kSketchDim] (empty below sketch level)
@@ -47,7 +47,7 @@ uint64_t probe_key(const std::string& probe_name);
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
 
 // Host implementation (the reference engine's, and the fallback for any engine): `dtype` says which raw
-// bytes the checksum covers (bf16/fp16 values are hashed as their 16-bit patterns).
+// bytes the checksum covers (bf16/fp16 values count as their 16-bit patterns).
 ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, const ProbeRequest& req);
 
 // Which probes get which level in a run.

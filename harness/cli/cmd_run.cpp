@@ -171,7 +171,12 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   const auto injections = parse_injections(o.inject);
   engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
   const auto t0 = std::chrono::steady_clock::now();
-  const LoadedWeights loaded = load_weights(o.run.weight_spec(), cfg, spec, weight_seed, injections);
+  // The CUDA engine uploads quantized weights as stored and dequantizes them on its device (kernels/dequant.cu),
+  // injected bugs included; unquantized synthetic weights need no packed copy.
+  const WeightSpec ws = o.run.weight_spec();
+  const bool keep_packed = engine->name() == "cuda" && (!ws.format.empty() || !ws.synthetic());
+  const LoadedWeights loaded = load_weights(ws, cfg, spec, weight_seed, injections, keep_packed);
+  if (keep_packed) runner.set_packed_weights(&loaded.packed, dequant_bugs(injections));
   const auto& weights = loaded.layers;
   if (o.input.empty()) inputs = synthetic_inputs(cfg, spec, weights);
   TableSink table;

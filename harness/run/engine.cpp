@@ -47,6 +47,15 @@ ProbeRecord Engine::probe(int rank, const ProbeSpec& spec, const ProbeRequest& r
   return compute_probe_record(download(rank, spec.name), dtype(), req);
 }
 
+void Engine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
+  started_probes_.push_back(probe(rank, spec, req));
+}
+
+void Engine::collect_probes(std::vector<ProbeRecord>& out) {
+  for (auto& r : started_probes_) out.push_back(std::move(r));
+  started_probes_.clear();
+}
+
 bool Engine::is_generic_injection(const Injection& inj) {
   return inj.name == "nan-at" || inj.name == "hang-at" || inj.name == "crash-at";
 }

@@ -13,6 +13,7 @@
 #include "harness/model/inputs.h"
 #include "harness/model/stage_graph.h"
 #include "harness/model/weights.h"
+#include "harness/weights/dequant.h"
 #include "probes/probe.h"
 
 namespace mla {
@@ -32,6 +33,11 @@ struct RunContext {
   const StageGraph* graph = nullptr;
   const std::vector<LayerWeights>* weights = nullptr;  // global FP32, one per layer
   const Inputs* inputs = nullptr;
+  // Optional (LoadedWeights::packed, when loaded with keep_packed): per layer the projections as stored, by
+  // field name, and the dequantization bugs the run plants. An engine that dequantizes on its own side (cuda)
+  // uploads these and applies `dequant_bugs` itself; `weights` already holds their (injected) dequantization.
+  const std::vector<std::map<std::string, PackedWeight>>* packed = nullptr;
+  DequantBugs dequant_bugs;
 };
 
 // Benchmark figures an engine measures on its own device (`mla-bisect bench`).
@@ -65,6 +71,15 @@ class Engine {
   virtual void upload(int rank, const std::string& name, const Tensor& t) = 0;
   // The probe record of a tensor, computed where the tensor lives. Default: download and compute on the host.
   virtual ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req);
+  // The same, without waiting (the Runner's way): probe_async starts the record of the tensor as it is now
+  // (later stages cannot change what it sees); collect_probes appends the records started since the last
+  // collect, in the order they were started. When one cannot be completed (a device fault), it appends the
+  // ones before it and throws. Defaults: probe() at once.
+  virtual void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req);
+  virtual void collect_probes(std::vector<ProbeRecord>& out);
+  // True when probe_async queues work that collect_probes waits for: the Runner then collects a stage's
+  // probes after the next stage was queued; otherwise at once (the records reach the sink sooner).
+  virtual bool queues_probes() const { return false; }
   virtual void synchronize() {}
 
   // Benchmark hooks for engines that queue work on a device (the defaults: not supported). While on, each
@@ -90,6 +105,7 @@ class Engine {
   // The generic injections; engines call this for the ones they do not handle themselves.
   static bool is_generic_injection(const Injection& inj);
   std::vector<Injection> injections_;
+  std::vector<ProbeRecord> started_probes_;  // the default probe_async's records
 };
 
 std::unique_ptr<Engine> make_engine(const EngineSpec& spec);  // throws UsageError (unknown engine, no GPU)

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <limits>
 #include <thread>
 
@@ -23,6 +24,12 @@ void apply_entry_injections(const Engine& engine, const StageSpec& st, int rank)
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     if (inj.name == "crash-at" && targets(inj, st, rank)) std::abort();
   }
+}
+
+bool stops_at_entry(const Engine& engine, const StageSpec& st, int rank) {
+  for (const auto& inj : engine.injections())
+    if ((inj.name == "hang-at" || inj.name == "crash-at") && targets(inj, st, rank)) return true;
+  return false;
 }
 
 void apply_nan_injections(Engine& engine, const StageSpec& st, int rank) {
@@ -51,23 +58,61 @@ Runner::Runner(const MlaConfig& cfg, const RunSpec& spec) : cfg_(cfg), spec_(spe
 void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const Inputs& inputs,
                  const ProbePlan& plan, ProbeSink& sink, const BeforeStage& before) const {
   RunContext ctx{&cfg_, &spec_, &graph_, &weights, &inputs};
+  ctx.packed = packed_;
+  ctx.dequant_bugs = dequant_bugs_;
   engine.prepare(ctx);
-  for (int layer = 0; layer < spec_.layers; ++layer) {
-    for (const auto& st : graph_.stages) {
-      for (int rank = 0; rank < spec_.tp; ++rank) {
-        sink.stage_begin(layer, st.stage, rank);
-        apply_entry_injections(engine, st, rank);
-        if (before) before(engine, st, layer, rank);
-        engine.run_stage(st, layer, rank);
-        apply_nan_injections(engine, st, rank);
-      }
-      if (plan.off) continue;
-      for (int rank = 0; rank < spec_.tp; ++rank)
-        for (const auto& name : st.outputs) {
-          const ProbeSpec& p = *graph_.find(name);
-          sink.record(layer, p, rank, engine.probe(rank, p, make_probe_request(p, spec_.tp, rank, plan.level_for(name))));
-        }
+  // Probes are started after their stage and collected after the next stage was queued, so that an engine
+  // on a device never waits for them (Engine::probe_async). Whatever is pending is collected before a
+  // planted hang or crash and when the run fails: probes of finished stages reach the sink.
+  struct Started {
+    int layer;
+    const ProbeSpec* spec;
+    int rank;
+  };
+  std::vector<Started> started;
+  auto collect = [&] {
+    if (started.empty()) return;
+    std::vector<ProbeRecord> recs;
+    std::exception_ptr failed;
+    try {
+      engine.collect_probes(recs);
+    } catch (...) {
+      failed = std::current_exception();
     }
+    for (size_t i = 0; i < recs.size() && i < started.size(); ++i)
+      sink.record(started[i].layer, *started[i].spec, started[i].rank, recs[i]);
+    started.clear();
+    if (failed) std::rethrow_exception(failed);
+  };
+  try {
+    for (int layer = 0; layer < spec_.layers; ++layer) {
+      for (const auto& st : graph_.stages) {
+        for (int rank = 0; rank < spec_.tp; ++rank) {
+          sink.stage_begin(layer, st.stage, rank);
+          if (stops_at_entry(engine, st, rank)) collect();
+          apply_entry_injections(engine, st, rank);
+          if (before) before(engine, st, layer, rank);
+          engine.run_stage(st, layer, rank);
+          apply_nan_injections(engine, st, rank);
+        }
+        collect();  // the previous stage's
+        if (plan.off) continue;
+        for (int rank = 0; rank < spec_.tp; ++rank)
+          for (const auto& name : st.outputs) {
+            const ProbeSpec& p = *graph_.find(name);
+            engine.probe_async(rank, p, make_probe_request(p, spec_.tp, rank, plan.level_for(name)));
+            started.push_back({layer, &p, rank});
+          }
+        if (!engine.queues_probes()) collect();
+      }
+    }
+    collect();
+  } catch (...) {
+    try {
+      collect();
+    } catch (...) {  // the first failure is the one to report
+    }
+    throw;
   }
   engine.synchronize();
   sink.finish("complete");

@@ -2,6 +2,8 @@
 // rank, hands each stage to the engine, and sends every probe to the sink.
 #pragma once
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "harness/model/inputs.h"
@@ -23,10 +25,19 @@ class Runner {
   void run(Engine& engine, const std::vector<LayerWeights>& weights, const Inputs& inputs, const ProbePlan& plan,
            ProbeSink& sink, const BeforeStage& before = nullptr) const;
 
+  // The packed projections (LoadedWeights::packed, kept alive by the caller) and the dequantization bugs,
+  // handed to the engine in RunContext by every later run(); nullptr: none.
+  void set_packed_weights(const std::vector<std::map<std::string, PackedWeight>>* packed, const DequantBugs& bugs) {
+    packed_ = packed;
+    dequant_bugs_ = bugs;
+  }
+
  private:
   MlaConfig cfg_;
   RunSpec spec_;
   StageGraph graph_;
+  const std::vector<std::map<std::string, PackedWeight>>* packed_ = nullptr;
+  DequantBugs dequant_bugs_;
 };
 
 }  // namespace mla

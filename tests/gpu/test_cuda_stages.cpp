@@ -1,7 +1,7 @@
 // Every stage of the CUDA engine on exactly the reference's inputs (isolation: before each stage the fp32
 // reference's input tensors are uploaded), against the fp32 reference, on the tiny preset and on the
 // DeepSeek-V3 and GLM-5 dims; the fast attention kernels also on shapes that cross their tiles (Long), and
-// the simple version-1 kernels they replaced (Fallback).
+// the simple version-1 kernels they replaced (Fallback), and attention_mha version 3 on every MHA case (FlashV3).
 //
 // Tolerance (calibrated, per probe and rank): rel_l2(cuda, fp32) <= 4 x rel_l2(bf16 reference, fp32) + 2^-10,
 // and the worst token alike. Why: isolated, both bf16 engines see the same bf16 inputs and round each output
@@ -18,6 +18,26 @@ namespace mla::gputest {
 namespace {
 
 constexpr Tolerance kStageTol{4.0, 1.0 / 1024};
+
+// attention_mha version 3 (mha_kernel=3, the 256-row flash kernel) on every MHA case: tiny dims zero-padded
+// (scalar and cp.async loads), the long tiny shapes (several 256-row blocks, ragged tiles, chunked prefill's
+// context path), DeepSeek-V3 (also T 300) and GLM-5 dims (GLM's D 256 / V 256 and tiny_wide run version 2's
+// wide kernel under mha_kernel=3).
+std::vector<Case> v3_cases() {
+  std::vector<Case> v;
+  for (const auto& list : {tiny_cases(), long_cases(), big_cases()})
+    for (auto c : list)
+      if (c.form == kMha) {
+        c.name = "v3_" + c.name;
+        c.engine_options = "mha_kernel=3";
+        v.push_back(c);
+      }
+  // Real DeepSeek-V3 head dims across two 256-row blocks and the causal diagonal (16 heads per rank).
+  auto long_dsv3 = make_case("v3_dsv3_prefill_t300_tp8", "deepseek-v3", kPrefill, kMha, 8, 300);
+  long_dsv3.engine_options = "mha_kernel=3";
+  v.push_back(long_dsv3);
+  return v;
+}
 
 class CudaStage : public testing::TestWithParam<Case> {};
 
@@ -38,6 +58,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaStage, testing::ValuesIn(tiny_cases()), case_
 INSTANTIATE_TEST_SUITE_P(RealDims, CudaStage, testing::ValuesIn(big_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Long, CudaStage, testing::ValuesIn(long_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Fallback, CudaStage, testing::ValuesIn(fallback_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(FlashV3, CudaStage, testing::ValuesIn(v3_cases()), case_name);
 
 }  // namespace
 }  // namespace mla::gputest

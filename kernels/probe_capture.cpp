@@ -1,0 +1,204 @@
+// (Host code, no kernels.) Queued probe records: kernels/probe_capture.cuh.
+#include "kernels/probe_capture.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/probe_stats.cuh"
+
+namespace mla::cuda {
+
+namespace {
+size_t align8(size_t n) { return (n + 7) & ~size_t{7}; }
+
+// Pinned host memory, grown on demand (never shrunk: slots are reused from probe to probe).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (p_) cudaFreeHost(p_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  unsigned char* reserve(size_t bytes, unsigned flags = cudaHostAllocDefault) {
+    if (bytes > bytes_) {
+      const size_t want = std::max(bytes, bytes_ * 2);
+      if (p_) CUDA_CHECK(cudaFreeHost(p_));
+      p_ = nullptr;
+      bytes_ = 0;
+      CUDA_CHECK(cudaHostAlloc(&p_, want, flags | cudaHostAllocPortable));
+      bytes_ = want;
+    }
+    return static_cast<unsigned char*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+}  // namespace
+
+// Where one probe's results are: the same layout on the device (scratch) and in pinned host memory.
+struct ProbeCapture::Slot {
+  // What finish() needs to fold the record.
+  ProbeRecord rec;  // shape, dtype, level
+  DType dtype = DType::DType_bf16;
+  int64_t rows = 0, heads = 0, numel = 0;
+  bool sketch = false, full = false;
+  size_t off_stats = 0, off_check = 0, off_tok = 0, off_head = 0, off_sketch = 0, off_raw = 0, bytes = 0;
+  unsigned seq = 0;
+  PinnedBuffer host;
+  PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
+  volatile unsigned* flag = nullptr;
+  unsigned* flag_dev = nullptr;
+  cudaEvent_t done = nullptr;
+  int device = 0;
+
+  ~Slot() {
+    if (done) {
+      DeviceGuard g(device);
+      cudaEventDestroy(done);
+    }
+  }
+};
+
+ProbeCapture::ProbeCapture(RankContext& rc) : rc_(rc) {}
+ProbeCapture::~ProbeCapture() = default;
+
+const DeviceBuffer& ProbeCapture::signs(uint64_t key, int64_t col0, int64_t cols) {
+  auto k = std::make_tuple(key, col0, cols);
+  auto it = signs_.find(k);
+  if (it != signs_.end()) return it->second;
+  DeviceBuffer b(rc_.device(), static_cast<size_t>(cols) * kSketchDim * sizeof(bf16));
+  launch_sketch_signs(key, col0, cols, static_cast<bf16*>(b.get()), rc_.stream());
+  return signs_.emplace(k, std::move(b)).first->second;
+}
+
+int ProbeCapture::start(const DeviceTensor& t, const ProbeRequest& req) {
+  DeviceGuard g(rc_.device());
+  if (used_ == static_cast<int>(slots_.size())) {
+    auto s = std::make_unique<Slot>();
+    s->device = rc_.device();
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+    s->flag = reinterpret_cast<volatile unsigned*>(s->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s->flag_dev), const_cast<unsigned*>(s->flag), 0));
+    slots_.push_back(std::move(s));
+  }
+  const int id = used_++;
+  Slot& s = *slots_[id];
+  s.rec = ProbeRecord{};
+  s.rec.shape = t.shape;
+  s.rec.dtype = dtype_name(t.dtype);
+  s.rec.level = req.level;
+  s.dtype = t.dtype;
+  s.numel = t.numel();
+  s.rows = req.tokens > 0 ? req.tokens : 1;
+  s.heads = req.heads > 0 ? req.heads : 0;
+  s.sketch = req.level != ProbeLevel::ProbeLevel_stats;
+  s.full = req.level == ProbeLevel::ProbeLevel_full;
+  const int64_t cols = s.numel / s.rows;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off = align8(off + bytes);
+    return at;
+  };
+  s.off_stats = take(s.rows * kRowStats * sizeof(double));
+  s.off_check = take(s.rows * sizeof(unsigned long long));
+  s.off_tok = take(s.rows * sizeof(float));
+  s.off_head = take(s.rows * s.heads * sizeof(float));
+  s.off_sketch = take(s.sketch ? s.rows * kSketchDim * sizeof(float) : 0);
+  const size_t device_bytes = off;
+  s.off_raw = take(s.full ? t.bytes() : 0);
+  s.bytes = off;
+  unsigned char* host = s.host.reserve(std::max<size_t>(s.bytes, 8));
+  *s.flag = 0;
+  s.seq = s.seq + 1 ? s.seq + 1 : 1;
+
+  cudaStream_t stream = rc_.stream();
+  if (s.numel > 0) {
+    auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), device_bytes));
+    ProbeStatsArgs a;
+    a.data = t.buf.get();
+    a.dtype = t.dtype;
+    a.rows = s.rows;
+    a.cols = cols;
+    a.heads = static_cast<int>(s.heads);
+    a.col_offset = req.col_offset;
+    a.key = req.probe_key;
+    a.sketch = s.sketch && t.dtype != DType::DType_bf16;
+    a.row_stats = reinterpret_cast<double*>(dev + s.off_stats);
+    a.row_checksum = reinterpret_cast<unsigned long long*>(dev + s.off_check);
+    a.token_l2 = reinterpret_cast<float*>(dev + s.off_tok);
+    a.head_l2 = s.heads ? reinterpret_cast<float*>(dev + s.off_head) : nullptr;
+    a.sketch_out = s.sketch ? reinterpret_cast<float*>(dev + s.off_sketch) : nullptr;
+    launch_probe_stats(a, stream);
+    if (s.sketch && t.dtype == DType::DType_bf16) {
+      const DeviceBuffer& S = signs(req.probe_key, req.col_offset, cols);
+      sketch_gemm(rc_.cublas(), t.bf(), s.rows, cols, static_cast<const bf16*>(S.get()), a.sketch_out);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(host, dev, device_bytes, cudaMemcpyDeviceToHost, stream));
+    if (s.full) CUDA_CHECK(cudaMemcpyAsync(host + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToHost, stream));
+  }
+  launch_set_flag(s.flag_dev, s.seq, stream);
+  CUDA_CHECK(cudaEventRecord(s.done, stream));
+  return id;
+}
+
+ProbeRecord ProbeCapture::finish(int slot) {
+  Slot& s = *slots_.at(slot);
+  DeviceGuard g(rc_.device());
+  const cudaError_t err = cudaEventSynchronize(s.done);
+  if (err != cudaSuccess && *s.flag != s.seq)
+    CUDA_CHECK(err);  // the device failed before this probe's copies were done
+  ProbeRecord rec = std::move(s.rec);
+  const int64_t rows = s.rows;
+  rec.token_l2.assign(rows, 0.f);
+  if (s.heads) rec.head_l2.assign(rows * s.heads, 0.f);
+  if (s.sketch) rec.sketch.assign(rows * kSketchDim, 0.f);
+  if (s.numel == 0) return rec;
+  const unsigned char* host = s.host.reserve(0);
+  const auto* st = reinterpret_cast<const double*>(host + s.off_stats);
+  const auto* check = reinterpret_cast<const unsigned long long*>(host + s.off_check);
+  double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;
+  uint64_t checksum = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* p = st + r * kRowStats;
+    sum += p[0];
+    sumsq += p[1];
+    amax = std::max(amax, p[2]);
+    nan += p[3];
+    inf += p[4];
+    checksum += check[r];
+  }
+  std::memcpy(rec.token_l2.data(), host + s.off_tok, rows * sizeof(float));
+  if (s.heads) std::memcpy(rec.head_l2.data(), host + s.off_head, rec.head_l2.size() * sizeof(float));
+  if (s.sketch) std::memcpy(rec.sketch.data(), host + s.off_sketch, rec.sketch.size() * sizeof(float));
+  rec.checksum = checksum;
+  rec.nan = static_cast<int64_t>(nan);
+  rec.inf = static_cast<int64_t>(inf);
+  const int64_t finite = s.numel - rec.nan - rec.inf;
+  rec.l2 = std::sqrt(sumsq);
+  rec.absmax = amax;
+  rec.mean = finite ? sum / finite : 0.0;
+  rec.std = finite ? std::sqrt(std::max(0.0, sumsq / finite - rec.mean * rec.mean)) : 0.0;
+  if (s.full) {
+    Tensor out(rec.shape);
+    const unsigned char* raw = host + s.off_raw;
+    if (s.dtype == DType::DType_bf16) {
+      for (int64_t i = 0; i < s.numel; ++i) {
+        uint16_t b;
+        std::memcpy(&b, raw + 2 * i, 2);
+        out.data[i] = from_bf16_bits(b);
+      }
+    } else {
+      std::memcpy(out.ptr(), raw, s.numel * sizeof(float));
+    }
+    rec.data = std::move(out);
+  }
+  return rec;
+}
+
+}  // namespace mla::cuda

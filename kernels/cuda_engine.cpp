@@ -450,7 +450,7 @@ std::vector<StageTiming> CudaEngine::take_stage_timings() {
     float a = 0, b = 0;
     CUDA_CHECK(cudaEventElapsedTime(&a, origin[dev], t.begin));
     CUDA_CHECK(cudaEventElapsedTime(&b, origin[dev], t.end));
-    out.push_back({t.stage, t.layer, t.rank, a * 1e-3, b * 1e-3});
+    out.push_back({t.stage, t.layer, t.rank, a * 1e-3, b * 1e-3, dev});
   }
   timed_.clear();
   for (auto& u : events_used_) u = 0;

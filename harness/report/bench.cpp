@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <ostream>
 
 #include <Eigen/Core>
@@ -188,17 +189,23 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   for (auto& c : engine.measure_ceilings(std::max(o.repeats, 20)))
     r.ceilings.push_back({c.what, c.flops, c.bytes, Timing::of(c.samples_s)});
 
+  // As the Runner walks: a stage's probes are started after it and collected after the next stage was queued.
+  std::vector<ProbeRecord> recs;
   const auto walk = [&](const ProbePlan* plan) {
     for (int layer = 0; layer < spec.layers; ++layer)
       for (const auto& st : graph.stages) {
         for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
         if (!plan) continue;
+        engine.collect_probes(recs);
+        recs.clear();
         for (int rank = 0; rank < spec.tp; ++rank)
           for (const auto& name : st.outputs) {
             const ProbeSpec& p = *graph.find(name);
-            (void)engine.probe(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
+            engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
           }
       }
+    engine.collect_probes(recs);
+    recs.clear();
   };
   const auto wall = [&](const ProbePlan* plan) {
     engine.synchronize();
@@ -212,27 +219,36 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
 
   // A stage's time spans all its ranks (ranks sharing a GPU run concurrently on their own streams):
   // first rank's start to last rank's end, summed over layers; the layer: its first start to its last end.
+  // Ranks on several GPUs: each device's clock is its own, so the span is taken per device and the stage's
+  // time is the slowest device's.
   std::map<Stage, std::vector<double>> stage_s;
   std::vector<double> span_s;
   engine.set_device_timing(true);
   for (int i = 0; i < o.repeats; ++i) {
     walk(nullptr);
-    std::map<std::pair<int, Stage>, std::pair<double, double>> st_span;  // (layer, stage) -> [start, end]
-    std::map<int, std::pair<double, double>> layer_span;
+    std::map<std::tuple<int, Stage, int>, std::pair<double, double>> st_span;  // (layer, stage, device)
+    std::map<std::pair<int, int>, std::pair<double, double>> layer_span;      // (layer, device)
     const auto widen = [](auto& m, const auto& key, double s, double e) {
       auto it = m.find(key);
       if (it == m.end()) m.emplace(key, std::make_pair(s, e));
       else it->second = {std::min(it->second.first, s), std::max(it->second.second, e)};
     };
     for (const auto& t : engine.take_stage_timings()) {
-      widen(st_span, std::make_pair(t.layer, t.stage), t.start_s, t.end_s);
-      widen(layer_span, t.layer, t.start_s, t.end_s);
+      widen(st_span, std::make_tuple(t.layer, t.stage, t.device), t.start_s, t.end_s);
+      widen(layer_span, std::make_pair(t.layer, t.device), t.start_s, t.end_s);
+    }
+    std::map<std::pair<int, Stage>, double> slowest;  // (layer, stage) -> the slowest device's span
+    for (const auto& [key, se] : st_span) {
+      double& v = slowest[{std::get<0>(key), std::get<1>(key)}];
+      v = std::max(v, se.second - se.first);
     }
     std::map<Stage, double> per;
-    for (const auto& [key, se] : st_span) per[key.second] += se.second - se.first;
+    for (const auto& [key, v] : slowest) per[key.second] += v;
     for (const auto& st : graph.stages) stage_s[st.stage].push_back(per[st.stage] / spec.layers);
+    std::map<int, double> layer_slowest;
+    for (const auto& [key, se] : layer_span) layer_slowest[key.first] = std::max(layer_slowest[key.first], se.second - se.first);
     double span = 0;
-    for (const auto& [l, se] : layer_span) span += se.second - se.first;
+    for (const auto& [l, v] : layer_slowest) span += v;
     span_s.push_back(span / spec.layers);
   }
   engine.set_device_timing(false);
@@ -265,6 +281,7 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
     r.stages.push_back(std::move(sb));
   }
   r.layer_bytes = layer_min_bytes(cfg, spec, inputs.batch);
+  r.all_reduce_elems = static_cast<double>(inputs.batch.tokens()) * cfg.hidden;
   r.layer_time = Timing::of(span_s);
   r.layer_wall = Timing::of(bare_s);
   for (size_t k = 0; k < levels.size(); ++k)
@@ -318,8 +335,19 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
   for (const auto& p : r.probes)
     os << "probe overhead at " << p.level << ": layer wall " << fmt("%.3f", p.layer_time.median * 1e3) << " ms vs "
        << fmt("%.3f", r.layer_wall.median * 1e3) << " ms without probes = "
-       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.median / r.layer_wall.median : 0) << "x (median of "
-       << p.layer_time.samples.size() << " rounds)\n";
+       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.median / r.layer_wall.median : 0) << "x (+"
+       << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (p.layer_time.median / r.layer_wall.median - 1) : 0)
+       << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds)\n";
+  // The all-reduce as NCCL's tests report it: algbw = bytes / time, busbw = algbw · 2(n-1)/n (the rate each
+  // link sustains in a ring), with the time of the stage's slowest device.
+  for (const auto& s : r.stages)
+    if (s.name == "all_reduce" && r.tp > 1 && s.time.median > 0) {
+      const double bytes = 2.0 * r.all_reduce_elems;
+      const double alg = bytes / s.time.median;
+      os << "all_reduce  " << r.tp << " ranks, " << fmt("%.1f", bytes * 1e-6) << " MB per rank (bf16 [" << r.tokens
+         << ", hidden]): " << fmt("%.4f", s.time.median * 1e3) << " ms, algbw " << fmt("%.1f", alg * 1e-9)
+         << " GB/s, busbw " << fmt("%.1f", alg * 2.0 * (r.tp - 1) / r.tp * 1e-9) << " GB/s\n";
+    }
 }
 }  // namespace
 
@@ -574,6 +602,7 @@ nlohmann::json bench_to_json(const BenchResult& r) {
   j["batch"] = r.batch;
   j["context"] = r.context;
   j["tp"] = r.tp;
+  if (r.device) j["all_reduce_bytes_per_rank"] = 2.0 * r.all_reduce_elems;
   j["layers"] = r.layers;
   j["repeats"] = r.repeats;
   j["warmup"] = r.warmup;

@@ -78,6 +78,7 @@ struct BenchResult {
   std::vector<StageBench> stages;  // in graph order
   double layer_flops = 0;          // sum of the stages' FLOPs
   Timing layer_time;               // per layer, probes off (wall time of the run after prepare)
+  double all_reduce_elems = 0;     // device engines: elements each rank all-reduces per layer (T · hidden)
   GemmCeiling gemm;
   std::vector<ProbeOverhead> probes;
 

@@ -45,6 +45,7 @@ struct StageTiming {
   Stage stage = Stage::Stage_layer_input;
   int layer = 0, rank = 0;
   double start_s = 0, end_s = 0;  // device clock, seconds after the first stage timed on the same device
+  int device = 0;                 // start_s/end_s compare only between timings of the same device
 };
 struct DeviceCeiling {
   std::string what;              // e.g. "cuBLAS bf16 GEMM 8192^3"

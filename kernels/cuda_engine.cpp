@@ -9,8 +9,9 @@
 //                    every rank has its own GPU, else local)
 //   probe=device|host     where probe statistics and sketches are computed (default device)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
-//   mha_kernel=1|2|3 attention_mha version: 2 flash on the tensor cores (default), 3 flash with 256-row
-//                    blocks and 32 rows per warp (opt-in, D ≤ 192 / V ≤ 128), 1 the simple core
+//   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
+//                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
+//                    blocks, 1 the simple core
 //   mqa_kernel=1|2   attention_mqa version: 2 split-KV on the tensor cores (default), 1 the simple core
 //
 // Planted bugs (--inject, BUGS.md): every entry that applies to a GPU path and needs no quantized weights is
@@ -22,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <deque>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -186,7 +188,7 @@ class CudaEngine : public Engine {
   void upload(int rank, const std::string& name, const Tensor& t) override;
   ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
-  void collect_probes(std::vector<ProbeRecord>& out) override;
+  void collect_probes(std::vector<ProbeRecord>& out, bool wait) override;
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
   void synchronize() override {
     for (auto& rs : ranks_) {
@@ -219,7 +221,7 @@ class CudaEngine : public Engine {
   bool sync_debug_ = false, poison_ = true, device_probes_ = true;
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
-  int mha_kernel_ = 2, mqa_kernel_ = 2;
+  int mha_kernel_ = 3, mqa_kernel_ = 2;
   // Device timing (bench): an event pair around each run_stage, from per-rank pools reused between takes.
   struct TimedStage {
     Stage stage;
@@ -240,7 +242,7 @@ class CudaEngine : public Engine {
   // Device probes (kernels/probe_capture.cuh): one capture per rank, and the started ones in call order.
   cuda::ProbeCapture& capture(int rank);
   std::vector<std::unique_ptr<cuda::ProbeCapture>> captures_;
-  std::vector<std::pair<int, int>> probe_order_;  // (rank, slot)
+  std::deque<std::pair<int, int>> probe_order_;  // (rank, slot), oldest first
 };
 
 DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
@@ -704,10 +706,7 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
     return compute_probe_record(to_float(t, raw), cuda::dtype_name(t.dtype), req);
   }
   cuda::ProbeCapture& cap = capture(rank);
-  const int slot = cap.start(t, req);
-  ProbeRecord rec = cap.finish(slot);
-  cap.release_last();
-  return rec;
+  return cap.finish(cap.start(t, req));
 }
 
 void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
@@ -715,13 +714,20 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
   probe_order_.push_back({rank, capture(rank).start(in(rank, spec.name), req)});
 }
 
-void CudaEngine::collect_probes(std::vector<ProbeRecord>& out) {
-  Engine::collect_probes(out);
-  auto order = std::move(probe_order_);
-  probe_order_.clear();
-  for (auto& c : captures_)
-    if (c) c->reset();
-  for (const auto& [rank, slot] : order) out.push_back(captures_.at(rank)->finish(slot));
+void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
+  Engine::collect_probes(out, wait);
+  size_t k = 0;
+  try {
+    for (; k < probe_order_.size(); ++k) {
+      const auto [rank, slot] = probe_order_[k];
+      if (!wait && !captures_.at(rank)->ready(slot)) break;
+      out.push_back(captures_[rank]->finish(slot));
+    }
+  } catch (...) {
+    probe_order_.clear();
+    throw;
+  }
+  probe_order_.erase(probe_order_.begin(), probe_order_.begin() + static_cast<std::ptrdiff_t>(k));
 }
 
 cuda::ProbeCapture& CudaEngine::capture(int rank) {

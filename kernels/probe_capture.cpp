@@ -53,19 +53,29 @@ struct ProbeCapture::Slot {
   PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
   volatile unsigned* flag = nullptr;
   unsigned* flag_dev = nullptr;
-  cudaEvent_t done = nullptr;
+  cudaEvent_t computed = nullptr;  // on the rank's stream: the results are in the slot's device scratch
+  cudaEvent_t done = nullptr;      // on the copy stream: they are in pinned host memory
   int device = 0;
 
   ~Slot() {
-    if (done) {
-      DeviceGuard g(device);
-      cudaEventDestroy(done);
-    }
+    DeviceGuard g(device);
+    if (computed) cudaEventDestroy(computed);
+    if (done) cudaEventDestroy(done);
   }
 };
 
-ProbeCapture::ProbeCapture(RankContext& rc) : rc_(rc) {}
-ProbeCapture::~ProbeCapture() = default;
+ProbeCapture::ProbeCapture(RankContext& rc) : rc_(rc) {
+  DeviceGuard g(rc_.device());
+  CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+}
+
+ProbeCapture::~ProbeCapture() {
+  DeviceGuard g(rc_.device());
+  if (copy_) {
+    cudaStreamSynchronize(copy_);
+    cudaStreamDestroy(copy_);
+  }
+}
 
 const DeviceBuffer& ProbeCapture::signs(uint64_t key, int64_t col0, int64_t cols) {
   auto k = std::make_tuple(key, col0, cols);
@@ -78,15 +88,18 @@ const DeviceBuffer& ProbeCapture::signs(uint64_t key, int64_t col0, int64_t cols
 
 int ProbeCapture::start(const DeviceTensor& t, const ProbeRequest& req) {
   DeviceGuard g(rc_.device());
-  if (used_ == static_cast<int>(slots_.size())) {
+  if (free_.empty()) {
     auto s = std::make_unique<Slot>();
     s->device = rc_.device();
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->computed, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
     s->flag = reinterpret_cast<volatile unsigned*>(s->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s->flag_dev), const_cast<unsigned*>(s->flag), 0));
+    free_.push_back(static_cast<int>(slots_.size()));
     slots_.push_back(std::move(s));
   }
-  const int id = used_++;
+  const int id = free_.front();
+  free_.pop_front();
   Slot& s = *slots_[id];
   s.rec = ProbeRecord{};
   s.rec.shape = t.shape;
@@ -110,16 +123,14 @@ int ProbeCapture::start(const DeviceTensor& t, const ProbeRequest& req) {
   s.off_tok = take(s.rows * sizeof(float));
   s.off_head = take(s.rows * s.heads * sizeof(float));
   s.off_sketch = take(s.sketch ? s.rows * kSketchDim * sizeof(float) : 0);
-  const size_t device_bytes = off;
-  s.off_raw = take(s.full ? t.bytes() : 0);
-  s.bytes = off;
+  s.off_raw = take(s.full ? t.bytes() : 0);  // full level: the tensor itself, copied on the device first
+  s.bytes = off;  // what comes to the host; the stats kernels' workspace follows on the device only
   unsigned char* host = s.host.reserve(std::max<size_t>(s.bytes, 8));
   *s.flag = 0;
   s.seq = s.seq + 1 ? s.seq + 1 : 1;
 
   cudaStream_t stream = rc_.stream();
   if (s.numel > 0) {
-    auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), device_bytes));
     ProbeStatsArgs a;
     a.data = t.buf.get();
     a.dtype = t.dtype;
@@ -129,22 +140,34 @@ int ProbeCapture::start(const DeviceTensor& t, const ProbeRequest& req) {
     a.col_offset = req.col_offset;
     a.key = req.probe_key;
     a.sketch = s.sketch && t.dtype != DType::DType_bf16;
+    const size_t work = probe_stats_workspace(a);
+    auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), s.bytes + work));
     a.row_stats = reinterpret_cast<double*>(dev + s.off_stats);
     a.row_checksum = reinterpret_cast<unsigned long long*>(dev + s.off_check);
     a.token_l2 = reinterpret_cast<float*>(dev + s.off_tok);
     a.head_l2 = s.heads ? reinterpret_cast<float*>(dev + s.off_head) : nullptr;
     a.sketch_out = s.sketch ? reinterpret_cast<float*>(dev + s.off_sketch) : nullptr;
+    a.workspace = work ? dev + s.bytes : nullptr;
     launch_probe_stats(a, stream);
     if (s.sketch && t.dtype == DType::DType_bf16) {
       const DeviceBuffer& S = signs(req.probe_key, req.col_offset, cols);
       sketch_gemm(rc_.cublas(), t.bf(), s.rows, cols, static_cast<const bf16*>(S.get()), a.sketch_out);
     }
-    CUDA_CHECK(cudaMemcpyAsync(host, dev, device_bytes, cudaMemcpyDeviceToHost, stream));
-    if (s.full) CUDA_CHECK(cudaMemcpyAsync(host + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToHost, stream));
+    if (s.full) CUDA_CHECK(cudaMemcpyAsync(dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaEventRecord(s.computed, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
+    CUDA_CHECK(cudaMemcpyAsync(host, dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
   }
-  launch_set_flag(s.flag_dev, s.seq, stream);
-  CUDA_CHECK(cudaEventRecord(s.done, stream));
+  launch_set_flag(s.flag_dev, s.seq, copy_);
+  CUDA_CHECK(cudaEventRecord(s.done, copy_));
   return id;
+}
+
+bool ProbeCapture::ready(int slot) const {
+  DeviceGuard g(rc_.device());
+  const cudaError_t err = cudaEventQuery(slots_.at(slot)->done);
+  if (err == cudaErrorNotReady) return false;
+  return true;  // done, or failed: finish() says which
 }
 
 ProbeRecord ProbeCapture::finish(int slot) {
@@ -153,6 +176,7 @@ ProbeRecord ProbeCapture::finish(int slot) {
   const cudaError_t err = cudaEventSynchronize(s.done);
   if (err != cudaSuccess && *s.flag != s.seq)
     CUDA_CHECK(err);  // the device failed before this probe's copies were done
+  free_.push_back(slot);
   ProbeRecord rec = std::move(s.rec);
   const int64_t rows = s.rows;
   rec.token_l2.assign(rows, 0.f);

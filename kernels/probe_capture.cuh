@@ -1,10 +1,12 @@
-// Probe records of one rank without a host sync per probe (Engine::probe_async / collect_probes): start()
-// queues, on the rank's stream, the stats kernel, the sketch GEMM and the copies of the results (and of the
-// whole tensor at full level) into pinned host memory, then a flag in mapped host memory; finish() waits
-// and folds. Stream order makes it copy-on-capture: a later kernel cannot change what a probe saw. The flag
-// lets a probe whose copies completed before a device fault be recovered after it (the CUDA API then only
-// reports the fault), so probes recorded before a crash survive it.
+// Probe records of one rank without a host sync per probe (Engine::probe_async / collect_probes). start()
+// queues, on the rank's stream, the stats kernel and the sketch GEMM (and, at full level, a device copy of
+// the tensor); a copy stream then waits for them and brings the results into pinned host memory, sets a flag
+// in mapped host memory and records the slot's event, so the rank's stream never waits for PCIe. finish()
+// waits for the event and folds. Stream order makes it copy-on-capture: a later kernel cannot change what a
+// probe saw. The flag lets a probe whose copies completed before a device fault be recovered after it (the
+// CUDA API then only reports the fault), so probes recorded before a crash survive it.
 #pragma once
+#include <deque>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -23,24 +25,25 @@ class ProbeCapture {
   ProbeCapture(const ProbeCapture&) = delete;
   ProbeCapture& operator=(const ProbeCapture&) = delete;
 
-  // Queues the record of `t` (this rank's shard) and returns its slot.
+  // Queues the record of `t` (this rank's shard) and returns its slot (busy until finish).
   int start(const DeviceTensor& t, const ProbeRequest& req);
-  // The record of a started slot: waits for its copies (or reads the flag after a device fault).
+  // True when finish(slot) would not wait.
+  bool ready(int slot) const;
+  // The record of a started slot, which becomes free: waits for its copies (or reads the flag after a
+  // device fault).
   ProbeRecord finish(int slot);
-  // Every slot is free again (after their records were taken).
-  void reset() { used_ = 0; }
-  void release_last() {
-    if (used_ > 0) --used_;
-  }
-  int pending() const { return used_; }
 
  private:
   struct Slot;
   const DeviceBuffer& signs(uint64_t key, int64_t col0, int64_t cols);
 
   RankContext& rc_;
+  cudaStream_t copy_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;
-  int used_ = 0;
+  // Free slots, first in first out: a layer's k-th probe gets the slot the last layer's k-th probe had, so
+  // each slot's buffers reach their size in the first layer and never grow again (growing reallocates,
+  // and freeing device memory synchronizes the device).
+  std::deque<int> free_;
   std::map<std::tuple<uint64_t, int64_t, int64_t>, DeviceBuffer> signs_;
 };
 

@@ -1,9 +1,11 @@
-// Device probe statistics, version 2: one block per token row, one pass over the row (16-byte loads when the
-// row allows) for the finite sum, sum of squares, absmax, NaN/Inf counts, the row's L2 (non-finite values
-// included, as on the host: a NaN token shows as NaN) and the checksum's partial sum; a second pass (a warp
-// per head, from L1/L2) for the head L2. All reductions are fixed trees, so records are bit-reproducible.
-// Version 1 also computed the sketch here, 64 hashes per element: ~60 ms per DeepSeek-V3 layer at T = 4096.
-// The bf16 sketch is now a tensor-core GEMM against a cached ±1 matrix (probe_stats.cuh).
+// Device probe statistics. Every bf16 probe of the real models takes version 3 (probe_slices_kernel below:
+// one block per row slice, one 16-byte load per thread, then a fold per row); the rest (fp32 tensors such as
+// lse, odd widths) version 2: one block per token row, one pass over the row for the finite sum, sum of
+// squares, absmax, NaN/Inf counts, the row's L2 (non-finite values included, as on the host: a NaN token shows
+// as NaN) and the checksum's partial sum; a second pass (a warp per head, from L1/L2) for the head L2. All
+// reductions are fixed trees, so records are bit-reproducible. Version 1 also computed the bf16 sketch here,
+// 64 hashes per element (~60 ms per DeepSeek-V3 layer at T = 4096); it is now a tensor-core GEMM against a
+// cached ±1 matrix (probe_stats.cuh).
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/probe_stats.cuh"
@@ -22,6 +24,10 @@ struct RowAcc {
   unsigned long long check = 0;
 
   __device__ void add(float v, uint32_t bits, uint64_t index) {
+    add_value(v);
+    check += checksum_term(index, bits);
+  }
+  __device__ void add_value(float v) {
     const double d = v;
     sq_all += d * d;
     if (isnan(v)) nan += 1;
@@ -31,7 +37,6 @@ struct RowAcc {
       sumsq += d * d;
       amax = fmax(amax, fabs(d));
     }
-    check += checksum_term(index, bits);
   }
 };
 
@@ -52,15 +57,43 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 
   if constexpr (sizeof(T) == 2) {
     if (vec) {  // 8 bf16 per 16-byte load
+      // Each chunk's sums in fp32 first (a bf16 value's square is exact in fp32, and 8 terms round at most 3
+      // times), then into the double accumulators: one conversion and 3 double adds per 8 elements.
       const uint4* xv = reinterpret_cast<const uint4*>(x);
       for (int64_t c8 = threadIdx.x; c8 < a.cols / 8; c8 += blockDim.x) {
         const uint4 w = xv[c8];
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+        float s = 0.f, sq = 0.f, sq_all = 0.f, amax = 0.f;
+        int bad_nan = 0, bad_inf = 0;
+        unsigned long long check = 0;
+        const uint64_t i0 = base + c8 * 8;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t lo = words[j] & 0xffffu, hi = words[j] >> 16;
-          acc.add(bf16_bits_to_float(lo), lo, base + c8 * 8 + 2 * j);
-          acc.add(bf16_bits_to_float(hi), hi, base + c8 * 8 + 2 * j + 1);
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
+          const float v = bf16_bits_to_float(b);
+          const float v2 = __fmul_rn(v, v);
+          sq_all = __fadd_rn(sq_all, v2);
+          if (isnan(v)) ++bad_nan;
+          else if (isinf(v)) ++bad_inf;
+          else {
+            s = __fadd_rn(s, v);
+            sq = __fadd_rn(sq, v2);
+            amax = fmaxf(amax, fabsf(v));
+          }
+          check += checksum_term(i0 + j, b);
+        }
+        acc.check += check;
+        if (amax < 1e18f && bad_nan == 0 && bad_inf == 0) {  // no square can overflow fp32
+          acc.sum += s;
+          acc.sumsq += sq;
+          acc.sq_all += sq_all;
+          acc.amax = fmax(acc.amax, static_cast<double>(amax));
+        } else {  // huge or non-finite values: element by element in double, as the host does
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
+            acc.add_value(bf16_bits_to_float(b));
+          }
         }
       }
     } else {
@@ -130,6 +163,132 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
+// Version 3, for bf16 rows whose width and head width are multiples of 8 (every bf16 probe of the real
+// models): a 2-D grid, one block per (row, slice of whole heads of at most kSliceCols columns), one 16-byte
+// load per thread, so a row's loads are all in flight at once (version 2 walked a row with 256 threads, one
+// dependent load after another: latency-bound, ~25 us per probe). Each block writes its slice's partial sums
+// and the L2 of the heads it holds; a fold kernel sums the slices of each row in order.
+constexpr int kSliceCols = 2048;  // 256 threads × 8
+
+struct SliceStats {
+  double sum, sumsq, sq_all, amax, nan, inf;
+  unsigned long long check;
+};
+
+struct SliceGeometry {
+  int64_t width = 0;  // columns per slice (whole heads)
+  int64_t slices = 0;
+  int64_t head_cols = 0;  // X (0: no heads axis)
+};
+
+SliceGeometry slice_geometry(const ProbeStatsArgs& a) {
+  SliceGeometry g;
+  if (a.dtype != DType::DType_bf16 || a.cols <= 0 || a.cols % 8 != 0 ||
+      (reinterpret_cast<uintptr_t>(a.data) & 15u) != 0)
+    return g;
+  if (a.heads > 0) {
+    const int64_t X = a.cols / a.heads;
+    if (X % 8 != 0 || X > kSliceCols) return g;
+    g.head_cols = X;
+    g.width = X * (kSliceCols / X);
+  } else {
+    g.width = kSliceCols;
+  }
+  g.slices = (a.cols + g.width - 1) / g.width;
+  return g;
+}
+
+__global__ void __launch_bounds__(kThreads) probe_slices_kernel(const ProbeStatsArgs a, SliceGeometry g,
+                                                               SliceStats* part) {
+  __shared__ double red[32];
+  __shared__ unsigned long long red_u[32];
+  __shared__ double chunk_sq[kSliceCols / 8];
+  const int64_t r = blockIdx.y, slice = blockIdx.x;
+  const int64_t c0 = slice * g.width;
+  const int64_t width = min(g.width, a.cols - c0);
+  const uint4* xv = reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.data) + r * a.cols + c0);
+  const uint64_t i0 = static_cast<uint64_t>(r) * a.cols + c0;
+  RowAcc acc;
+  for (int64_t ch = threadIdx.x; ch < width / 8; ch += blockDim.x) {
+    const uint4 w = xv[ch];
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    float s = 0.f, sq = 0.f, sq_all = 0.f, amax = 0.f;
+    int bad = 0;
+    unsigned long long check = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
+      const float v = bf16_bits_to_float(b);
+      const float v2 = __fmul_rn(v, v);
+      sq_all = __fadd_rn(sq_all, v2);
+      if (!isfinite(v)) ++bad;
+      s = __fadd_rn(s, v);
+      sq = __fadd_rn(sq, v2);
+      amax = fmaxf(amax, fabsf(v));
+      check += checksum_term(i0 + ch * 8 + j, b);
+    }
+    acc.check += check;
+    if (amax < 1e18f && bad == 0) {  // no square overflows fp32, and every value is finite
+      acc.sum += s;
+      acc.sumsq += sq;
+      acc.sq_all += sq_all;
+      acc.amax = fmax(acc.amax, static_cast<double>(amax));
+      chunk_sq[ch] = sq_all;
+    } else {  // huge or non-finite values: element by element in double, as the host does
+      double all = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
+        const float v = bf16_bits_to_float(b);
+        acc.add_value(v);
+        all += static_cast<double>(v) * v;
+      }
+      chunk_sq[ch] = all;
+    }
+  }
+  SliceStats out;
+  out.sum = block_sum(acc.sum, red);
+  out.sumsq = block_sum(acc.sumsq, red);
+  out.sq_all = block_sum(acc.sq_all, red);
+  out.nan = block_sum(acc.nan, red);
+  out.inf = block_sum(acc.inf, red);
+  out.amax = block_max(acc.amax, red);
+  out.check = block_sum(acc.check, red_u);
+  if (threadIdx.x == 0) part[r * g.slices + slice] = out;
+  if (g.head_cols > 0) {  // block_sum's barriers made chunk_sq visible
+    const int64_t per = g.head_cols / 8, heads_here = width / g.head_cols;
+    for (int64_t h = threadIdx.x; h < heads_here; h += blockDim.x) {
+      double t = 0;
+      for (int64_t k = 0; k < per; ++k) t += chunk_sq[h * per + k];
+      a.head_l2[r * a.heads + c0 / g.head_cols + h] = static_cast<float>(sqrt(t));
+    }
+  }
+}
+
+__global__ void fold_slices_kernel(const ProbeStatsArgs a, SliceGeometry g, const SliceStats* part) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= a.rows) return;
+  SliceStats t = part[r * g.slices];
+  for (int64_t k = 1; k < g.slices; ++k) {
+    const SliceStats& p = part[r * g.slices + k];
+    t.sum += p.sum;
+    t.sumsq += p.sumsq;
+    t.sq_all += p.sq_all;
+    t.amax = fmax(t.amax, p.amax);
+    t.nan += p.nan;
+    t.inf += p.inf;
+    t.check += p.check;
+  }
+  double* st = a.row_stats + r * kRowStats;
+  st[0] = t.sum;
+  st[1] = t.sumsq;
+  st[2] = t.amax;
+  st[3] = t.nan;
+  st[4] = t.inf;
+  a.row_checksum[r] = t.check;
+  a.token_l2[r] = static_cast<float>(sqrt(t.sq_all));
+}
+
 __global__ void sketch_coeffs_kernel(uint64_t key, int64_t col0, int64_t cols, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < cols * kSketchLanes;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -156,9 +315,24 @@ int as_int(int64_t v, const char* what) {
 }
 }  // namespace
 
+size_t probe_stats_workspace(const ProbeStatsArgs& a) {
+  const SliceGeometry g = slice_geometry(a);
+  return g.slices > 0 ? static_cast<size_t>(a.rows * g.slices) * sizeof(SliceStats) : 0;
+}
+
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.rows > INT_MAX) throw EngineError("probe stats: " + std::to_string(a.rows) + " rows");
+  const SliceGeometry g = slice_geometry(a);
+  if (g.slices > 0 && a.workspace && a.rows <= 65535 && g.slices <= INT_MAX) {
+    auto* part = static_cast<SliceStats*>(a.workspace);
+    probe_slices_kernel<<<dim3(static_cast<unsigned>(g.slices), static_cast<unsigned>(a.rows)), kThreads, 0, stream>>>(
+        a, g, part);
+    CUDA_CHECK_LAUNCH();
+    fold_slices_kernel<<<static_cast<unsigned>((a.rows + 127) / 128), 128, 0, stream>>>(a, g, part);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (a.dtype == DType::DType_bf16) {
     const bool vec = a.cols % 8 == 0 && (reinterpret_cast<uintptr_t>(a.data) & 15u) == 0;
     probe_stats_kernel<bf16><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a, vec);

@@ -31,8 +31,11 @@ struct ProbeStatsArgs {
   float* token_l2 = nullptr;    // [rows]
   float* head_l2 = nullptr;     // [rows, heads] (when heads > 0)
   float* sketch_out = nullptr;  // [rows, 32] (when sketch)
+  void* workspace = nullptr;    // probe_stats_workspace(a) bytes of device memory
 };
 
+// Device memory launch_probe_stats needs beside its outputs (0 for the one-block-per-row kernel).
+size_t probe_stats_workspace(const ProbeStatsArgs& a);
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream);
 
 // S [cols, 32] bf16, ±1 for global columns col0 .. col0 + cols - 1 of the probe keyed `key`.

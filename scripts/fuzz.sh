@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Fuzzes the untrusted-input parsers: the safetensors header, GGUF, and HF config.json (tests/fuzz). Builds the
-# libFuzzer targets with clang, ASan and UBSan into build-fuzz/ (installing clang from Debian when it is
-# missing) and runs each for a bounded time, starting from the seed corpora in tests/fuzz/corpus/.
+# libFuzzer targets with clang, ASan and UBSan into build-fuzz/ (scripts/setup.sh installs Debian's clang,
+# libclang-rt-dev and libomp-dev when they are missing) and runs each for a bounded time, starting from the seed
+# corpora in tests/fuzz/corpus/. scripts/test.sh runs it after the tests (CI: 45 s per target).
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]     default 60 (or $MLA_FUZZ_SECONDS)
 #
+# Env: MLA_SKIP_SETUP=1 skips scripts/setup.sh; MLA_FUZZ_BUILD=DIR builds there instead of build-fuzz/.
 # Exit status: 0 when every target ran its time without a finding; 1 on a finding (the input that triggered
-# it is in build-fuzz/artifacts/); 2 when the fuzzers cannot be built (no clang, build error). A missing
-# fuzzer is a failure, never a skip.
+# it is in build-fuzz/artifacts/); 2 when the fuzzers cannot be built (no clang, no libFuzzer runtime, a build
+# error). A missing fuzzer is a failure, never a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET="${1:-${MLA_FUZZ_SECONDS:-60}}"
 TARGETS=(safetensors gguf config)
-BUILD=build-fuzz
+BUILD="${MLA_FUZZ_BUILD:-build-fuzz}"
 
 say() { echo "fuzz: $*"; }
 die() { echo "fuzz: ERROR: $*" >&2; exit 2; }
@@ -30,19 +32,28 @@ find_clang() {
   return 1
 }
 
-if ! find_clang; then
-  say "no clang; installing Debian's clang"
-  sudo_cmd=()
-  if (( EUID != 0 )); then
-    command -v sudo >/dev/null 2>&1 || die "clang is missing and this is not root (no sudo): apt-get install clang"
-    sudo_cmd=(sudo)
-  fi
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -o Acquire::Retries=0 update >/dev/null ||
-    die "apt-get update failed"
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends clang libomp-dev >/dev/null ||
-    die "apt-get install clang libomp-dev failed"
-  find_clang || die "clang still not found after installing it"
+# Every target in tests/fuzz must be listed here, and every listed one must exist: none is dropped silently.
+for src in tests/fuzz/fuzz_*.cpp; do
+  name="$(basename "$src" .cpp)"
+  [[ " ${TARGETS[*]/#/fuzz_} " == *" $name "* ]] || die "$src is not in TARGETS of scripts/fuzz.sh (add it there)"
+done
+for t in "${TARGETS[@]}"; do
+  [[ -f "tests/fuzz/fuzz_$t.cpp" ]] || die "fuzzer tests/fuzz/fuzz_$t.cpp is missing"
+done
+[[ "$SECONDS_PER_TARGET" =~ ^[0-9]+$ && "$SECONDS_PER_TARGET" -gt 0 ]] ||
+  die "the time per target must be a positive number of seconds, got '$SECONDS_PER_TARGET'"
+if [[ "${MLA_SKIP_SETUP:-0}" != 1 ]]; then
+  ./scripts/setup.sh
 fi
+find_clang || die "no clang++ on PATH (scripts/setup.sh installs Debian's clang; by hand: apt-get install clang" \
+                  "libclang-rt-dev libomp-dev)"
+# libFuzzer's driver and the sanitizer runtimes are a separate Debian package (only recommended by clang).
+probe_dir="$(mktemp -d)"
+trap 'rm -rf "$probe_dir"' EXIT
+echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' >"$probe_dir/t.cpp"
+"$CXX_BIN" -fsanitize=fuzzer,address,undefined "$probe_dir/t.cpp" -o "$probe_dir/t" >"$probe_dir/log" 2>&1 ||
+  { cat "$probe_dir/log" >&2; die "$CXX_BIN cannot link a libFuzzer target (-fsanitize=fuzzer,address,undefined):" \
+                                 "the runtime is missing (apt-get install libclang-rt-dev)"; }
 say "compiler $CXX_BIN ($("$CXX_BIN" --version | head -n1))"
 
 # Coverage instrumentation and the sanitizers for everything the targets link; -fsanitize=fuzzer (the
@@ -74,7 +85,9 @@ for t in "${TARGETS[@]}"; do
        -malloc_limit_mb=64 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t-" "$work" "$seeds" \
        >"$BUILD/fuzz_$t.log" 2>&1; then
     status=1
-    echo "fuzz: FINDING in fuzz_$t; last lines of $BUILD/fuzz_$t.log:" >&2
+    echo "fuzz: FAILED: fuzz_$t found an input that crashes, trips a sanitizer, leaks, hangs or allocates too" \
+         "much; reproduce with: $bin $(ls -t "$BUILD/artifacts/$t-"* 2>/dev/null | head -n1 || echo '<artifact>')" >&2
+    echo "fuzz: last lines of $BUILD/fuzz_$t.log:" >&2
     tail -n 40 "$BUILD/fuzz_$t.log" >&2
   else
     say "fuzz_$t: $(grep -E '^stat::number_of_executed_units' "$BUILD/fuzz_$t.log" | awk '{print $2}') runs, no finding"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after scripts/gpu_check.sh built build-gpu/: `mla-bisect bench --engine cuda` on the
 # shapes of PERF.md (DeepSeek-V3 prefill T = 512 and 4096, decode B = 64/128 at L = 4096, the attention core
-# with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels and attention_mha version 3
-# (v3prefill*: mha_kernel=3) for comparison. Each run
+# with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels and attention_mha version 2
+# (v2prefill*: mha_kernel=2, the previous default) for comparison. Each run
 # measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to $OUT/bench.log and
 # the JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT, build-gpu/bench/.
 #
@@ -30,13 +30,13 @@ E="cuda:poison=0"  # poisoning outputs with NaN is a debugging aid: its memsets 
 shapes=(
   "prefill512|--engine $E --model deepseek-v3 --mode prefill --tokens 512 --probe-level sketch"
   "prefill4096|--engine $E --model deepseek-v3 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 2"
-  "v3prefill4096|--engine $E,mha_kernel=3 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
+  "v2prefill4096|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
   "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 3"
   "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 4096 --probe-level stats --probe-repeats 1"
   "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
   "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
   "glm5decode64|--engine $E --model glm-5 --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
-  "v3prefill512|--engine $E,mha_kernel=3 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"
+  "v2prefill512|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"
   "v1prefill512|--engine $E,mha_kernel=1 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"
   "v1decode16h|--engine $E,mqa_kernel=1 --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
 )

@@ -29,8 +29,10 @@ warn() { echo "setup: WARNING: $*" >&2; }
 # Debian packages. A package counts as present if dpkg says so OR its files are there: the GPU machine
 # has these libraries installed without (or outside) the Debian package database.
 # ---------------------------------------------------------------------------------------------------
+# clang, libclang-rt-dev (libFuzzer and the sanitizer runtimes) and libomp-dev (OpenMP for clang) build the fuzz
+# targets that scripts/test.sh runs after the tests (scripts/fuzz.sh).
 DEB_PACKAGES=(cmake ninja-build g++ libeigen3-dev libhdf5-dev hdf5-tools libcli11-dev
-              nlohmann-json3-dev libgtest-dev python3-venv)
+              nlohmann-json3-dev libgtest-dev python3-venv clang libclang-rt-dev libomp-dev)
 
 dpkg_installed() {
   command -v dpkg-query >/dev/null 2>&1 &&
@@ -45,6 +47,10 @@ header_present() {  # header_present RELPATH: found under a usual include root
   return 1
 }
 
+llvm_file_present() {  # llvm_file_present GLOB: a file of that name in an LLVM tree (Debian: /usr/lib/llvm-N)
+  [[ -n "$(find /usr/lib/llvm-* /usr/local/lib /usr/lib/clang -name "$1" -print -quit 2>/dev/null)" ]]
+}
+
 files_present() {
   case "$1" in
     cmake)              command -v cmake >/dev/null 2>&1 ;;
@@ -57,6 +63,10 @@ files_present() {
     nlohmann-json3-dev) header_present nlohmann/json.hpp ;;
     libgtest-dev)       header_present gtest/gtest.h || [[ -d /usr/src/googletest || -d /usr/src/gtest ]] ;;
     python3-venv)       "${PYTHON:-python3}" -c 'import venv, ensurepip' >/dev/null 2>&1 ;;
+    # Any Debian clang version will do (scripts/fuzz.sh looks for clang++ and clang++-N).
+    clang)              command -v clang++ >/dev/null 2>&1 || compgen -G '/usr/bin/clang++-[0-9]*' >/dev/null ;;
+    libclang-rt-dev)    llvm_file_present 'libclang_rt.fuzzer*.a' ;;
+    libomp-dev)         llvm_file_present 'libomp.so' ;;
     *)                  return 1 ;;
   esac
 }

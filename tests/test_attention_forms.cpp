@@ -28,21 +28,15 @@
 #include "probes/probe.h"
 #include "reference/reference_engine.h"
 #include "reference/stages.h"
+#include "tests/stage_test_util.h"
 
 namespace {
 
 using namespace mla;
+using namespace mla::test;
 
 constexpr double kTol = 1e-5;
 constexpr uint64_t kSeeds[] = {1, 2, 3};
-
-std::string seed_trace(uint64_t seed) { return "seed " + std::to_string(seed); }
-
-MlaConfig preset(const char* name) {
-  auto c = find_preset(name);
-  if (!c) throw std::runtime_error(std::string("no preset ") + name);
-  return *c;
-}
 
 // Tiny without q LoRA (the q_proj path of DeepSeek-V2-Lite).
 MlaConfig tiny_no_q_lora() {
@@ -112,15 +106,6 @@ Tensor rows(const Tensor& x, int64_t r0, int64_t n) {
   return out;
 }
 
-std::string coords(const std::vector<int64_t>& shape, int64_t flat) {
-  std::vector<int64_t> c(shape.size());
-  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
-    c[i] = flat % shape[i];
-    flat /= shape[i];
-  }
-  return shape_string(c);
-}
-
 // rel_l2 = ‖got − want‖ / ‖want‖, with the worst element's coordinates on failure.
 void expect_rel(const Tensor& got, const Tensor& want, const std::string& what, double tol = kTol) {
   ASSERT_EQ(got.shape, want.shape) << what;
@@ -143,16 +128,6 @@ void expect_rel(const Tensor& got, const Tensor& want, const std::string& what, 
                       << got.data[wi] << " want " << want.data[wi];
 }
 
-void expect_identical(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.shape, want.shape) << what;
-  for (int64_t i = 0; i < got.numel(); ++i)
-    if (std::memcmp(&got.data[i], &want.data[i], sizeof(float)) != 0) {
-      ADD_FAILURE() << what << ": differs at " << coords(got.shape, i) << " got " << got.data[i] << " want "
-                    << want.data[i];
-      return;
-    }
-}
-
 double rel_diff(const Tensor& a, const Tensor& b) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -160,37 +135,6 @@ double rel_diff(const Tensor& a, const Tensor& b) {
     den += std::pow(double(b.data[i]), 2);
   }
   return std::sqrt(num / den);
-}
-
-// A step layout built here: pages handed out in a shuffled order, a spare page for unused slots.
-Batch shuffled_batch(const std::vector<int>& new_lens, const std::vector<int>& ctx, uint64_t seed) {
-  Batch b;
-  b.new_lens = new_lens;
-  b.context_lens = ctx;
-  int total = 0, most = 0;
-  for (size_t i = 0; i < new_lens.size(); ++i) {
-    const int p = (ctx[i] + new_lens[i] + kPageSize - 1) / kPageSize;
-    total += p;
-    most = std::max(most, p);
-  }
-  b.max_blocks = most + 1;
-  b.num_blocks = total + 2;
-  std::vector<int> ids(b.num_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::mt19937_64 rng(seed);
-  do std::shuffle(ids.begin(), ids.end(), rng);
-  while (ids.front() == 0);
-  b.block_table.assign(new_lens.size() * b.max_blocks, ids.back());
-  int next = 0;
-  for (size_t i = 0; i < new_lens.size(); ++i) {
-    const int p = (ctx[i] + new_lens[i] + kPageSize - 1) / kPageSize;
-    for (int j = 0; j < p; ++j) b.block_table[i * b.max_blocks + j] = ids[next++];
-    for (int t = 0; t < new_lens[i]; ++t) {
-      b.positions.push_back(ctx[i] + t);
-      b.token_seq.push_back(static_cast<int>(i));
-    }
-  }
-  return b;
 }
 
 // ---------- absorbed form == MHA form ----------

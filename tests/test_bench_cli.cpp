@@ -4,15 +4,11 @@
 // benchmark's GFLOP/s rest on.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,52 +16,17 @@
 #include "harness/model/config.h"
 #include "harness/model/stage_graph.h"
 #include "harness/report/bench.h"
+#include "tests/cli_util.h"
 
 namespace {
 
 using namespace mla;
-
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::filesystem::path scratch_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / ("mla_test_bench_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using test::CliResult;
+using test::describe;
 
 // OMP_NUM_THREADS=1: the tiny GEMMs gain nothing from threads, and on a busy machine Eigen's spinning threads
 // make them hundreds of times slower; the test is about the output, not the speed.
-CliResult run_cli(const std::string& args) {
-  const auto err_path = scratch_dir() / "stderr.txt";
-  const std::string cmd = "OMP_NUM_THREADS=1 timeout 300 '" MLA_BINARY "' " + args + " 2>'" + err_path.string() + "'";
-  CliResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  return r;
-}
-
-std::string describe(const std::string& args, const CliResult& r) {
-  return "mla-bisect " + args + "\nexit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out + "\n--- stderr\n" +
-         r.err;
-}
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "\"" << (part) << "\" not in:\n" << (text)
+CliResult run_cli(const std::string& args) { return test::run_cli(args, {.env = "OMP_NUM_THREADS=1"}); }
 
 // The table row of `name`: the line starting with it and a space, split into words ("" if none).
 std::vector<std::string> row_of(const std::string& out, const std::string& name) {
@@ -100,8 +61,8 @@ void expect_bench_table(const std::string& args, const RunSpec& spec, const CliR
 }
 
 TEST(BenchCli, PrefillPrintsEveryStageTheCeilingAndJson) {
-  const auto dir = scratch_dir();
-  const auto json_path = dir / "bench.json";
+  const test::ScratchDir dir("bench");
+  const auto json_path = dir.dir() / "bench.json";
   const std::string args = "bench --engine reference --model tiny --tokens 32 --repeats 2 --json '" +
                            json_path.string() + "'";
   const auto r = run_cli(args);
@@ -123,7 +84,6 @@ TEST(BenchCli, PrefillPrintsEveryStageTheCeilingAndJson) {
   EXPECT_GT(j["gemm_ceiling"]["gflops_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["layer"]["fraction_of_gemm"].get<double>(), 0.0);
   EXPECT_EQ(j["probe_overhead"].size(), 2u);  // stats, sketch
-  std::filesystem::remove_all(dir);
 }
 
 TEST(BenchCli, DecodeWithTensorParallelRanks) {

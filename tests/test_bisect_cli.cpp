@@ -2,41 +2,31 @@
 // plant is localized on the tiny preset, clean runs are not flagged, a hang and a crash give exit 3 naming the
 // stage, and the JSON / JUnit outputs parse.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 
-namespace {
+#include <nlohmann/json.hpp>
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+#include "tests/cli_util.h"
+
+namespace {
 
 // These tests check the harness's logic, so the candidate is always the bf16 reference (on a GPU machine the
 // default candidate would be the CUDA engine, which the GPU tests cover).
 const char* kCandidate = " --candidate reference:precision=bf16";
 
-Result sh(const std::string& args) {
-  const std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
-  Result r;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
-  const int st = pclose(p.release());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+// mla-bisect ARGS, stderr into stdout; no time limit of its own (bisect has its --timeout).
+mla::test::CliResult sh(const std::string& args) {
+  return mla::test::run_cli(args, {.merge_stderr = true, .timeout_s = 0});
 }
 
+// A subdirectory `name` of this test process's scratch directory (removed when the process exits).
 std::string tmpdir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("mla_bisect_test_" + name + "_" + std::to_string(getpid()));
+  static const mla::test::ScratchDir root("bisect");
+  const auto d = root.dir() / name;
   std::filesystem::create_directories(d);
   return d.string();
 }
@@ -46,7 +36,7 @@ TEST(BisectCli, ZooOnTinyLocalizesEveryEntryAndFlagsNoCleanRun) {
     SCOPED_TRACE(std::string("tp ") + tp);
     const auto r = sh(std::string("zoo --model tiny --tokens 16") + kCandidate + " --tp " + tp + " --workdir " + tmpdir("zoo") +
                       " --json " + tmpdir("zoo") + "/zoo.json");
-    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("0 injected bugs missed or mislocated, 0 clean or benign runs flagged"), std::string::npos)
         << r.out;
     std::ifstream f(tmpdir("zoo") + "/zoo.json");
@@ -76,7 +66,7 @@ TEST(BisectCli, PatternsAreNamed) {
     SCOPED_TRACE(c.args);
     const std::string dir = tmpdir("pattern");
     const auto r = sh(std::string("bisect --model tiny --tokens 16") + kCandidate + " --workdir " + dir + " --json " + dir + "/b.json " + c.args);
-    ASSERT_EQ(r.code, 1) << r.out;
+    ASSERT_EQ(r.exit_code, 1) << r.out;
     std::ifstream f(dir + "/b.json");
     const auto j = nlohmann::json::parse(f);
     EXPECT_EQ(j["first_divergence"]["probe"], c.probe);
@@ -85,11 +75,28 @@ TEST(BisectCli, PatternsAreNamed) {
   }
 }
 
+// fp8-scale-transpose at dims where FP8's 128x128 blocks matter (tiny's projections hold two or three blocks: too
+// few to tell blocks from noise, so the rule stays silent there): DeepSeek-V2-Lite's q_proj, 3072 rows = 24
+// blocks, split per head into q_nope and q_pe, which the diagnosis interleaves back into q_proj's rows.
+TEST(BisectCli, Fp8BlockScalesGiveBlockShapedErrorOnDeepSeekV2LiteDims) {
+  const std::string dir = tmpdir("fp8");
+  const auto r = sh(std::string("bisect --model deepseek-v2-lite --tokens 4 --weight-format fp8 --inject "
+                                "fp8-scale-transpose") + kCandidate + " --workdir " + dir + " --json " + dir + "/b.json");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  std::ifstream f(dir + "/b.json");
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["first_divergence"]["probe"], "q_nope");
+  const std::string pattern = j["diagnosis"]["pattern"].get<std::string>();
+  EXPECT_NE(pattern.find("block-shaped error"), std::string::npos) << j["diagnosis"].dump();
+  EXPECT_NE(pattern.find("blocks of 128 output channels of the q_proj output (q_nope | q_pe"), std::string::npos)
+      << pattern;
+}
+
 TEST(BisectCli, HtmlReportHasThePictures) {
   const std::string dir = tmpdir("html");
   const auto r = sh(std::string("bisect --brief --model tiny --tokens 16") + kCandidate + " --inject rope-neox --workdir " +
                     dir + " --html " + dir + "/r.html");
-  ASSERT_EQ(r.code, 1) << r.out;
+  ASSERT_EQ(r.exit_code, 1) << r.out;
   std::ifstream f(dir + "/r.html");
   const std::string html((std::istreambuf_iterator<char>(f)), {});
   EXPECT_NE(html.find("Token &times; head heat map of q_pe_rope"), std::string::npos);
@@ -103,7 +110,7 @@ TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const auto r = sh(std::string("bisect --brief --model tiny --tokens 12") + kCandidate + " --seed " + std::to_string(seed) + " --workdir " +
                       tmpdir("clean"));
-    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.exit_code, 0) << r.out;
   }
 }
 
@@ -111,7 +118,7 @@ TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
   const std::string dir = tmpdir("hang");
   auto r = sh(std::string("bisect --model tiny --tokens 8 --tp 2 --timeout 1 --inject hang-at:rope@1") + kCandidate + " --workdir " + dir + " --junit " +
               dir + "/j.xml");
-  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_NE(r.out.find("rank 1 at layer 0 stage rope"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("HUNG"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("last committed probe: layer 0 probe kv_c_norm"), std::string::npos) << r.out;
@@ -120,25 +127,25 @@ TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
   EXPECT_NE(xml.find("<error"), std::string::npos);
 
   r = sh(std::string("bisect --model tiny --tokens 8 --inject crash-at:o_proj") + kCandidate + " --workdir " + tmpdir("crash"));
-  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_NE(r.out.find("CRASHED"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("stage o_proj"), std::string::npos) << r.out;
 }
 
 TEST(BisectCli, BadInputIsExitTwo) {
-  EXPECT_EQ(sh("bisect --model tiny --inject no-such-bug").code, 2);
-  EXPECT_EQ(sh("bisect --model glm-4.7-flash --tp 8").code, 2);
-  EXPECT_EQ(sh("compare /nonexistent/a.h5 /nonexistent/b.h5").code, 2);
+  EXPECT_EQ(sh("bisect --model tiny --inject no-such-bug").exit_code, 2);
+  EXPECT_EQ(sh("bisect --model glm-4.7-flash --tp 8").exit_code, 2);
+  EXPECT_EQ(sh("compare /nonexistent/a.h5 /nonexistent/b.h5").exit_code, 2);
 }
 
 TEST(CompareCli, DumpsOfTwoRunsCompareWithJsonAndJunit) {
   const std::string dir = tmpdir("compare");
-  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --tp 2 --out " + dir + "/ref.h5").code, 0);
-  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --engine reference:precision=bf16 --out " + dir + "/bf16.h5").code, 0);
-  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --seed 7 --engine reference:precision=bf16 --out " + dir + "/other.h5").code, 0);
+  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --tp 2 --out " + dir + "/ref.h5").exit_code, 0);
+  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --engine reference:precision=bf16 --out " + dir + "/bf16.h5").exit_code, 0);
+  ASSERT_EQ(sh("run --quiet --model tiny --tokens 8 --seed 7 --engine reference:precision=bf16 --out " + dir + "/other.h5").exit_code, 0);
   // A tp 1 bf16 run against a tp 2 FP32 run: gathered, calibrated, within tolerance.
   auto r = sh("compare " + dir + "/bf16.h5 " + dir + "/ref.h5 --json " + dir + "/c.json --junit " + dir + "/c.xml");
-  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
   std::ifstream jf(dir + "/c.json");
   const auto j = nlohmann::json::parse(jf);
   EXPECT_TRUE(j["first_divergence"].is_null());
@@ -149,7 +156,7 @@ TEST(CompareCli, DumpsOfTwoRunsCompareWithJsonAndJunit) {
   EXPECT_EQ(xml.find("<failure"), std::string::npos);
   // Another input seed must fail at the very first probe.
   r = sh("compare " + dir + "/other.h5 " + dir + "/ref.h5");
-  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("FIRST DIVERGENCE: layer 0 probe x"), std::string::npos) << r.out;
 }
 

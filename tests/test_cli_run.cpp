@@ -2,12 +2,7 @@
 // and its error messages. Exit codes: 0 ok, 2 bad usage or input (DESIGN.md).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <array>
 #include <cctype>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -18,58 +13,13 @@
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/stage_graph.h"
+#include "tests/cli_util.h"
 
 namespace {
 
 using namespace mla;
-
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::filesystem::path scratch_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / ("mla_test_cli_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs `mla-bisect ARGS` with a time limit (a hang must fail the test, not stall CI); stdout and stderr apart.
-CliResult run_cli(const std::string& args) {
-  const auto err_path = scratch_dir() / "stderr.txt";
-  const std::string cmd = "timeout 300 '" MLA_BINARY "' " + args + " 2>'" + err_path.string() + "'";
-  CliResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.err = slurp(err_path);
-  std::error_code ec;
-  std::filesystem::remove(err_path, ec);
-  std::filesystem::remove(err_path.parent_path(), ec);  // only if empty: a test may keep files there
-  return r;
-}
-
-std::string describe(const std::string& args, const CliResult& r) {
-  return "mla-bisect " + args + "\nexit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out + "\n--- stderr\n" +
-         r.err;
-}
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "\"" << (part) << "\" not in:\n" << (text)
+using test::describe;
+using test::run_cli;
 
 // Table rows "layer probe contract shape dtype L2 absmax nan/inf" of the run output.
 struct Row {
@@ -175,15 +125,14 @@ TEST(CliRun, LayersAndTensorParallelOnTiny) {
 // A config.json path as --model: a small GLM-5-style (glm_moe_dsa) config, so DSA's index_topk is announced
 // as not modelled and the scale is 1/sqrt(192 + 64) = 1/16, without GLM-5's 6 s of weight generation.
 TEST(CliRun, ConfigJsonAsModel) {
-  const auto dir = scratch_dir();
-  const auto path = dir / "small_glm_dsa_config.json";
+  const test::ScratchDir dir("cli_glm_dsa");
+  const auto path = dir.dir() / "small_glm_dsa_config.json";
   std::ofstream(path) << R"({"model_type": "glm_moe_dsa", "hidden_size": 96, "num_attention_heads": 4,
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 16,
     "rope_theta": 1000000, "rms_norm_eps": 1e-05, "rope_scaling": null, "index_topk": 2048,
     "num_hidden_layers": 78, "vocab_size": 154880})";
   const std::string args = "run --model '" + path.string() + "' --tokens 3 --tp 2";
   const auto r = run_cli(args);
-  std::filesystem::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << describe(args, r);
   EXPECT_CONTAINS(r.err, "index_topk");  // DSA is announced as not modelled
   EXPECT_CONTAINS(r.out, "softmax scale 0.0625");
@@ -196,6 +145,8 @@ TEST(CliRun, HelpOfRunMentionsModel) {
   EXPECT_EQ(r.exit_code, 0) << describe("run --help", r);
   for (const char* opt : {"--model", "--mode", "--attention", "--tokens", "--tp", "--layers", "--engine"})
     EXPECT_CONTAINS(r.out, opt);
+  EXPECT_CONTAINS(r.out, "omitted: 64 prefill, 1 decode, 32 chunked");  // what leaving --tokens out means
+  EXPECT_CONTAINS(run_cli("bench --help").out, "omitted: 512 prefill");
   const auto top = run_cli("--help");
   EXPECT_EQ(top.exit_code, 0) << describe("--help", top);
   EXPECT_CONTAINS(top.out, "run");
@@ -215,10 +166,10 @@ TEST(CliRun, BadUsageExits2) {
     std::string args;
     std::vector<std::string> says;
   };
-  const auto dir = scratch_dir();
-  const auto malformed = dir / "malformed_config.json";
+  const test::ScratchDir dir("cli_bad_usage");
+  const auto malformed = dir.dir() / "malformed_config.json";
   std::ofstream(malformed) << "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 7168,";
-  const auto not_object = dir / "list_config.json";
+  const auto not_object = dir.dir() / "list_config.json";
   std::ofstream(not_object) << "[1, 2, 3]";
   const std::vector<Case> cases = {
       {"run --model tiny --mode sideways", {"sideways", "mode"}},
@@ -227,6 +178,11 @@ TEST(CliRun, BadUsageExits2) {
       {"run --model '" + not_object.string() + "'", {"JSON object"}},
       {"run --model no-such-model", {"no-such-model", "neither a preset"}},
       {"run --model tiny --tokens -3", {"--tokens"}},
+      {"run --model tiny --tokens 0", {"--tokens", "positive", "leave --tokens out"}},  // not "the default"
+      {"run --model tiny --tokens 2x", {"--tokens"}},
+      {"bench --model tiny --tokens 0", {"--tokens", "positive"}},
+      {"bisect --model tiny --tokens 0", {"--tokens", "positive"}},
+      {"zoo --model tiny --tokens 0", {"--tokens", "positive"}},
       {"run --model tiny --tp 0", {"--tp"}},
       {"run --model tiny --mode decode --context 5,x", {"--context"}},
       {"run --model tiny --mode prefill --context 5", {"--context"}},
@@ -240,7 +196,6 @@ TEST(CliRun, BadUsageExits2) {
     EXPECT_EQ(r.exit_code, 2) << describe(c.args, r);
     for (const auto& s : c.says) EXPECT_CONTAINS(r.err, s);
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

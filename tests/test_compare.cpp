@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "harness/compare/compare.h"
+#include "harness/compare/diagnose.h"
 #include "harness/model/config.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
@@ -360,6 +363,158 @@ TEST(CompareSelfTest, ReplicatedProbeDifferingOnOneRankNamesThatRank) {
       EXPECT_NE(r.problems[0].find(named), std::string::npos) << r.problems[0];
       // The majority speaks for the probe: its metrics match the reference exactly.
       EXPECT_EQ(r.m.rel_l2, 0.0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Block-shaped error (BUGS.md fp8-scale-transpose): per-channel maps, and the diagnosis rule on hand-made maps.
+// ---------------------------------------------------------------------------------------------------
+
+TEST(CompareChannels, ChannelMapsSumOverTokensAndGroupIntoBlocks) {
+  const World st(prefill(6));
+  Dump ref = run(st, ProbeLevel::ProbeLevel_full);
+  const DumpProbe& ref_q_a = probe(ref, "q_a");
+  Dump cand = ref;
+  DumpProbe& q_a = probe(cand, "q_a");
+  Tensor& data = q_a.ranks[0].data;
+  const int64_t T = data.dim(0), C = data.numel() / T;
+  ASSERT_EQ(C % 8, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < 8; ++c) data.data[t * C + c] *= 1.5f;  // the first 8 channels 50% off, the rest exact
+  rerecord(cand, st, ProbeLevel::ProbeLevel_full);
+  const CompareReport rep = compare_dumps(cand, ref, kFloor);
+  const ProbeResult& r = result(rep, "q_a");
+  ASSERT_EQ(r.m.channel_err2.size(), static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    double d = 0, b = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const double y = ref_q_a.ranks[0].data.data[t * C + c];
+      d += std::pow((c < 8 ? 0.5 : 0.0) * y, 2);
+      b += y * y;
+    }
+    EXPECT_NEAR(r.m.channel_err2[c], d, 1e-6 * b) << "channel " << c;
+    EXPECT_NEAR(r.m.channel_ref2[c], b, 1e-6 * b) << "channel " << c;
+  }
+  const auto blocks = channel_block_rel(r.m.channel_err2, r.m.channel_ref2, 8);
+  ASSERT_EQ(blocks.size(), static_cast<size_t>(C / 8));
+  EXPECT_NEAR(blocks[0], 0.5, 1e-6);
+  for (size_t k = 1; k < blocks.size(); ++k) EXPECT_EQ(blocks[k], 0.0);
+}
+
+// A divergent probe with C channels whose per-channel rel_l2 is level(c) × (1 + noise); every token equally off.
+struct MadeUp {
+  ProbeResult r;
+  Batch batch;
+  CompareReport all;
+};
+MadeUp made_up(const std::string& name, int64_t C, int64_t heads, const std::function<double(int64_t)>& level,
+               uint64_t seed, double noise = 0.1) {
+  MadeUp u;
+  const int T = 8;
+  u.r.name = name;
+  u.r.stage = name == "q_a" ? "q_a_proj" : "q_b_proj";
+  u.r.verdict = Verdict::Verdict_diverge;
+  u.r.tol = {4e-3, 8e-3, "test"};
+  Metrics& m = u.r.m;
+  m.basis = "full";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, noise);
+  double d = 0, b = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    const double ref2 = 1.0 + 0.5 * std::fabs(nd(rng)) / noise, rel = level(c) * std::exp(nd(rng));
+    m.channel_ref2.push_back(ref2);
+    m.channel_err2.push_back(rel * rel * ref2);
+    d += rel * rel * ref2;
+    b += ref2;
+  }
+  m.rel_l2 = std::sqrt(d / b);
+  m.cosine = 1 - m.rel_l2 * m.rel_l2 / 2;
+  m.norm_ratio = 1;
+  m.token_rel.assign(T, m.rel_l2);
+  m.max_token_rel = m.rel_l2;
+  m.token_cos.assign(T, m.cosine);
+  m.token_norm_ratio.assign(T, 1.0);
+  if (heads > 0) m.head_rel.assign(heads, m.rel_l2);
+  for (int t = 0; t < T; ++t) {
+    u.batch.positions.push_back(t);
+    u.batch.token_seq.push_back(0);
+  }
+  u.batch.new_lens = {T};
+  u.batch.context_lens = {0};
+  u.all.results.push_back(u.r);
+  return u;
+}
+
+std::string pattern_of(const MadeUp& u) { return diagnose(u.r, u.r.m, u.r.tol, u.batch, u.all).pattern; }
+
+TEST(DiagnoseBlocks, BlockShapedErrorIsNamedWithItsBlockSize) {
+  for (uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed + 100);
+    std::uniform_real_distribution<double> lvl(0.002, 0.08);  // each block its own wrong-scale error
+    std::vector<double> per_block(1536 / 128);
+    for (auto& v : per_block) v = lvl(rng);
+    per_block[3] = 1e-8;  // a block whose scale happens to be right
+    const MadeUp u = made_up("q_a", 1536, 0, [&](int64_t c) { return per_block[c / 128]; }, seed);
+    const Diagnosis dg = diagnose(u.r, u.r.m, u.r.tol, u.batch, u.all);
+    EXPECT_NE(dg.pattern.find("block-shaped error"), std::string::npos) << dg.pattern;
+    EXPECT_NE(dg.pattern.find("blocks of 128 output channels"), std::string::npos) << dg.pattern;
+    ASSERT_FALSE(dg.evidence.empty());
+    EXPECT_NE(dg.evidence.back().find("per-128-channel block rel_l2"), std::string::npos) << dg.evidence.back();
+  }
+}
+
+TEST(DiagnoseBlocks, OnlyAtAProjectionsOutput) {
+  std::vector<double> per_block = {0.01, 0.05, 0.002, 0.03, 0.08, 0.004, 0.02, 0.06, 0.003, 0.04, 0.01, 0.07};
+  MadeUp u = made_up("q_a", 1536, 0, [&](int64_t c) { return per_block[c / 128]; }, 4);
+  EXPECT_NE(pattern_of(u).find("block-shaped"), std::string::npos) << pattern_of(u);
+  u.r.stage = "q_a_norm";  // a norm, a rope or an attention passes on blocks it received; it did not make them
+  EXPECT_EQ(pattern_of(u).find("block-shaped"), std::string::npos) << pattern_of(u);
+}
+
+TEST(DiagnoseBlocks, QNopeAndQPeAreReassembledIntoTheProjectionsRows) {
+  // DeepSeek-V2-Lite's q_proj: 16 heads x [128 nope | 64 rope]; blocks of 128 rows straddle the two probes.
+  const int64_t N = 16, P = 128, R = 64, D = P + R;
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> lvl(0.002, 0.08);
+  std::vector<double> per_block(N * D / 128);
+  for (auto& v : per_block) v = lvl(rng);
+  const auto row_level = [&](int64_t row) { return per_block[row / 128]; };
+  MadeUp nope = made_up("q_nope", N * P, N, [&](int64_t c) { return row_level(c / P * D + c % P); }, 6);
+  const MadeUp pe = made_up("q_pe", N * R, N, [&](int64_t c) { return row_level(c / R * D + P + c % R); }, 7);
+  nope.all.results.push_back(pe.r);
+  const std::string p = pattern_of(nope);
+  EXPECT_NE(p.find("blocks of 128 output channels of the q_b_proj output (q_nope | q_pe per head)"), std::string::npos)
+      << p;
+}
+
+TEST(DiagnoseBlocks, NotNamedWithoutBlocks) {
+  struct Case {
+    const char* what;
+    int64_t heads;
+    std::function<double(int64_t)> level;
+  };
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> lvl(0.01, 0.1);
+  std::vector<double> per_head(12);
+  for (auto& v : per_head) v = lvl(rng);
+  const Case cases[] = {
+      {"uniform error", 0, [](int64_t) { return 0.03; }},
+      {"noise only (per-channel levels at random)", 0, [&](int64_t c) { return 0.01 + 0.05 * ((c * 7919) % 97) / 97.0; }},
+      {"a smooth trend over the channels (like RoPE's error over frequencies)", 0,
+       [](int64_t c) { return 0.001 * std::exp(c / 300.0); }},
+      {"per-head levels (a head's channels, not a weight's blocks)", 12,
+       [&](int64_t c) { return per_head[c / 128]; }},
+      {"first half of the channels only", 0, [](int64_t c) { return c < 768 ? 0.05 : 1e-4; }},
+      {"steps over a head's lanes, the same in every head (like RoPE's frequencies)", 12,
+       [&](int64_t c) { return per_head[c % 128 / 16]; }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    for (uint64_t seed : {1, 2, 3}) {
+      const MadeUp u = made_up(c.heads ? "q_nope" : "q_a", 1536, c.heads, c.level, seed);
+      EXPECT_EQ(pattern_of(u).find("block-shaped"), std::string::npos) << pattern_of(u);
     }
   }
 }

@@ -43,43 +43,22 @@
 #include "probes/h5.h"
 #include "probes/journal.h"
 #include "probes/probe.h"
+#include "tests/cli_util.h"
 
 namespace {
 
 using namespace mla;
 namespace fs = std::filesystem;
+using test::CliResult;
+using test::slurp;
+using test::spit;
 
-constexpr uint32_t kKillSeed = 20240611;
-
-// A fresh directory per test, removed at the end.
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& name)
-      : dir_(fs::temp_directory_path() / ("mla_test_dump_" + name + "_" + std::to_string(getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& file) const { return (dir_ / file).string(); }
-
- private:
-  fs::path dir_;
+// A fresh directory per test (temp/mla_test_dump_NAME_PID), removed at the end.
+struct ScratchDir : test::ScratchDir {
+  explicit ScratchDir(const std::string& name) : test::ScratchDir("dump_" + name) {}
 };
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void spit(const std::string& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
+constexpr uint32_t kKillSeed = 20240611;
 
 // Everything a run recorded, in the order it recorded it.
 struct Captured {
@@ -819,26 +798,13 @@ TEST(DumpCorrupt, ForeignAndMalformedFilesNameTheProblem) {
 // CLI: run --out, run --input, inspect
 // ---------------------------------------------------------------------------------------------------
 
-struct Cli {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Cli run_cli(const ScratchDir& dir, const std::string& args) {
-  const std::string out_path = dir.path("cli_out.txt"), err_path = dir.path("cli_err.txt");
-  const std::string cmd = "timeout 300 '" MLA_BINARY "' " + args + " >'" + out_path + "' 2>'" + err_path + "'";
-  const int status = std::system(cmd.c_str());
-  Cli r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
-  return r;
-}
+// Every CLI test has a ScratchDir for its files; the runs themselves need nothing from it.
+CliResult run_cli(const ScratchDir&, const std::string& args) { return test::run_cli(args); }
 
 TEST(DumpCli, RunOutThenInspect) {
   ScratchDir dir("cli");
   const std::string a = dir.path("a.h5");
-  Cli r = run_cli(dir, "run --model tiny --tp 2 --layers 2 --tokens 8 --seed 5 --probe-level sketch --full-probes q_c "
+  CliResult r = run_cli(dir, "run --model tiny --tp 2 --layers 2 --tokens 8 --seed 5 --probe-level sketch --full-probes q_c "
                        "--out '" + a + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("q_pe_rope"), std::string::npos) << "the probe table still prints with --out";
@@ -888,7 +854,7 @@ TEST(DumpCli, RunOutThenInspect) {
 TEST(DumpCli, RunInputReplaysTheDumpsInputs) {
   ScratchDir dir("input");
   const std::string a = dir.path("a.h5"), b = dir.path("b.h5");
-  Cli r = run_cli(dir, "run --model tiny --mode decode --batch 2 --context 70,100 --tp 2 --layers 2 --seed 3 "
+  CliResult r = run_cli(dir, "run --model tiny --mode decode --batch 2 --context 70,100 --tp 2 --layers 2 --seed 3 "
                        "--weight-seed 9 --out '" + a + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Nothing about the step on the command line: it all comes from a.h5 (weights too, through weight_seed).

@@ -2,16 +2,12 @@
 // candidate with rope-neox planted), then scripted sessions through stdin (a here-document) and one through a
 // real terminal (tmux send-keys / capture-pane).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -19,23 +15,12 @@
 #include <vector>
 
 #include "harness/report/heatmap.h"
+#include "tests/cli_util.h"
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result shell(const std::string& cmd) {
-  Result r;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
-  const int st = pclose(p.release());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Result = mla::test::CliResult;
+using mla::test::run_shell;
 
 std::string bin() { return MLA_BINARY; }
 
@@ -45,17 +30,17 @@ class Explore : public ::testing::Test {
     dir_ = (std::filesystem::temp_directory_path() / ("mla_explore_test_" + std::to_string(getpid()))).string();
     std::filesystem::create_directories(dir_);
     const std::string common = " run --quiet --model tiny --tokens 8 --probe-level full";
-    const auto ref = shell(bin() + common + " --out " + dir_ + "/ref.h5 2>&1");
-    ASSERT_EQ(ref.code, 0) << ref.out;
-    const auto cand = shell(bin() + common + " --engine reference:precision=bf16 --inject rope-neox --out " + dir_ +
+    const auto ref = run_shell(bin() + common + " --out " + dir_ + "/ref.h5 2>&1");
+    ASSERT_EQ(ref.exit_code, 0) << ref.out;
+    const auto cand = run_shell(bin() + common + " --engine reference:precision=bf16 --inject rope-neox --out " + dir_ +
                             "/cand.h5 2>&1");
-    ASSERT_EQ(cand.code, 0) << cand.out;
+    ASSERT_EQ(cand.exit_code, 0) << cand.out;
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
 
   // Runs explore with `script` as a here-document on stdin.
   static Result session(const std::string& script, const std::string& extra = "") {
-    return shell(bin() + " explore " + dir_ + "/cand.h5 " + dir_ + "/ref.h5" + extra + " 2>&1 <<'EOF'\n" + script +
+    return run_shell(bin() + " explore " + dir_ + "/cand.h5 " + dir_ + "/ref.h5" + extra + " 2>&1 <<'EOF'\n" + script +
                  "\nEOF\n");
   }
 
@@ -87,7 +72,7 @@ TEST_F(Explore, ScriptedSessionFindsRopeAndDrillsDown) {
   const auto r = session(
       "help\nlist\nfirst\nnext\nprev\nshow q_pe_rope\nheads\ntokens\nranks\nchannels\nheatmap q_pe_rope\n"
       "slice q_pe_rope t=3 h=2 c=0:16\nworst q_pe_rope 5\nslice q_pe_rope\nisolate q_pe_rope\nfrobnicate\nquit\nlist\n");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string& o = r.out;
   EXPECT_NE(o.find("calibrating tolerances"), std::string::npos) << o;
   EXPECT_EQ(o.find("explore>"), std::string::npos) << "no prompt when stdin is not a terminal\n" << o;
@@ -173,7 +158,7 @@ TEST_F(Explore, ScriptedSessionFindsRopeAndDrillsDown) {
 
 TEST_F(Explore, EndOfInputQuitsAndBadProbesAreHints) {
   const auto r = session("show no_such_probe\nslice q_pe_rope t=99\nworst kv_c 3\nheads kv_c\nheatmap kv_c_norm\nnext\nnext");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("no probe 'no_such_probe' in these dumps; probes: x,"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("error: t=99 is outside 0..7"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("worst 3 elements of layer 0 kv_c"), std::string::npos) << r.out;
@@ -183,7 +168,7 @@ TEST_F(Explore, EndOfInputQuitsAndBadProbesAreHints) {
 
 TEST_F(Explore, ColorAlwaysDrawsAnsiBlocks) {
   const auto r = session("heatmap q_pe_rope", " --color always");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("\x1b[48;5;"), std::string::npos) << r.out;
 }
 
@@ -214,13 +199,13 @@ TEST(Heatmap, LargeGridsAreMergedToFitAndKeepTheWorstCell) {
 
 // A real terminal: tmux on a private socket, keys sent as a user would type them.
 TEST_F(Explore, RealTerminalThroughTmux) {
-  if (shell("command -v tmux >/dev/null 2>&1 && echo yes").out.find("yes") == std::string::npos)
+  if (run_shell("command -v tmux >/dev/null 2>&1 && echo yes").out.find("yes") == std::string::npos)
     GTEST_SKIP() << "tmux is not installed: the real-terminal test of explore did not run (apt-get install tmux)";
   const std::string sock = "mla_explore_" + std::to_string(getpid());
   const std::string tmux = "tmux -L " + sock + " -f /dev/null ";
   const std::string target = " -t explore";
   auto capture = [&](bool escapes = false) {
-    return shell(tmux + "capture-pane -p -J -S -400" + (escapes ? " -e" : "") + target + " 2>&1").out;
+    return run_shell(tmux + "capture-pane -p -J -S -400" + (escapes ? " -e" : "") + target + " 2>&1").out;
   };
   auto wait_for = [&](const std::string& what, size_t times = 1) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(8);
@@ -233,27 +218,27 @@ TEST_F(Explore, RealTerminalThroughTmux) {
     ADD_FAILURE() << "timed out waiting for '" << what << "' (x" << times << "); the pane shows:\n" << screen;
     return screen;
   };
-  const auto started = shell(tmux + "new-session -d -s explore -x 100 -y 60 '" + bin() + " explore " + dir_ +
+  const auto started = run_shell(tmux + "new-session -d -s explore -x 100 -y 60 '" + bin() + " explore " + dir_ +
                              "/cand.h5 " + dir_ + "/ref.h5; echo explore-exited-$?; sleep 30' 2>&1");
-  ASSERT_EQ(started.code, 0) << started.out;
+  ASSERT_EQ(started.exit_code, 0) << started.out;
   struct KillServer {  // our private tmux server only, even when an assertion ends the test early
     std::string cmd;
-    ~KillServer() { shell(cmd); }
+    ~KillServer() { run_shell(cmd); }
   } kill_server{tmux + "kill-server 2>&1"};
   wait_for("explore> ");
-  shell(tmux + "send-keys" + target + " list Enter");
+  run_shell(tmux + "send-keys" + target + " list Enter");
   std::string screen = wait_for("beyond tolerance (*)");
   EXPECT_NE(screen.find("explore> list"), std::string::npos) << screen;
   EXPECT_NE(screen.find("<- first divergence"), std::string::npos) << screen;
   // Typed with a correction (a Backspace) and Tab completion of the probe name.
-  shell(tmux + "send-keys" + target + " 'heatmap q_pe_rx' BSpace 'o' Tab Enter");
+  run_shell(tmux + "send-keys" + target + " 'heatmap q_pe_rx' BSpace 'o' Tab Enter");
   screen = wait_for("scale:");
   EXPECT_NE(screen.find("explore> heatmap q_pe_rope"), std::string::npos) << screen;
   EXPECT_NE(screen.find("heatmap of layer 0 q_pe_rope"), std::string::npos) << screen;
   EXPECT_NE(screen.find("head \u2192"), std::string::npos) << screen;
   EXPECT_NE(capture(true).find("48;5;"), std::string::npos) << "a terminal gets colored blocks";
   wait_for("explore> ", 3);
-  shell(tmux + "send-keys" + target + " quit Enter");
+  run_shell(tmux + "send-keys" + target + " quit Enter");
   // explore exits 0 at once; the pane's shell then says so and sleeps.
   const std::string after = wait_for("explore-exited-0");
   EXPECT_EQ(count(after, "explore> "), 3u) << after;

@@ -3,66 +3,30 @@
 // engine passes at the calibrated tolerance; a planted bug fails with exit 1; make -> manifest -> check round trip;
 // stale, unreadable and stopped goldens give exit 2, 2 and 3; JSON and JUnit outputs parse.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/compare/golden.h"
+#include "tests/cli_util.h"
 
 namespace {
 
 using namespace mla;
 namespace fs = std::filesystem;
+using test::slurp;
 
-struct Result {
-  int code = -1;
-  std::string out;
+// mla-bisect ARGS, stderr into stdout; no time limit of its own (the runs that could hang carry --timeout).
+test::CliResult sh(const std::string& args) { return test::run_cli(args, {.merge_stderr = true, .timeout_s = 0}); }
+
+// A fresh directory per test (temp/mla_test_golden_NAME_PID), removed at the end.
+struct Scratch : test::ScratchDir {
+  explicit Scratch(const std::string& name) : test::ScratchDir("golden_" + name) {}
 };
-
-Result sh(const std::string& args) {
-  const std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
-  Result r;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
-  const int st = pclose(p.release());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-class Scratch {
- public:
-  explicit Scratch(const std::string& name)
-      : dir_(fs::temp_directory_path() / ("mla_test_golden_" + name + "_" + std::to_string(getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& f) const { return (dir_ / f).string(); }
-
- private:
-  fs::path dir_;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 const std::string kGoldenDir = std::string(MLA_SOURCE_DIR) + "/golden";
 const std::string kManifest = kGoldenDir + "/MANIFEST.json";
@@ -106,7 +70,7 @@ TEST(GoldenManifest, EveryGoldenHasItsSha256AndPassesGoldenCheckForTheReference)
     EXPECT_EQ(sha256_file(path), e.sha256) << "golden/" << e.file << " does not match its sha256 in MANIFEST.json"
                                            << regenerate(e);
     const auto r = sh("golden check " + path + " --brief --junit " + s.path("j.xml"));
-    EXPECT_EQ(r.code, 0) << "golden check failed for golden/" << e.file << ":\n" << r.out << regenerate(e);
+    EXPECT_EQ(r.exit_code, 0) << "golden check failed for golden/" << e.file << ":\n" << r.out << regenerate(e);
     EXPECT_NE(r.out.find("sha256 matches"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("golden check PASSED"), std::string::npos) << r.out;
     const std::string xml = slurp(s.path("j.xml"));
@@ -127,7 +91,7 @@ TEST(GoldenCheck, Bf16EnginePassesAtTheCalibratedTolerance) {
     SCOPED_TRACE(stem);
     const auto r = sh("golden check " + first_golden(stem) + " --engine reference:precision=bf16 --json " +
                       s.path("c.json"));
-    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.exit_code, 0) << r.out;
     std::ifstream f(s.path("c.json"));
     const auto j = nlohmann::json::parse(f);
     EXPECT_TRUE(j["first_divergence"].is_null());
@@ -155,7 +119,7 @@ TEST(GoldenCheck, InjectedBugFailsWithExitOne) {
     SCOPED_TRACE(c.inject);
     const auto r = sh("golden check " + first_golden(c.golden) + " --engine reference --inject " + c.inject + " --json " +
                       s.path("c.json") + " --junit " + s.path("c.xml"));
-    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(r.exit_code, 1) << r.out;
     EXPECT_NE(r.out.find("golden check FAILED"), std::string::npos) << r.out;
     std::ifstream f(s.path("c.json"));
     const auto j = nlohmann::json::parse(f);
@@ -166,15 +130,15 @@ TEST(GoldenCheck, InjectedBugFailsWithExitOne) {
 }
 
 TEST(GoldenCheck, OtherTensorParallelismMatchesTheGolden) {
-  EXPECT_EQ(sh("golden check " + first_golden("tiny_prefill_t8_tp1") + " --tp 2 --brief").code, 0);
-  EXPECT_EQ(sh("golden check " + first_golden("tiny_prefill_t8_tp2") + " --tp 4 --brief").code, 0);
+  EXPECT_EQ(sh("golden check " + first_golden("tiny_prefill_t8_tp1") + " --tp 2 --brief").exit_code, 0);
+  EXPECT_EQ(sh("golden check " + first_golden("tiny_prefill_t8_tp2") + " --tp 4 --brief").exit_code, 0);
 }
 
 TEST(GoldenCheck, MakeWritesTheManifestAndAStaleGoldenSaysHowToRegenerate) {
   Scratch s("make");
   const std::string g = s.path("g.h5");
   auto r = sh("golden make " + g + " --model tiny --mode chunked --batch 2 --context 5,20 --tokens 4 --weight-seed 9");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_FALSE(fs::exists(g + ".journal"));
   const auto entries = read_manifest(s.path("MANIFEST.json"));
   ASSERT_EQ(entries.size(), 1u);
@@ -193,49 +157,49 @@ TEST(GoldenCheck, MakeWritesTheManifestAndAStaleGoldenSaysHowToRegenerate) {
   EXPECT_TRUE(d.complete());
 
   r = sh("golden check " + g);
-  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
 
   // Goldens hold full tensors only.
-  EXPECT_EQ(sh("golden make " + s.path("x.h5") + " --model tiny --probe-level sketch").code, 2);
+  EXPECT_EQ(sh("golden make " + s.path("x.h5") + " --model tiny --probe-level sketch").exit_code, 2);
 
   // A changed file no longer matches its manifest: exit 2 naming the command that regenerates it.
   std::string bytes = slurp(g);
   bytes[bytes.size() / 2] ^= 0x01;
   std::ofstream(g, std::ios::binary | std::ios::trunc) << bytes;
   r = sh("golden check " + g);
-  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("differs from"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(entries[0].command), std::string::npos) << r.out;
 
   // update-manifest rehashes what is there (and drops what is gone).
   r = sh("golden update-manifest " + s.path(""));
-  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(read_manifest(s.path("MANIFEST.json"))[0].sha256, sha256_file(g));
   fs::remove(g);
-  EXPECT_EQ(sh("golden update-manifest " + s.path("")).code, 0);
+  EXPECT_EQ(sh("golden update-manifest " + s.path("")).exit_code, 0);
   EXPECT_TRUE(read_manifest(s.path("MANIFEST.json")).empty());
 }
 
 TEST(GoldenCheck, UnreadableGoldenIsExitTwoAndStoppedRunIsExitThree) {
   Scratch s("bad");
-  EXPECT_EQ(sh("golden check /nonexistent/g.h5").code, 2);
+  EXPECT_EQ(sh("golden check /nonexistent/g.h5").exit_code, 2);
   std::ofstream(s.path("junk.h5")) << "not a dump";
-  EXPECT_EQ(sh("golden check " + s.path("junk.h5")).code, 2);
-  EXPECT_EQ(sh("golden check " + first_golden("tiny_prefill_t8_tp1") + " --engine no-such-engine").code, 2);
-  EXPECT_EQ(sh("golden").code, 2);
+  EXPECT_EQ(sh("golden check " + s.path("junk.h5")).exit_code, 2);
+  EXPECT_EQ(sh("golden check " + first_golden("tiny_prefill_t8_tp1") + " --engine no-such-engine").exit_code, 2);
+  EXPECT_EQ(sh("golden").exit_code, 2);
 
   // A golden whose own run stopped (crashed at o_proj; the journal is folded on read): exit 3.
   const auto r0 = sh("run --quiet --model tiny --tokens 8 --probe-level full --inject crash-at:o_proj --out " +
                      s.path("stopped.h5"));
-  ASSERT_NE(r0.code, 0);
+  ASSERT_NE(r0.exit_code, 0);
   auto r = sh("golden check " + s.path("stopped.h5") + " --brief");
-  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
   EXPECT_NE(r.out.find("stopped"), std::string::npos) << r.out;
 
   // A candidate that hangs: the watchdog ends the check with exit 3 and leaves a JUnit error.
   r = sh("golden check " + first_golden("tiny_prefill_t8_tp1") + " --inject hang-at:rope --timeout 1 --junit " +
          s.path("h.xml"));
-  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
   const std::string xml = slurp(s.path("h.xml"));
   EXPECT_NE(xml.find("<error"), std::string::npos) << xml;
   EXPECT_NE(xml.find("stage rope"), std::string::npos) << xml;

@@ -23,22 +23,16 @@
 #include "harness/model/config.h"
 #include "harness/model/tensor.h"
 #include "reference/stages.h"
+#include "tests/stage_test_util.h"
 
 namespace {
 
 using namespace mla;
+using namespace mla::test;
 
 constexpr double kTol = 1e-5;
 constexpr uint64_t kSeeds[] = {1, 2, 3};
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::string seed_trace(uint64_t seed) { return "seed " + std::to_string(seed); }
-
-MlaConfig preset(const char* name) {
-  auto c = find_preset(name);
-  if (!c) throw std::runtime_error(std::string("no preset ") + name);
-  return *c;
-}
 
 // ---------- inputs of realistic magnitude ----------
 
@@ -80,15 +74,6 @@ struct Ref {
 
 double at(const Tensor& t, int64_t i) { return static_cast<double>(t.data[i]); }
 
-std::string coords(const std::vector<int64_t>& shape, int64_t flat) {
-  std::vector<int64_t> c(shape.size());
-  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
-    c[i] = shape[i] ? flat % shape[i] : 0;
-    flat = shape[i] ? flat / shape[i] : 0;
-  }
-  return shape_string(c);
-}
-
 // rel_l2 = ‖got − want‖ / ‖want‖ over finite expectations; non-finite expectations (lse −inf) must match exactly.
 void expect_close(const Tensor& got, const Ref& want, const std::string& what, double tol = kTol) {
   ASSERT_EQ(got.shape, want.shape) << what << ": shape";
@@ -116,18 +101,6 @@ void expect_close(const Tensor& got, const Ref& want, const std::string& what, d
                       << " got " << (wi >= 0 ? at(got, wi) : 0.0) << " want " << (wi >= 0 ? want.data[wi] : 0.0);
   // A comparison against an all-zero expectation proves nothing unless that was the point.
   EXPECT_TRUE(den > 0 || num == 0) << what;
-}
-
-void expect_identical(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.shape, want.shape) << what;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    // memcmp so NaN poison compares equal to itself.
-    if (std::memcmp(&got.data[i], &want.data[i], sizeof(float)) != 0) {
-      ADD_FAILURE() << what << ": differs at " << coords(got.shape, i) << " got " << got.data[i] << " want "
-                    << want.data[i];
-      return;
-    }
-  }
 }
 
 // The independent math: everything below reads MLA.md, not reference/.
@@ -270,38 +243,6 @@ std::pair<Ref, Ref> naive_attend(const Tensor& q, const Tensor& k, const Tensor&
       naive_softmax(scores, values, Dv, &out.data[(i * Nl + h) * Dv], &lse.data[i * Nl + h]);
     }
   return {out, lse};
-}
-
-// A step layout built here (not by make_batch): pages handed out in a shuffled order, a spare page for unused
-// slots, and a check that the table really is not the identity.
-Batch shuffled_batch(const std::vector<int>& new_lens, const std::vector<int>& ctx, uint64_t seed) {
-  Batch b;
-  b.new_lens = new_lens;
-  b.context_lens = ctx;
-  int total = 0, most = 0;
-  for (size_t i = 0; i < new_lens.size(); ++i) {
-    const int p = (ctx[i] + new_lens[i] + kPageSize - 1) / kPageSize;
-    total += p;
-    most = std::max(most, p);
-  }
-  b.max_blocks = most + 1;
-  b.num_blocks = total + 2;
-  std::vector<int> ids(b.num_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::mt19937_64 rng(seed);
-  do std::shuffle(ids.begin(), ids.end(), rng);
-  while (ids.front() == 0);
-  b.block_table.assign(new_lens.size() * b.max_blocks, ids.back());
-  int next = 0;
-  for (size_t i = 0; i < new_lens.size(); ++i) {
-    const int p = (ctx[i] + new_lens[i] + kPageSize - 1) / kPageSize;
-    for (int j = 0; j < p; ++j) b.block_table[i * b.max_blocks + j] = ids[next++];
-    for (int t = 0; t < new_lens[i]; ++t) {
-      b.positions.push_back(ctx[i] + t);
-      b.token_seq.push_back(static_cast<int>(i));
-    }
-  }
-  return b;
 }
 
 // Offset of cache row `slot` of sequence `s`, read straight from the table.

@@ -3,14 +3,10 @@
 // end to end (run, bisect, zoo, inspect) on checkpoints written by gguf / safetensors.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
-
 #include "harness/model/config.h"
 #include "harness/model/errors.h"
 #include "harness/weights/loader.h"
+#include "tests/cli_util.h"
 #include "tests/test_weights_util.h"
 
 namespace {
@@ -263,43 +259,29 @@ TEST(WeightsLoader, WeightInjectionsCorruptOnlyTheirFormat) {
 
 // ---------------------------------------------------------------- the CLI end to end
 
-struct Cli {
-  int code = -1;
-  std::string out;
-};
-
-Cli run_cli(const std::string& args) {
-  const std::string cmd = "timeout 600 '" MLA_BINARY "' " + args + " 2>&1";
-  Cli r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+using Cli = test::CliResult;
+// mla-bisect ARGS, stderr into stdout, at most 10 minutes (a zoo over quantized weights is the longest).
+Cli mla_bisect(const std::string& args) { return run_cli(args, {.merge_stderr = true, .timeout_s = 600}); }
 
 TEST(WeightsCli, RunOnEveryCheckpointFamily) {
   MLA_REQUIRE_WEIGHT_FIXTURES();
   for (const char* m : {"models/hf_fp8", "models/modelopt_nvfp4", "models/ct_nvfp4", "models/mxfp4/model.safetensors",
                         "models/gguf_kmix.gguf", "models/gguf_split.gguf"}) {
     SCOPED_TRACE(m);
-    const Cli r = run_cli("run --weights '" + fx.at(m).string() + "' --layers 2 --tokens 6");
-    EXPECT_EQ(r.code, 0) << r.out;
+    const Cli r = mla_bisect("run --weights '" + fx.at(m).string() + "' --layers 2 --tokens 6");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("weights " + fx.at(m).string()), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("h_out"), std::string::npos) << r.out;  // layers start at h (input_layernorm)
   }
-  const Cli one = run_cli("run --weights '" + fx.at("models/hf_bf16_noqlora").string() + "' --layer-range 0:1 --tokens 3");
-  EXPECT_EQ(one.code, 0) << one.out;
+  const Cli one = mla_bisect("run --weights '" + fx.at("models/hf_bf16_noqlora").string() + "' --layer-range 0:1 --tokens 3");
+  EXPECT_EQ(one.exit_code, 0) << one.out;
   EXPECT_NE(one.out.find("q_nope"), std::string::npos) << one.out;
-  const Cli bad = run_cli("run --weights '" + fx.at("models/gguf_kmix.gguf").string() + "' --model tiny --tokens 3");
-  EXPECT_EQ(bad.code, 2) << bad.out;
+  const Cli bad = mla_bisect("run --weights '" + fx.at("models/gguf_kmix.gguf").string() + "' --model tiny --tokens 3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.out.find("error: "), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("but the model config 'tiny' expects"), std::string::npos) << bad.out;
-  const Cli range = run_cli("run --weights '" + fx.at("models/gguf_kmix.gguf").string() + "' --layer-range 0:2 --layers 3");
-  EXPECT_EQ(range.code, 2) << range.out;
+  const Cli range = mla_bisect("run --weights '" + fx.at("models/gguf_kmix.gguf").string() + "' --layer-range 0:2 --layers 3");
+  EXPECT_EQ(range.exit_code, 2) << range.out;
   EXPECT_NE(range.out.find("--layer-range 0:2 holds 2 layers but --layers is 3"), std::string::npos) << range.out;
 }
 
@@ -308,50 +290,50 @@ TEST(WeightsCli, BisectOnCheckpointsFindsNothingWhenCleanAndTheInjectionWhenPlan
   const auto work = scratch("bisect");
   for (const char* m : {"models/hf_fp8", "models/modelopt_nvfp4", "models/gguf_kmix.gguf", "models/gguf_split.gguf"}) {
     SCOPED_TRACE(m);
-    const Cli r = run_cli("bisect --weights '" + fx.at(m).string() + "' --layers 2 --tokens 8 --brief --workdir '" +
+    const Cli r = mla_bisect("bisect --weights '" + fx.at(m).string() + "' --layers 2 --tokens 8 --brief --workdir '" +
                           (work / "clean").string() + "'");
-    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("no divergence"), std::string::npos) << r.out;
   }
   // An NVFP4 nibble swap in a ModelOpt checkpoint's loader: found at the first projection, isolated there.
-  const Cli r = run_cli("bisect --weights '" + fx.at("models/modelopt_nvfp4").string() +
+  const Cli r = mla_bisect("bisect --weights '" + fx.at("models/modelopt_nvfp4").string() +
                         "' --layers 2 --tokens 8 --inject nvfp4-nibble-swap --workdir '" + (work / "swap").string() + "'");
-  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("first divergence: layer 0 q_a (stage q_a_proj)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("introduced by stage q_a_proj"), std::string::npos) << r.out;
 }
 
 TEST(WeightsCli, ZooLocalizesTheWeightInjections) {
   const auto work = scratch("zoo");
-  const Cli r = run_cli("zoo --only fp8-scale-transpose,nvfp4-nibble-swap,nvfp4-global-recip --workdir '" +
+  const Cli r = mla_bisect("zoo --only fp8-scale-transpose,nvfp4-nibble-swap,nvfp4-global-recip --workdir '" +
                         (work / "z").string() + "'");
-  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("3 of 3 as expected"), std::string::npos) << r.out;
 }
 
 TEST(WeightsCli, InspectDescribesWeightFiles) {
   MLA_REQUIRE_WEIGHT_FIXTURES();
-  const Cli g = run_cli("inspect '" + fx.at("models/gguf_split.gguf").string() + "'");
-  EXPECT_EQ(g.code, 0) << g.out;
+  const Cli g = mla_bisect("inspect '" + fx.at("models/gguf_split.gguf").string() + "'");
+  EXPECT_EQ(g.exit_code, 0) << g.out;
   for (const char* s : {"GGUF v3", "deepseek2.attention.kv_lora_rank (u32) = 256", "blk.1.attn_k_b.weight",
                         "F16     [4, 256, 32]", "attn_k_b [N, L, P] + attn_v_b [N, V, L]", "2 attention layers (0..1)",
                         "config    deepseek_v2: hidden 256, heads 4, q_lora_rank 256, kv_lora_rank 256, qk_nope 32, "
                         "qk_rope 16, v_head 64",
                         "check     layer 0 loads and agrees with the config"})
     EXPECT_NE(g.out.find(s), std::string::npos) << s << "\n" << g.out;
-  const Cli s = run_cli("inspect '" + fx.at("models/hf_fp8").string() + "' --layer 1");
-  EXPECT_EQ(s.code, 0) << s.out;
+  const Cli s = mla_bisect("inspect '" + fx.at("models/hf_fp8").string() + "' --layer 1");
+  EXPECT_EQ(s.exit_code, 0) << s.out;
   for (const char* t : {"safetensors, 2 files", "model.layers.1.self_attn.q_b_proj.weight_scale_inv", "F8_E4M3",
                         "check     layer 1 loads and agrees with the config", "fp8 x5"})
     EXPECT_NE(s.out.find(t), std::string::npos) << t << "\n" << s.out;
   EXPECT_EQ(s.out.find("model.layers.0."), std::string::npos) << s.out;
-  const Cli bad = run_cli("inspect '" + fx.at("gguf_quants.gguf").string() + "'");  // not an MLA model
-  EXPECT_EQ(bad.code, 0) << bad.out;
+  const Cli bad = mla_bisect("inspect '" + fx.at("gguf_quants.gguf").string() + "'");  // not an MLA model
+  EXPECT_EQ(bad.exit_code, 0) << bad.out;
   EXPECT_NE(bad.out.find("0 attention layers"), std::string::npos) << bad.out;
   const auto junk = scratch("inspect") / "junk.gguf";
   write_file(junk, {'G', 'G', 'U', 'F', 9, 0, 0, 0});
-  const Cli j = run_cli("inspect '" + junk.string() + "'");
-  EXPECT_EQ(j.code, 2) << j.out;
+  const Cli j = mla_bisect("inspect '" + junk.string() + "'");
+  EXPECT_EQ(j.exit_code, 2) << j.out;
   EXPECT_NE(j.out.find("unsupported GGUF version 9"), std::string::npos) << j.out;
 }
 

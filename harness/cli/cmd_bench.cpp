@@ -60,6 +60,7 @@ void setup_bench(CLI::App& app, int& exit_code) {
                "to --probe-level), with FLOPs, GFLOP/s and, measured in the same run, an Eigen GEMM of the largest "
                "projection's size as the ceiling. --tokens defaults to 512 in prefill.");
   add_run_options(*cmd, o->run);
+  cmd->get_option("--tokens")->description("New tokens per sequence, >= 1 (omitted: 512 prefill, 1 decode, 32 chunked)");
   cmd->add_option("--engine", o->engine, "Engine and options, e.g. reference, reference:precision=bf16, cuda, "
                   "cuda:poison=0,mha_kernel=1 (cuda: device events, ceilings measured on the GPU; --repeats 20 and "
                   "--warmup 3 unless given)")

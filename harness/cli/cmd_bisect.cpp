@@ -72,6 +72,7 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
   const BisectReport rep = run_bisect(b);
   if (o.brief) {
     std::cout << rep.headline << "\n";
+    if (!rep.crash.empty()) std::cout << "why: " << rep.crash << "\n";
     if (rep.first) std::cout << "diagnosis: " << rep.diagnosis.pattern << "\n";
   } else {
     print_bisect(std::cout, rep);

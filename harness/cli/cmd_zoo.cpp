@@ -132,6 +132,8 @@ void setup_zoo(CLI::App& app, int& exit_code) {
                                         "localization; clean runs must not be flagged. Exit 0 only when all are as "
                                         "expected");
   add_run_options(*cmd, o->run);
+  cmd->get_option("--tokens")->description("New tokens per sequence of each case, >= 1 (omitted: 16; page-off-by-one "
+                                          "runs 1, lse-base2 at most 16)");
   cmd->add_option("--candidate", o->candidate, "Candidate engine (default: cuda when a GPU is present, else "
                                                "reference:precision=bf16)");
   cmd->add_option("--clean-seeds", o->clean_seeds, "Clean runs (seeds) that must not be flagged")->capture_default_str();

@@ -1,6 +1,9 @@
 // Shared run options: parsing into RunSpec and ProbePlan.
 #include "harness/cli/run_options.h"
 
+#include <exception>
+#include <string>
+
 #include "harness/model/errors.h"
 
 namespace mla::cli {
@@ -24,7 +27,19 @@ void add_run_options(CLI::App& app, RunOptions& o) {
   app.add_option("--mode", o.mode, "prefill | decode | chunked")->capture_default_str();
   app.add_option("--attention", o.attention, "Attention form: mha (prefill form) or absorbed (MQA over the latent "
                                              "cache); default mha for prefill/chunked, absorbed for decode");
-  app.add_option("--tokens", o.tokens, "New tokens per sequence (default: 64 prefill, 1 decode, 32 chunked)");
+  // Omitted means the mode's default; 0 or less is refused, not read as "default" (a computed 0 in a script must
+  // not silently run 64 tokens).
+  app.add_option("--tokens", o.tokens, "New tokens per sequence, >= 1 (omitted: 64 prefill, 1 decode, 32 chunked)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              size_t used = 0;
+              if (std::stoll(v, &used) >= 1 && used == v.size()) return "";
+            } catch (const std::exception&) {
+            }
+            return "must be a positive number of tokens, got '" + v + "' (leave --tokens out for the mode's default)";
+          },
+          "POSITIVE", "positive"));
   app.add_option("--batch", o.batch, "Sequences in the step")->capture_default_str();
   app.add_option("--context", o.context, "Cached tokens per sequence before the step: one value or a comma list "
                                          "(default: 200 decode, 100 chunked, 0 prefill)");
@@ -78,7 +93,7 @@ RunSpec RunOptions::to_spec() const {
              : s.mode == Mode::Mode_prefill ? 64
              : s.mode == Mode::Mode_decode  ? 1
                                             : 32;
-  if (tokens < 0) throw UsageError("--tokens must be positive, got " + std::to_string(tokens));
+  if (tokens < 0) throw UsageError("--tokens must be a positive number of tokens, got " + std::to_string(tokens));
   for (const auto& c : split_list(context)) {
     try {
       size_t used = 0;

@@ -16,7 +16,7 @@ struct RunOptions {
   std::string model = "deepseek-v3";
   std::string mode = "prefill";
   std::string attention;  // empty: the mode's default
-  int tokens = 0;         // 0: the mode's default
+  int tokens = 0;         // 0: not given, the mode's (or the command's) default; the CLI refuses an explicit < 1
   int batch = 1;
   std::string context;    // "L" or "L1,L2,..."
   int tp = 1;

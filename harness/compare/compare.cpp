@@ -65,6 +65,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   double dd = 0, bb = 0, aa = 0, ab = 0;
   std::vector<double> tok_d(T), tok_b(T), tok_a(T), tok_ab(T), head_d(N), head_b(N), rank_d(tp_a), rank_b(tp_a);
   std::vector<double> th_d(T * N), th_b(T * N);
+  m.channel_err2.assign(row, 0.0);
+  m.channel_ref2.assign(row, 0.0);
   auto coord_of = [&](int64_t t, int64_t c) {
     const int64_t h = N > 0 ? c / X : -1;
     return Coord{layer, N > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
@@ -101,6 +103,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
     tok_b[t] += y * y;
     tok_a[t] += x * x;
     tok_ab[t] += x * y;
+    m.channel_err2[c] += d * d;
+    m.channel_ref2[c] += y * y;
     if (N > 0) {
       head_d[h] += d * d;
       head_b[h] += y * y;
@@ -227,6 +231,21 @@ Metrics sketch_metrics(const Gathered& a, const Gathered& b, const DumpProbe& p)
 }
 
 }  // namespace
+
+std::vector<double> channel_block_rel(const std::vector<double>& err2, const std::vector<double>& ref2, int64_t block) {
+  std::vector<double> rel;
+  if (block <= 0 || err2.size() != ref2.size()) return rel;
+  const int64_t C = static_cast<int64_t>(err2.size());
+  for (int64_t c0 = 0; c0 < C; c0 += block) {
+    double d = 0, n = 0;
+    for (int64_t c = c0; c < std::min(C, c0 + block); ++c) {
+      d += err2[c];
+      n += ref2[c];
+    }
+    rel.push_back(ratio(std::sqrt(d), std::sqrt(n)));
+  }
+  return rel;
+}
 
 Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& p, int layer, const CompareOptions& opt) {
   if (a.full && b.full && a.data.numel() == b.data.numel()) return full_metrics(a.data, b.data, p, layer, a.tp, opt);

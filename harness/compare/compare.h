@@ -56,6 +56,10 @@ struct Metrics {
   std::vector<double> token_norm_ratio;  // [T] ‖a_t‖/‖b_t‖
   std::vector<double> token_cos;         // [T] cosine of a_t and b_t
   std::vector<double> token_head_rel;    // [T, N] (heads probes, full basis): the heat map
+  // Per channel of a token's row, summed over tokens (full basis): Σ(a−b)² and Σb². The row is the probe's
+  // trailing dims flattened (heads probes: head-major, h·X + c). channel_block_rel groups them into blocks: a
+  // block-scaled weight (FP8, 128x128) read with the wrong scales leaves error that is uniform within blocks.
+  std::vector<double> channel_err2, channel_ref2;  // [row]
   struct Element {
     Coord at;
     double a = 0, b = 0;
@@ -103,6 +107,10 @@ struct CompareReport {
 struct CompareOptions {
   double atol = 1e-3, rtol = 1e-2;  // for the mismatch fraction only (bf16-sized)
 };
+
+// rel_l2 per group of `block` consecutive entries of per-channel sums (Metrics::channel_err2 / channel_ref2);
+// the last group may be shorter.
+std::vector<double> channel_block_rel(const std::vector<double>& err2, const std::vector<double>& ref2, int64_t block);
 
 Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& spec, int layer,
                          const CompareOptions& opt);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "harness/report/compare_report.h"
@@ -49,7 +51,173 @@ double growth(const std::vector<double>& y) {
   return sxy / sxx;
 }
 
-std::string pct(double v) { return fmt_num(100 * v, 3) + "%"; }
+// Per-channel error sums in the order of the projection that wrote the probe: a projection's output rows are
+// what a block-scaled weight groups into blocks, and some projections write two probes, split per head
+// ([P | R] of q_b_proj or q_proj, [P | V] of kv_b_proj) or once ([L | R] of kv_a_proj), all of the same stage. Interleaving the two
+// probes' maps per head restores the projection's row order; without the sibling, the probe's own row.
+struct ChannelMap {
+  std::vector<double> err2, ref2;
+  int64_t per_head = 0;    // channels of one head in this order (0: no heads)
+  int64_t lanes_a = 0, lanes_b = 0;  // the two probes' widths per head when interleaved (0: one probe)
+  std::string what;        // "q_proj output (q_nope | q_pe per head)", or the probe's name
+};
+
+ChannelMap projection_channels(const ProbeResult& r, const Metrics& m, const CompareReport& all) {
+  ChannelMap cm;
+  cm.err2 = m.channel_err2;
+  cm.ref2 = m.channel_ref2;
+  cm.what = r.name;
+  const int64_t N = static_cast<int64_t>(m.head_rel.size());
+  if (N > 0) cm.per_head = static_cast<int64_t>(m.channel_err2.size()) / N;
+  struct Pair {
+    const char *first, *second;
+  };
+  static const Pair pairs[] = {{"q_nope", "q_pe"}, {"k_nope", "v"}, {"kv_c", "k_pe"}};
+  for (const auto& p : pairs) {
+    if (r.name != p.first && r.name != p.second) continue;
+    const std::string other = r.name == p.first ? p.second : p.first;
+    const Metrics* o = nullptr;
+    for (const auto& x : all.results)
+      if (x.layer == r.layer && x.name == other && !x.m.channel_err2.empty()) o = &x.m;
+    if (!o || o->head_rel.size() != m.head_rel.size()) return cm;
+    const Metrics& a = r.name == p.first ? m : *o;
+    const Metrics& b = r.name == p.first ? *o : m;
+    const int64_t heads = std::max<int64_t>(N, 1);
+    const int64_t xa = static_cast<int64_t>(a.channel_err2.size()) / heads;
+    const int64_t xb = static_cast<int64_t>(b.channel_err2.size()) / heads;
+    cm.err2.clear();
+    cm.ref2.clear();
+    for (int64_t h = 0; h < heads; ++h) {
+      cm.err2.insert(cm.err2.end(), a.channel_err2.begin() + h * xa, a.channel_err2.begin() + (h + 1) * xa);
+      cm.err2.insert(cm.err2.end(), b.channel_err2.begin() + h * xb, b.channel_err2.begin() + (h + 1) * xb);
+      cm.ref2.insert(cm.ref2.end(), a.channel_ref2.begin() + h * xa, a.channel_ref2.begin() + (h + 1) * xa);
+      cm.ref2.insert(cm.ref2.end(), b.channel_ref2.begin() + h * xb, b.channel_ref2.begin() + (h + 1) * xb);
+    }
+    cm.per_head = N > 0 ? xa + xb : 0;
+    cm.lanes_a = xa;
+    cm.lanes_b = xb;
+    cm.what = r.stage + " output (" + p.first + " | " + p.second + (N > 0 ? " per head)" : ")");
+    return cm;
+  }
+  return cm;
+}
+
+// Error in aligned blocks of B channels: uniform inside a block, different from block to block. Measured on
+// z = log rel_l2 of each channel, with variance-ratio (F) statistics, because with few tokens a channel's own
+// error is noisy (a factor of ~2 between neighbours) and only many channels together show the blocks. Under
+// no structure each F is about 1 (within a few times sqrt(2 / groups)):
+//   blocks:   the B-blocks' means differ far more than the noise inside blocks allows;
+//   boundary: inside each pair of neighbouring blocks the two differ (the edges are at B, not only at 2B);
+//   inside:   a block's two halves do not differ (not at B/2 or finer, and not a smooth trend such as RoPE's
+//             error growing with frequency, which halves would follow);
+//   pairs:    at least a quarter of the pairs (and three) differ by four standard errors (one step, e.g. "the
+//             first half of the channels", is one boundary, not blocks);
+//   order:    the block levels jump around (von Neumann ratio of successive differences to the spread >= 1,
+//             independent levels give 2): a trend or a step over the channels is not blocks.
+// Heads probes: heads with different error levels are not blocks: a B that is a whole number of heads is not
+// tried, nor one whose grid holds every edge of two interleaved probes' lanes, and the blocks must explain the
+// variation better (a larger F) than these natural groups do: the heads, the two probes' lanes in each head
+// (k_nope | v off by different amounts), and the same lane across heads (a pattern repeated in every head).
+struct BlockShape {
+  int64_t block = 0;
+  double f_blocks = 0, f_boundary = 0, f_inside = 0;
+  int64_t pairs = 0, pairs_differ = 0;
+  double von_neumann = 0;
+  std::vector<double> rel;  // rel_l2 per block
+};
+
+std::optional<BlockShape> find_block_shape(const ChannelMap& cm, double tol) {
+  const int64_t C = static_cast<int64_t>(cm.err2.size());
+  if (C == 0) return std::nullopt;
+  // Floored at rel_l2 1e-7 (below any format's rounding) so that an exact channel is one low value, not an
+  // unbounded outlier.
+  std::vector<double> z(C);
+  for (int64_t c = 0; c < C; ++c) {
+    const double rel2 = cm.ref2[c] > 0 ? cm.err2[c] / cm.ref2[c] : (cm.err2[c] > 0 ? 1.0 : 0.0);
+    z[c] = 0.5 * std::log(std::max(rel2, 1e-14));
+  }
+  // Sum of squares inside consecutive groups of g over the first n channels.
+  auto within = [&](int64_t g, int64_t n) {
+    double ss = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += g) {
+      const double mean = std::accumulate(z.begin() + c0, z.begin() + c0 + g, 0.0) / g;
+      for (int64_t c = c0; c < c0 + g; ++c) ss += (z[c] - mean) * (z[c] - mean);
+    }
+    return ss;
+  };
+  // The same F for other natural groups, of any sizes (group(c) numbers them in order): blocks must explain the
+  // error better than the heads, or the lanes of two interleaved probes, do.
+  auto f_of = [&](const std::function<int64_t(int64_t)>& group) {
+    std::vector<double> sum, cnt;
+    for (int64_t c = 0; c < C; ++c) {
+      const auto g = static_cast<size_t>(group(c));
+      if (g >= sum.size()) sum.resize(g + 1), cnt.resize(g + 1);
+      sum[g] += z[c];
+      cnt[g] += 1;
+    }
+    double within_ss = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const auto g = static_cast<size_t>(group(c));
+      within_ss += std::pow(z[c] - sum[g] / cnt[g], 2);
+    }
+    const double k = static_cast<double>(sum.size());
+    if (k < 2 || !(within_ss > 0)) return 0.0;
+    return (within(C, C) - within_ss) / (k - 1) / (within_ss / (C - k));
+  };
+  double f_natural = 0;
+  if (cm.per_head > 0 && C % cm.per_head == 0) {
+    f_natural = f_of([&](int64_t c) { return c / cm.per_head; });
+    if (cm.lanes_a > 0)
+      f_natural = std::max(f_natural,
+                           f_of([&](int64_t c) { return 2 * (c / cm.per_head) + (c % cm.per_head >= cm.lanes_a); }));
+    // The same lane of every head (a pattern over a head's channels, repeated: RoPE's frequencies).
+    f_natural = std::max(f_natural, f_of([&](int64_t c) { return c % cm.per_head; }));
+  }
+  for (int64_t B : {256, 128, 64, 32, 16, 8}) {
+    if (cm.per_head > 0 && B % cm.per_head == 0) continue;
+    // Every edge between two interleaved probes' lanes on the block grid: B-blocks are lane groups.
+    if (cm.lanes_a > 0 && cm.lanes_a % B == 0 && cm.lanes_b % B == 0) continue;
+    const int64_t n = C / (2 * B) * (2 * B), k = n / B;
+    if (k < 6) continue;  // three pairs of blocks at least
+    const double total = within(n, n), w2 = within(2 * B, n), w1 = within(B, n), wh = within(B / 2, n);
+    if (!(w1 > 0) || !(wh > 0)) continue;
+    BlockShape s;
+    s.block = B;
+    const double noise = w1 / static_cast<double>(n - k);  // per-channel variance inside blocks
+    s.f_blocks = (total - w1) / (k - 1) / noise;
+    s.f_boundary = (w2 - w1) / (k / 2) / noise;
+    s.f_inside = (w1 - wh) / k / (wh / static_cast<double>(n - 2 * k));
+    const double step = 4 * std::sqrt(noise * 2.0 / B);
+    for (int64_t c0 = 0; c0 < n; c0 += 2 * B) {
+      const double ma = std::accumulate(z.begin() + c0, z.begin() + c0 + B, 0.0) / B;
+      const double mb = std::accumulate(z.begin() + c0 + B, z.begin() + c0 + 2 * B, 0.0) / B;
+      ++s.pairs;
+      s.pairs_differ += std::fabs(ma - mb) > step;
+    }
+    // Block levels in order: a weight's wrong block scales are independent from block to block, so successive
+    // differences are as large as the spread (von Neumann ratio ~2); a trend or a single step gives ~0.
+    std::vector<double> mu(k);
+    for (int64_t b = 0; b < k; ++b) mu[b] = std::accumulate(z.begin() + b * B, z.begin() + (b + 1) * B, 0.0) / B;
+    const double mu_mean = std::accumulate(mu.begin(), mu.end(), 0.0) / k;
+    double succ = 0, spread = 0;
+    for (int64_t b = 0; b < k; ++b) {
+      spread += (mu[b] - mu_mean) * (mu[b] - mu_mean);
+      if (b > 0) succ += (mu[b] - mu[b - 1]) * (mu[b] - mu[b - 1]);
+    }
+    s.von_neumann = spread > 0 ? succ / spread : 0;
+    // Blocks inside a head, with the same levels in every head: a pattern over the head's lanes, not a weight's.
+    double f_repeat = 0;
+    if (cm.per_head > 0 && cm.per_head % B == 0 && C % cm.per_head == 0)
+      f_repeat = f_of([&](int64_t c) { return c % cm.per_head / B; });
+    s.rel = channel_block_rel(cm.err2, cm.ref2, B);
+    const auto [lo, hi] = std::minmax_element(s.rel.begin(), s.rel.end());
+    // The block errors must also differ by a factor: a constant error everywhere (a pure scale) has no blocks.
+    if (s.f_blocks >= 10 && s.f_blocks > std::max(f_natural, f_repeat) && s.f_boundary >= 10 && s.f_inside <= 3 &&
+        s.pairs_differ >= std::max<int64_t>(3, s.pairs / 4) && s.von_neumann >= 1 && *hi > tol && *hi >= 2 * *lo)
+      return s;
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -191,6 +359,26 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
     if (last_exact && earlier_off && attention)
       return say("last token exact, earlier tokens off: the causal mask is missing (the last token sees every key "
                  "either way)", "high");
+  }
+
+  // Block-shaped error in the output channels of a projection, where a block-scaled weight's error first shows
+  // (before the scale rules: a few blocks with wrong scales also leave every token's direction nearly kept).
+  const bool projection = r.stage.size() > 5 && r.stage.compare(r.stage.size() - 5, 5, "_proj") == 0;
+  if (projection && !m.channel_err2.empty()) {
+    const ChannelMap cm = projection_channels(r, m, all);
+    if (const auto bs = find_block_shape(cm, tol.rel_l2)) {
+      const auto [lo, hi] = std::minmax_element(bs->rel.begin(), bs->rel.end());
+      ev.push_back("per-" + std::to_string(bs->block) + "-channel block rel_l2 of the " + cm.what + ": " +
+                   fmt_num(*lo, 3) + " to " + fmt_num(*hi, 3) + " over " + std::to_string(bs->rel.size()) +
+                   " blocks; between-block variation " + fmt_num(bs->f_blocks, 3) + "x the noise inside blocks, " +
+                   "neighbouring blocks differ in " + std::to_string(bs->pairs_differ) + " of " +
+                   std::to_string(bs->pairs) + " pairs, halves of a block agree (" + fmt_num(bs->f_inside, 2) +
+                   "x the noise)");
+      return say("block-shaped error: uniform within aligned blocks of " + std::to_string(bs->block) +
+                     " output channels of the " + cm.what + ", different from block to block: a block-scaled "
+                     "weight read with the wrong block scales (FP8 scale_inv transposed or misindexed, block size)",
+                 bs->f_blocks >= 30 && bs->f_inside <= 2 ? "high" : "medium");
+    }
   }
 
   // Scale patterns.

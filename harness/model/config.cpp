@@ -180,28 +180,6 @@ std::vector<MlaConfig> all_presets() {
   return v;
 }
 
-// Reject pathological nesting before nlohmann builds (and recursively destroys) a deep tree.
-void check_nesting(const std::string& text, const std::string& origin) {
-  constexpr int kMaxDepth = 64;
-  int depth = 0;
-  bool in_string = false, escape = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      if (escape) escape = false;
-      else if (ch == '\\') escape = true;
-      else if (ch == '"') in_string = false;
-      continue;
-    }
-    if (ch == '"') in_string = true;
-    else if (ch == '{' || ch == '[') {
-      if (++depth > kMaxDepth)
-        throw UsageError(origin + ": JSON nested deeper than " + std::to_string(kMaxDepth) + " levels at byte " +
-                         std::to_string(i));
-    } else if (ch == '}' || ch == ']') --depth;
-  }
-}
-
 template <class T>
 T get_field(const json& j, const char* key, const std::string& origin, std::optional<T> fallback = std::nullopt) {
   auto it = j.find(key);
@@ -238,6 +216,26 @@ std::vector<std::string> preset_names() {
   return n;
 }
 
+void check_json_nesting(const std::string& text, const std::string& origin) {
+  int depth = 0;
+  bool in_string = false, escape = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escape) escape = false;
+      else if (ch == '\\') escape = true;
+      else if (ch == '"') in_string = false;
+      continue;
+    }
+    if (ch == '"') in_string = true;
+    else if (ch == '{' || ch == '[') {
+      if (++depth > kMaxJsonDepth)
+        throw UsageError(origin + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels at byte " +
+                         std::to_string(i));
+    } else if (ch == '}' || ch == ']') --depth;
+  }
+}
+
 std::optional<MlaConfig> find_preset(const std::string& name) {
   for (auto& c : all_presets())
     if (c.name == name) return c;
@@ -245,7 +243,7 @@ std::optional<MlaConfig> find_preset(const std::string& name) {
 }
 
 MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
-  check_nesting(text, origin);
+  check_json_nesting(text, origin);
   json j;
   try {
     j = json::parse(text);

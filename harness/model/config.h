@@ -64,6 +64,12 @@ double yarn_correction_dim(double num_rotations, int dim, double base, int origi
 std::vector<std::string> preset_names();
 std::optional<MlaConfig> find_preset(const std::string& name);
 
+// Rejects JSON text that nests deeper than kMaxJsonDepth (objects and arrays, outside strings) with a UsageError
+// naming `origin` and the byte, before nlohmann builds (and recursively destroys) a pathologically deep tree.
+// Used for every untrusted JSON: config.json, safetensors headers and index files. Real files nest 3-4 deep.
+constexpr int kMaxJsonDepth = 64;
+void check_json_nesting(const std::string& text, const std::string& origin);
+
 // HF config.json text (DeepSeek-V2/V3, Kimi-K2, glm4_moe_lite, glm_moe_dsa). `origin` names the file in errors.
 MlaConfig parse_hf_config(const std::string& json_text, const std::string& origin);
 MlaConfig config_from_json(const nlohmann::json& j);  // our own to_json() form (dumps)

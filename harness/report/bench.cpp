@@ -189,23 +189,24 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   for (auto& c : engine.measure_ceilings(std::max(o.repeats, 20)))
     r.ceilings.push_back({c.what, c.flops, c.bytes, Timing::of(c.samples_s)});
 
-  // As the Runner walks: a stage's probes are started after it and collected after the next stage was queued.
+  // As the Runner walks: a stage's probes are started after it, finished records taken after each stage,
+  // the rest at the end of each layer.
   std::vector<ProbeRecord> recs;
   const auto walk = [&](const ProbePlan* plan) {
-    for (int layer = 0; layer < spec.layers; ++layer)
+    for (int layer = 0; layer < spec.layers; ++layer) {
       for (const auto& st : graph.stages) {
         for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
         if (!plan) continue;
-        engine.collect_probes(recs);
-        recs.clear();
         for (int rank = 0; rank < spec.tp; ++rank)
           for (const auto& name : st.outputs) {
             const ProbeSpec& p = *graph.find(name);
             engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
           }
+        engine.collect_probes(recs, false);
       }
-    engine.collect_probes(recs);
-    recs.clear();
+      engine.collect_probes(recs, true);
+      recs.clear();
+    }
   };
   const auto wall = [&](const ProbePlan* plan) {
     engine.synchronize();

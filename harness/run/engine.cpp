@@ -51,7 +51,7 @@ void Engine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& re
   started_probes_.push_back(probe(rank, spec, req));
 }
 
-void Engine::collect_probes(std::vector<ProbeRecord>& out) {
+void Engine::collect_probes(std::vector<ProbeRecord>& out, bool /*wait*/) {
   for (auto& r : started_probes_) out.push_back(std::move(r));
   started_probes_.clear();
 }

@@ -73,13 +73,14 @@ class Engine {
   // The probe record of a tensor, computed where the tensor lives. Default: download and compute on the host.
   virtual ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req);
   // The same, without waiting (the Runner's way): probe_async starts the record of the tensor as it is now
-  // (later stages cannot change what it sees); collect_probes appends the records started since the last
-  // collect, in the order they were started. When one cannot be completed (a device fault), it appends the
-  // ones before it and throws. Defaults: probe() at once.
+  // (later stages cannot change what it sees); collect_probes appends records in the order they were
+  // started: all of them (wait), or those complete now, up to the first that is not (!wait). When one
+  // cannot be completed (a device fault), it appends the ones before it and throws. Defaults: probe() at
+  // once.
   virtual void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req);
-  virtual void collect_probes(std::vector<ProbeRecord>& out);
-  // True when probe_async queues work that collect_probes waits for: the Runner then collects a stage's
-  // probes after the next stage was queued; otherwise at once (the records reach the sink sooner).
+  virtual void collect_probes(std::vector<ProbeRecord>& out, bool wait = true);
+  // True when probe_async queues work that collect_probes waits for: the Runner then takes the finished
+  // records after each stage and waits for the rest at the end of each layer; otherwise it collects at once.
   virtual bool queues_probes() const { return false; }
   virtual void synchronize() {}
 

@@ -1,9 +1,11 @@
 // Runner: graph walk, probe capture.
 #include "harness/run/runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <limits>
 #include <thread>
@@ -61,55 +63,59 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
   ctx.packed = packed_;
   ctx.dequant_bugs = dequant_bugs_;
   engine.prepare(ctx);
-  // Probes are started after their stage and collected after the next stage was queued, so that an engine
-  // on a device never waits for them (Engine::probe_async). Whatever is pending is collected before a
-  // planted hang or crash and when the run fails: probes of finished stages reach the sink.
+  // Probes are started after their stage; an engine that queues them on a device (queues_probes) hands back
+  // the finished records after each stage and the rest at the end of each layer, so it never waits for them
+  // mid-layer. Whatever is pending is collected before a planted hang or crash and when the run fails:
+  // probes of finished stages reach the sink.
   struct Started {
     int layer;
     const ProbeSpec* spec;
     int rank;
   };
-  std::vector<Started> started;
-  auto collect = [&] {
+  std::deque<Started> started;
+  auto collect = [&](bool wait) {
     if (started.empty()) return;
     std::vector<ProbeRecord> recs;
     std::exception_ptr failed;
     try {
-      engine.collect_probes(recs);
+      engine.collect_probes(recs, wait);
     } catch (...) {
       failed = std::current_exception();
     }
-    for (size_t i = 0; i < recs.size() && i < started.size(); ++i)
-      sink.record(started[i].layer, *started[i].spec, started[i].rank, recs[i]);
-    started.clear();
-    if (failed) std::rethrow_exception(failed);
+    const size_t n = std::min(recs.size(), started.size());
+    for (size_t i = 0; i < n; ++i) sink.record(started[i].layer, *started[i].spec, started[i].rank, recs[i]);
+    started.erase(started.begin(), started.begin() + static_cast<std::ptrdiff_t>(n));
+    if (failed) {
+      started.clear();
+      std::rethrow_exception(failed);
+    }
   };
+  const bool queued = engine.queues_probes();
   try {
     for (int layer = 0; layer < spec_.layers; ++layer) {
       for (const auto& st : graph_.stages) {
         for (int rank = 0; rank < spec_.tp; ++rank) {
           sink.stage_begin(layer, st.stage, rank);
-          if (stops_at_entry(engine, st, rank)) collect();
+          if (stops_at_entry(engine, st, rank)) collect(true);
           apply_entry_injections(engine, st, rank);
           if (before) before(engine, st, layer, rank);
           engine.run_stage(st, layer, rank);
           apply_nan_injections(engine, st, rank);
         }
-        collect();  // the previous stage's
-        if (plan.off) continue;
-        for (int rank = 0; rank < spec_.tp; ++rank)
-          for (const auto& name : st.outputs) {
-            const ProbeSpec& p = *graph_.find(name);
-            engine.probe_async(rank, p, make_probe_request(p, spec_.tp, rank, plan.level_for(name)));
-            started.push_back({layer, &p, rank});
-          }
-        if (!engine.queues_probes()) collect();
+        if (!plan.off)
+          for (int rank = 0; rank < spec_.tp; ++rank)
+            for (const auto& name : st.outputs) {
+              const ProbeSpec& p = *graph_.find(name);
+              engine.probe_async(rank, p, make_probe_request(p, spec_.tp, rank, plan.level_for(name)));
+              started.push_back({layer, &p, rank});
+            }
+        collect(!queued);
       }
+      collect(true);
     }
-    collect();
   } catch (...) {
     try {
-      collect();
+      collect(true);
     } catch (...) {  // the first failure is the one to report
     }
     throw;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "harness/model/errors.h"
 
@@ -285,53 +286,51 @@ PackedWeight quantize_fp8(const Tensor& w, PackedWeight p) {
   return p;
 }
 
+// The FP4 (E2M1) formats share one shape: per row, per block of `group` elements, a scale from the block's
+// largest magnitude (`scale_of(bmax)` returns the stored scale byte and the scale dequantize will multiply by),
+// then the elements packed two per byte, the even one in the low nibble.
+template <class ScaleOf>
+void pack_e2m1_blocks(const Tensor& w, PackedWeight& p, int group, ScaleOf scale_of) {
+  const int64_t R = p.rows, C = p.cols;
+  p.data.assign(static_cast<size_t>(R * C / 2), 0);
+  p.scales.resize(static_cast<size_t>(R * (C / group)));
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t b = 0; b < C / group; ++b) {
+      const float* x = w.data.data() + i * C + group * b;
+      float bmax = 0;
+      for (int j = 0; j < group; ++j) bmax = std::max(bmax, std::fabs(x[j]));
+      const auto [code, scale] = scale_of(bmax);
+      p.scales[i * (C / group) + b] = code;
+      for (int j = 0; j < group; ++j) {
+        const uint8_t q = scale > 0 ? float_to_e2m1(x[j] / scale) : 0;
+        const int64_t k = i * C + group * b + j;
+        p.data[k / 2] |= static_cast<uint8_t>(k % 2 ? q << 4 : q);
+      }
+    }
+}
+
 PackedWeight quantize_nvfp4(const Tensor& w, PackedWeight p) {
   const bool ct = p.format == WeightFormat::WeightFormat_nvfp4_ct;
-  const int64_t R = p.rows, C = p.cols;
   float amax = 0;
   for (float v : w.data) amax = std::max(amax, std::fabs(v));
   // The global scale maps the largest block scale to E4M3's 448: ModelOpt stores amax / (6*448) and
   // multiplies; compressed-tensors stores the reciprocal (6*448) / amax and divides.
   const float g = amax > 0 ? (ct ? (6.0f * 448.0f) / amax : amax / (6.0f * 448.0f)) : 1.0f;
   p.global_scale = g;
-  p.data.assign(static_cast<size_t>(R * C / 2), 0);
-  p.scales.resize(static_cast<size_t>(R * (C / 16)));
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t b = 0; b < C / 16; ++b) {
-      const float* x = w.data.data() + i * C + 16 * b;
-      float bmax = 0;
-      for (int j = 0; j < 16; ++j) bmax = std::max(bmax, std::fabs(x[j]));
-      const uint8_t code = float_to_e4m3(ct ? bmax / 6.0f * g : bmax / 6.0f / g);
-      p.scales[i * (C / 16) + b] = code;
-      const float s8 = e4m3_to_float(code);
-      const float scale = ct ? s8 / g : s8 * g;  // exactly what dequantize computes
-      for (int j = 0; j < 16; ++j) {
-        const uint8_t q = scale > 0 ? float_to_e2m1(x[j] / scale) : 0;
-        const int64_t k = i * C + 16 * b + j;
-        p.data[k / 2] |= static_cast<uint8_t>(k % 2 ? q << 4 : q);
-      }
-    }
+  pack_e2m1_blocks(w, p, 16, [&](float bmax) {
+    const uint8_t code = float_to_e4m3(ct ? bmax / 6.0f * g : bmax / 6.0f / g);
+    const float s8 = e4m3_to_float(code);
+    return std::pair<uint8_t, float>{code, ct ? s8 / g : s8 * g};  // exactly what dequantize computes
+  });
   return p;
 }
 
 PackedWeight quantize_mxfp4(const Tensor& w, PackedWeight p) {
-  const int64_t R = p.rows, C = p.cols;
-  p.data.assign(static_cast<size_t>(R * C / 2), 0);
-  p.scales.resize(static_cast<size_t>(R * (C / 32)));
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t b = 0; b < C / 32; ++b) {
-      const float* x = w.data.data() + i * C + 32 * b;
-      float bmax = 0;
-      for (int j = 0; j < 32; ++j) bmax = std::max(bmax, std::fabs(x[j]));
-      // OCP MX: shared exponent floor(log2 amax) - 2 (E2M1's largest exponent); values past 6 saturate.
-      const uint8_t e = bmax > 0 ? static_cast<uint8_t>(clampi(float_to_e8m0_floor(bmax) - 2, 0, 254)) : 127;
-      p.scales[i * (C / 32) + b] = e;
-      const float scale = e8m0_to_float(e);
-      for (int j = 0; j < 32; ++j) {
-        const int64_t k = i * C + 32 * b + j;
-        p.data[k / 2] |= static_cast<uint8_t>(k % 2 ? float_to_e2m1(x[j] / scale) << 4 : float_to_e2m1(x[j] / scale));
-      }
-    }
+  pack_e2m1_blocks(w, p, 32, [](float bmax) {
+    // OCP MX: shared exponent floor(log2 amax) - 2 (E2M1's largest exponent); values past 6 saturate.
+    const uint8_t e = bmax > 0 ? static_cast<uint8_t>(clampi(float_to_e8m0_floor(bmax) - 2, 0, 254)) : 127;
+    return std::pair<uint8_t, float>{e, e8m0_to_float(e)};
+  });
   return p;
 }
 

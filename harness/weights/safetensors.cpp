@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/model/config.h"
 #include "harness/model/errors.h"
 
 namespace mla {
@@ -20,7 +21,6 @@ using nlohmann::json;
 namespace {
 
 constexpr uint64_t kMaxHeader = 100'000'000;  // the reference implementation's limit
-constexpr int kMaxDepth = 64;                 // valid headers nest 3 deep; unknown fields may nest more
 
 // Builds StTensorInfo entries straight from the parser's events.
 class HeaderSax {
@@ -177,7 +177,8 @@ class HeaderSax {
 
   [[noreturn]] void err(const std::string& what) const { throw UsageError(origin_ + ": header: " + what); }
   void enter() {
-    if (++depth_ > kMaxDepth) err("JSON nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    // kMaxJsonDepth (config.h): valid headers nest 3 deep; unknown fields may nest more.
+    if (++depth_ > kMaxJsonDepth) err("JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   bool known_field() const { return field_ == "dtype" || field_ == "shape" || field_ == "data_offsets"; }
   template <class F>
@@ -232,27 +233,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   }
   t += ']';
   return t;
-}
-
-// Reject pathological nesting before nlohmann builds (and recursively destroys) a deep tree.
-void check_nesting(const std::string& text, const std::string& origin) {
-  int depth = 0;
-  bool in_string = false, escape = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      if (escape) escape = false;
-      else if (ch == '\\') escape = true;
-      else if (ch == '"') in_string = false;
-      continue;
-    }
-    if (ch == '"') in_string = true;
-    else if (ch == '{' || ch == '[') {
-      if (++depth > kMaxDepth)
-        throw UsageError(origin + ": JSON nested deeper than " + std::to_string(kMaxDepth) + " levels at byte " +
-                         std::to_string(i));
-    } else if (ch == '}' || ch == ']') --depth;
-  }
 }
 
 bool is_plain_file_name(const std::string& n) {
@@ -378,7 +358,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(pa
     if (f.size() > kMaxHeader) throw UsageError(origin + ": " + std::to_string(f.size()) + " bytes is too large for an index");
     const Bytes b = f.bytes();
     const std::string text(reinterpret_cast<const char*>(b.at(0, b.size(), "index")), b.size());
-    check_nesting(text, origin);
+    check_json_nesting(text, origin);
     json j;
     try {
       j = json::parse(text);

@@ -19,20 +19,20 @@ namespace {
 
 constexpr Tolerance kStageTol{4.0, 1.0 / 1024};
 
-// attention_mha version 3 (mha_kernel=3, the 256-row flash kernel) on every MHA case: tiny dims zero-padded
-// (scalar and cp.async loads), the long tiny shapes (several 256-row blocks, ragged tiles, chunked prefill's
-// context path), DeepSeek-V3 (also T 300) and GLM-5 dims (GLM's D 256 / V 256 and tiny_wide run version 2's
-// wide kernel under mha_kernel=3).
-std::vector<Case> v3_cases() {
+// attention_mha version 3 (the default: the 256-row flash kernel, 32 rows per warp) runs every case of the
+// suites above; version 2 (mha_kernel=2, 128-row blocks) on every MHA case here: tiny dims zero-padded
+// (scalar and cp.async loads), the long tiny shapes (several blocks, ragged tiles, chunked prefill's context
+// path), DeepSeek-V3 and GLM-5 dims. GLM's D 256 / V 256 and tiny_wide run version 2's wide kernel under
+// either. Plus real DeepSeek-V3 head dims across two 256-row blocks and the causal diagonal under version 3.
+std::vector<Case> flash_version_cases() {
   std::vector<Case> v;
   for (const auto& list : {tiny_cases(), long_cases(), big_cases()})
     for (auto c : list)
       if (c.form == kMha) {
-        c.name = "v3_" + c.name;
-        c.engine_options = "mha_kernel=3";
+        c.name = "v2_" + c.name;
+        c.engine_options = "mha_kernel=2";
         v.push_back(c);
       }
-  // Real DeepSeek-V3 head dims across two 256-row blocks and the causal diagonal (16 heads per rank).
   auto long_dsv3 = make_case("v3_dsv3_prefill_t300_tp8", "deepseek-v3", kPrefill, kMha, 8, 300);
   long_dsv3.engine_options = "mha_kernel=3";
   v.push_back(long_dsv3);
@@ -58,7 +58,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaStage, testing::ValuesIn(tiny_cases()), case_
 INSTANTIATE_TEST_SUITE_P(RealDims, CudaStage, testing::ValuesIn(big_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Long, CudaStage, testing::ValuesIn(long_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Fallback, CudaStage, testing::ValuesIn(fallback_cases()), case_name);
-INSTANTIATE_TEST_SUITE_P(FlashV3, CudaStage, testing::ValuesIn(v3_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(FlashVersions, CudaStage, testing::ValuesIn(flash_version_cases()), case_name);
 
 }  // namespace
 }  // namespace mla::gputest

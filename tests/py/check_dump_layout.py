@@ -17,6 +17,18 @@ ROOT_STRINGS = ["format", "tool_version", "git_sha", "created_utc", "engine", "e
                 "device", "model", "run_options", "mode", "inject", "probe_level", "command", "status", "last_stage"]
 ROOT_INTS = ["schema_version", "tp", "seed"]
 PROBE_ATTRS = ["order", "stage", "contract", "shape", "engine_dtype", "heads_axis", "rope_from"]
+def checksum_fp32(data):
+    """probes/probe_hash.h, written again: the sum mod 2^64 of a mixed (index, fp32 bits) term per element."""
+    bits = np.ascontiguousarray(data, dtype=np.float32).reshape(-1).view(np.uint32).astype(np.uint64)
+    x = (np.arange(bits.size, dtype=np.uint64) << np.uint64(32)) | bits
+    with np.errstate(over="ignore"):
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(31)
+        x = x * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(29)
+    return int(x.sum(dtype=np.uint64))
+
+
 RANK_ATTRS = ["l2", "absmax", "mean", "std", "nan", "inf", "checksum", "level"]
 
 errors = []
@@ -127,6 +139,10 @@ def main(dump_path, sidecar_path):
             if rec["level"] == "full":
                 if check("data" in r, f"{where}/data: missing at full level"):
                     same_f32(r["data"], rec["data"], rec["local_shape"], f"{where}/data")
+                    if p.attrs["engine_dtype"] == "fp32":  # the checksum recomputed here from its definition
+                        want = checksum_fp32(np.asarray(r["data"]))
+                        check(int(r.attrs["checksum"]) == want,
+                              f"{where}: checksum {int(r.attrs['checksum'])} != {want} recomputed from the data")
             else:
                 check("data" not in r, f"{where}/data: present below full level")
 

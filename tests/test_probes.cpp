@@ -1,0 +1,69 @@
+// Probe records on the host (probes/probe.h): the checksum is order-free to compute but not to content: a
+// flipped bit or two swapped elements change it; the sketch is linear, so column shards add up.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "probes/probe.h"
+
+namespace mla {
+namespace {
+
+Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
+  Tensor t(std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (auto& v : t.data) v = n(rng);
+  return t;
+}
+
+ProbeRequest request(int64_t tokens, ProbeLevel level = ProbeLevel::ProbeLevel_sketch) {
+  ProbeRequest r;
+  r.tokens = tokens;
+  r.level = level;
+  r.probe_key = probe_key("q_nope");
+  return r;
+}
+
+TEST(ProbeChecksum, EveryFlippedBitAndEverySwapChangesIt) {
+  const Tensor t = random_tensor({4, 24}, 1);
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const uint64_t base = compute_probe_record(t, dtype, request(4)).checksum;
+    EXPECT_EQ(base, compute_probe_record(t, dtype, request(4)).checksum);
+    const int bits = std::strcmp(dtype, "fp32") == 0 ? 32 : 16;
+    for (int64_t i : {int64_t{0}, int64_t{37}, t.numel() - 1})
+      for (int b = 0; b < bits; ++b) {
+        Tensor u = t;
+        uint32_t w;
+        std::memcpy(&w, &u.data[i], 4);
+        w ^= 1u << (b + 32 - bits);  // bf16 is the high half of the fp32 pattern
+        std::memcpy(&u.data[i], &w, 4);
+        EXPECT_NE(compute_probe_record(u, dtype, request(4)).checksum, base) << dtype << " element " << i << " bit " << b;
+      }
+    for (int64_t i = 0; i + 1 < t.numel(); i += 7) {
+      Tensor u = t;
+      std::swap(u.data[i], u.data[i + 1]);
+      EXPECT_NE(compute_probe_record(u, dtype, request(4)).checksum, base) << dtype << " swap " << i;
+    }
+  }
+}
+
+TEST(ProbeSketch, ColumnShardsAddUpToTheWhole) {
+  const Tensor t = random_tensor({5, 48}, 2);
+  const ProbeRecord whole = compute_probe_record(t, "fp32", request(5));
+  std::vector<double> sum(5 * kSketchDim, 0.0);
+  for (int shard = 0; shard < 3; ++shard) {
+    Tensor part({5, 16});
+    for (int r = 0; r < 5; ++r)
+      for (int c = 0; c < 16; ++c) part.data[r * 16 + c] = t.data[r * 48 + shard * 16 + c];
+    ProbeRequest q = request(5);
+    q.col_offset = shard * 16;
+    const ProbeRecord rec = compute_probe_record(part, "fp32", q);
+    for (size_t k = 0; k < sum.size(); ++k) sum[k] += rec.sketch[k];
+  }
+  for (size_t k = 0; k < sum.size(); ++k) EXPECT_NEAR(sum[k], whole.sketch[k], 1e-5) << k;
+}
+
+}  // namespace
+}  // namespace mla

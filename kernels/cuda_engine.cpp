@@ -706,12 +706,12 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
     return compute_probe_record(to_float(t, raw), cuda::dtype_name(t.dtype), req);
   }
   cuda::ProbeCapture& cap = capture(rank);
-  return cap.finish(cap.start(t, req));
+  return cap.finish(cap.start(spec.name, t, req));
 }
 
 void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
   if (!device_probes_) return Engine::probe_async(rank, spec, req);
-  probe_order_.push_back({rank, capture(rank).start(in(rank, spec.name), req)});
+  probe_order_.push_back({rank, capture(rank).start(spec.name, in(rank, spec.name), req)});
 }
 
 void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {

@@ -47,8 +47,10 @@ struct ProbeCapture::Slot {
   DType dtype = DType::DType_bf16;
   int64_t rows = 0, heads = 0, numel = 0;
   bool sketch = false, full = false;
+  bool sketch_lane_major = false;  // the bf16 sketch GEMM writes [32, rows]
   size_t off_stats = 0, off_check = 0, off_tok = 0, off_head = 0, off_sketch = 0, off_raw = 0, bytes = 0;
   unsigned seq = 0;
+  bool busy = false;
   PinnedBuffer host;
   PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
   volatile unsigned* flag = nullptr;
@@ -86,20 +88,24 @@ const DeviceBuffer& ProbeCapture::signs(uint64_t key, int64_t col0, int64_t cols
   return signs_.emplace(k, std::move(b)).first->second;
 }
 
-int ProbeCapture::start(const DeviceTensor& t, const ProbeRequest& req) {
+int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req) {
   DeviceGuard g(rc_.device());
-  if (free_.empty()) {
+  auto& mine = by_probe_[probe];
+  int id = -1;
+  for (int k : mine)
+    if (!slots_[k]->busy) id = k;
+  if (id < 0) {
     auto s = std::make_unique<Slot>();
     s->device = rc_.device();
     CUDA_CHECK(cudaEventCreateWithFlags(&s->computed, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
     s->flag = reinterpret_cast<volatile unsigned*>(s->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s->flag_dev), const_cast<unsigned*>(s->flag), 0));
-    free_.push_back(static_cast<int>(slots_.size()));
+    id = static_cast<int>(slots_.size());
+    mine.push_back(id);
     slots_.push_back(std::move(s));
   }
-  const int id = free_.front();
-  free_.pop_front();
+  slots_[id]->busy = true;
   Slot& s = *slots_[id];
   s.rec = ProbeRecord{};
   s.rec.shape = t.shape;
@@ -149,7 +155,8 @@ int ProbeCapture::start(const DeviceTensor& t, const ProbeRequest& req) {
     a.sketch_out = s.sketch ? reinterpret_cast<float*>(dev + s.off_sketch) : nullptr;
     a.workspace = work ? dev + s.bytes : nullptr;
     launch_probe_stats(a, stream);
-    if (s.sketch && t.dtype == DType::DType_bf16) {
+    s.sketch_lane_major = s.sketch && t.dtype == DType::DType_bf16;
+    if (s.sketch_lane_major) {
       const DeviceBuffer& S = signs(req.probe_key, req.col_offset, cols);
       sketch_gemm(rc_.cublas(), t.bf(), s.rows, cols, static_cast<const bf16*>(S.get()), a.sketch_out);
     }
@@ -176,7 +183,7 @@ ProbeRecord ProbeCapture::finish(int slot) {
   const cudaError_t err = cudaEventSynchronize(s.done);
   if (err != cudaSuccess && *s.flag != s.seq)
     CUDA_CHECK(err);  // the device failed before this probe's copies were done
-  free_.push_back(slot);
+  s.busy = false;
   ProbeRecord rec = std::move(s.rec);
   const int64_t rows = s.rows;
   rec.token_l2.assign(rows, 0.f);
@@ -199,7 +206,14 @@ ProbeRecord ProbeCapture::finish(int slot) {
   }
   std::memcpy(rec.token_l2.data(), host + s.off_tok, rows * sizeof(float));
   if (s.heads) std::memcpy(rec.head_l2.data(), host + s.off_head, rec.head_l2.size() * sizeof(float));
-  if (s.sketch) std::memcpy(rec.sketch.data(), host + s.off_sketch, rec.sketch.size() * sizeof(float));
+  if (s.sketch) {
+    const auto* sk = reinterpret_cast<const float*>(host + s.off_sketch);
+    if (s.sketch_lane_major)  // the bf16 sketch GEMM's layout
+      for (int64_t r = 0; r < rows; ++r)
+        for (int k = 0; k < kSketchDim; ++k) rec.sketch[r * kSketchDim + k] = sk[k * rows + r];
+    else
+      std::memcpy(rec.sketch.data(), sk, rec.sketch.size() * sizeof(float));
+  }
   rec.checksum = checksum;
   rec.nan = static_cast<int64_t>(nan);
   rec.inf = static_cast<int64_t>(inf);

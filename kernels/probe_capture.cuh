@@ -6,9 +6,9 @@
 // probe saw. The flag lets a probe whose copies completed before a device fault be recovered after it (the
 // CUDA API then only reports the fault), so probes recorded before a crash survive it.
 #pragma once
-#include <deque>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -25,8 +25,9 @@ class ProbeCapture {
   ProbeCapture(const ProbeCapture&) = delete;
   ProbeCapture& operator=(const ProbeCapture&) = delete;
 
-  // Queues the record of `t` (this rank's shard) and returns its slot (busy until finish).
-  int start(const DeviceTensor& t, const ProbeRequest& req);
+  // Queues the record of `t` (this rank's shard, the probe named `probe`) and returns its slot (busy until
+  // finish).
+  int start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req);
   // True when finish(slot) would not wait.
   bool ready(int slot) const;
   // The record of a started slot, which becomes free: waits for its copies (or reads the flag after a
@@ -40,10 +41,10 @@ class ProbeCapture {
   RankContext& rc_;
   cudaStream_t copy_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;
-  // Free slots, first in first out: a layer's k-th probe gets the slot the last layer's k-th probe had, so
-  // each slot's buffers reach their size in the first layer and never grow again (growing reallocates,
-  // and freeing device memory synchronizes the device).
-  std::deque<int> free_;
+  // Slots by probe name: a probe gets a free slot of its own name, whose buffers already have its size (a
+  // slot shared between probes of different sizes would grow, and growing reallocates pinned memory, slow,
+  // and device memory, whose freeing synchronizes the device).
+  std::map<std::string, std::vector<int>> by_probe_;
   std::map<std::tuple<uint64_t, int64_t, int64_t>, DeviceBuffer> signs_;
 };
 

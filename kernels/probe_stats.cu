@@ -351,11 +351,12 @@ void launch_sketch_signs(uint64_t key, int64_t col0, int64_t cols, bf16* signs, 
 void sketch_gemm(cublasHandle_t h, const bf16* data, int64_t rows, int64_t cols, const bf16* signs, float* out) {
   if (rows == 0) return;
   const float alpha = kSketchScale, beta = 0.0f;
-  // Column-major: outᵀ [32, rows] = signsᵀ [32, cols] · dataᵀ [cols, rows]; signs row-major [cols, 32] is
-  // column-major [32, cols] (ld 32), data row-major [rows, cols] is column-major [cols, rows] (ld cols).
-  CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, kSketchLanes, as_int(rows, "rows"), as_int(cols, "cols"),
-                            &alpha, signs, CUDA_R_16BF, kSketchLanes, data, CUDA_R_16BF, as_int(cols, "cols"), &beta,
-                            out, CUDA_R_32F, kSketchLanes, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // Column-major [rows, 32] = dataᵀᵀ · signsᵀᵀ: data row-major [rows, cols] is column-major [cols, rows], taken
+  // transposed; signs row-major [cols, 32] is column-major [32, cols], taken transposed. The "TN" layout
+  // cuBLAS's tensor-core kernels prefer; the caller reads the result as out[lane · rows + row].
+  CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_T, as_int(rows, "rows"), kSketchLanes, as_int(cols, "cols"),
+                            &alpha, data, CUDA_R_16BF, as_int(cols, "cols"), signs, CUDA_R_16BF, kSketchLanes, &beta,
+                            out, CUDA_R_32F, as_int(rows, "rows"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void launch_set_flag(unsigned* flag, unsigned value, cudaStream_t stream) {

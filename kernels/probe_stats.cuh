@@ -40,7 +40,7 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream);
 
 // S [cols, 32] bf16, ±1 for global columns col0 .. col0 + cols - 1 of the probe keyed `key`.
 void launch_sketch_signs(uint64_t key, int64_t col0, int64_t cols, bf16* signs, cudaStream_t stream);
-// out [rows, 32] fp32 = data [rows, cols] · signs [cols, 32] / sqrt(32), on h's stream.
+// out = data [rows, cols] · signs [cols, 32] / sqrt(32), fp32, stored lane-major: out[lane · rows + row].
 void sketch_gemm(cublasHandle_t h, const bf16* data, int64_t rows, int64_t cols, const bf16* signs, float* out);
 
 // Test hook: the sketch coefficients of columns [col0, col0 + cols) × 32 lanes, computed by a kernel on the

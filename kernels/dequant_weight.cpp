@@ -20,28 +20,12 @@ DeviceBuffer upload_bytes(const std::vector<uint8_t>& bytes, int device, cudaStr
   return b;
 }
 
-void check_bytes(const PackedWeight& w, size_t got, size_t want, const char* what) {
-  if (got != want)
-    throw UsageError(w.origin + ": " + weight_format_name(w.format) + " [" + std::to_string(w.rows) + ", " +
-                     std::to_string(w.cols) + "] needs " + std::to_string(want) + " bytes of " + what + ", has " +
-                     std::to_string(got));
-}
-
 }  // namespace
 
 DevicePackedWeight upload_packed(const PackedWeight& w, int device, cudaStream_t stream) {
-  // The checks of dequantize(), so that the kernels never read outside what was uploaded.
-  if (w.rows < 0 || w.cols < 0) throw UsageError(w.origin + ": negative shape");
-  const int64_t kmul = weight_format_k_multiple(w.format);
-  if (w.cols % kmul != 0)
-    throw UsageError(w.origin + ": " + weight_format_name(w.format) + " needs the input dimension to be a multiple of " +
-                     std::to_string(kmul) + ", got [" + std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
-  if (w.format == WeightFormat::WeightFormat_fp8 && (w.block_rows <= 0 || w.block_cols <= 0))
-    throw UsageError(w.origin + ": fp8 block shape must be positive");
+  validate_packed(w);  // dequantize()'s checks: the kernels never read outside what was uploaded
   if (ggml_type_of(w.format) != ~0u && !ggml_type_supported(ggml_type_of(w.format)))
     throw UsageError(w.origin + ": no device dequantization for " + weight_format_name(w.format));
-  check_bytes(w, w.data.size(), w.expected_data_bytes(), "elements");
-  check_bytes(w, w.scales.size(), w.expected_scale_bytes(), "scales");
   DevicePackedWeight d;
   d.format = w.format;
   d.rows = w.rows;

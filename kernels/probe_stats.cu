@@ -43,7 +43,7 @@ struct RowAcc {
 __device__ inline float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a, bool vec) {
+__global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a) {
   __shared__ double red[32];
   __shared__ unsigned long long red_u[32];
   __shared__ double sk[kThreads / 32][kSketchLanes];
@@ -56,52 +56,10 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   for (int k = 0; k < kSketchLanes; ++k) skacc[k] = 0;
 
   if constexpr (sizeof(T) == 2) {
-    if (vec) {  // 8 bf16 per 16-byte load
-      // Each chunk's sums in fp32 first (a bf16 value's square is exact in fp32, and 8 terms round at most 3
-      // times), then into the double accumulators: one conversion and 3 double adds per 8 elements.
-      const uint4* xv = reinterpret_cast<const uint4*>(x);
-      for (int64_t c8 = threadIdx.x; c8 < a.cols / 8; c8 += blockDim.x) {
-        const uint4 w = xv[c8];
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-        float s = 0.f, sq = 0.f, sq_all = 0.f, amax = 0.f;
-        int bad_nan = 0, bad_inf = 0;
-        unsigned long long check = 0;
-        const uint64_t i0 = base + c8 * 8;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
-          const float v = bf16_bits_to_float(b);
-          const float v2 = __fmul_rn(v, v);
-          sq_all = __fadd_rn(sq_all, v2);
-          if (isnan(v)) ++bad_nan;
-          else if (isinf(v)) ++bad_inf;
-          else {
-            s = __fadd_rn(s, v);
-            sq = __fadd_rn(sq, v2);
-            amax = fmaxf(amax, fabsf(v));
-          }
-          check += checksum_term(i0 + j, b);
-        }
-        acc.check += check;
-        if (amax < 1e18f && bad_nan == 0 && bad_inf == 0) {  // no square can overflow fp32
-          acc.sum += s;
-          acc.sumsq += sq;
-          acc.sq_all += sq_all;
-          acc.amax = fmax(acc.amax, static_cast<double>(amax));
-        } else {  // huge or non-finite values: element by element in double, as the host does
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
-            acc.add_value(bf16_bits_to_float(b));
-          }
-        }
-      }
-    } else {
-      const uint16_t* xs = reinterpret_cast<const uint16_t*>(x);
-      for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
-        const uint32_t b = xs[c];
-        acc.add(bf16_bits_to_float(b), b, base + c);
-      }
+    const uint16_t* xs = reinterpret_cast<const uint16_t*>(x);
+    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
+      const uint32_t b = xs[c];
+      acc.add(bf16_bits_to_float(b), b, base + c);
     }
   } else {
     for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
@@ -333,12 +291,10 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
     return;
   }
-  if (a.dtype == DType::DType_bf16) {
-    const bool vec = a.cols % 8 == 0 && (reinterpret_cast<uintptr_t>(a.data) & 15u) == 0;
-    probe_stats_kernel<bf16><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a, vec);
-  } else {
-    probe_stats_kernel<float><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a, false);
-  }
+  if (a.dtype == DType::DType_bf16)
+    probe_stats_kernel<bf16><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
+  else
+    probe_stats_kernel<float><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -369,7 +369,7 @@ size_t PackedWeight::expected_scale_bytes() const {
   }
 }
 
-Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs) {
+void validate_packed(const PackedWeight& w) {
   if (w.rows < 0 || w.cols < 0) throw UsageError(w.origin + ": negative shape");
   const int64_t kmul = weight_format_k_multiple(w.format);
   if (w.cols % kmul != 0)
@@ -379,6 +379,10 @@ Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs) {
     throw UsageError(w.origin + ": fp8 block shape must be positive");
   check_bytes(w, w.data.size(), w.expected_data_bytes(), "elements");
   check_bytes(w, w.scales.size(), w.expected_scale_bytes(), "scales");
+}
+
+Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs) {
+  validate_packed(w);
   Tensor out({w.rows, w.cols});
   float* y = out.ptr();
   const int64_t R = w.rows, C = w.cols;

@@ -49,6 +49,9 @@ struct DequantBugs {
 };
 
 // [rows, cols] FP32. Checks the byte counts against the shape (UsageError naming origin).
+// Throws UsageError naming w.origin when the shape, block shape or byte counts do not fit the format (what
+// dequantize and the GPU upload check before reading a byte).
+void validate_packed(const PackedWeight& w);
 Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs = {});
 
 // One row (n elements, a whole number of blocks) of a ggml type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,

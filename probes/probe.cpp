@@ -127,6 +127,10 @@ void TeeSink::stage_begin(int layer, Stage stage, int rank) {
   for (auto* s : sinks_) s->stage_begin(layer, stage, rank);
 }
 
+void TeeSink::waiting(int layer, Stage stage, int rank) {
+  for (auto* s : sinks_) s->waiting(layer, stage, rank);
+}
+
 void TeeSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   for (auto* s : sinks_) s->record(layer, spec, rank, rec);
 }

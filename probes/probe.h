@@ -65,6 +65,9 @@ class ProbeSink {
  public:
   virtual ~ProbeSink() = default;
   virtual void stage_begin(int /*layer*/, Stage /*stage*/, int /*rank*/) {}
+  // The Runner is waiting for a device to finish this stage's queued work (the oldest probe it waits for):
+  // where a hang would be, though later stages have begun on the host.
+  virtual void waiting(int /*layer*/, Stage /*stage*/, int /*rank*/) {}
   virtual void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) = 0;
   virtual void finish(const std::string& /*status*/) {}
 };
@@ -76,6 +79,7 @@ class TeeSink : public ProbeSink {
   explicit TeeSink(std::vector<ProbeSink*> sinks) : sinks_(std::move(sinks)) {}
   void add(ProbeSink& sink) { sinks_.push_back(&sink); }
   void stage_begin(int layer, Stage stage, int rank) override;
+  void waiting(int layer, Stage stage, int rank) override;
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 

@@ -5,7 +5,12 @@
 #include <cstring>
 #include <random>
 
+#include "harness/model/inputs.h"
+#include "harness/model/weights.h"
+#include "harness/run/runner.h"
 #include "probes/probe.h"
+#include "reference/reference_engine.h"
+#include "tests/stage_test_util.h"
 
 namespace mla {
 namespace {
@@ -63,6 +68,66 @@ TEST(ProbeSketch, ColumnShardsAddUpToTheWhole) {
     for (size_t k = 0; k < sum.size(); ++k) sum[k] += rec.sketch[k];
   }
   for (size_t k = 0; k < sum.size(); ++k) EXPECT_NEAR(sum[k], whole.sketch[k], 1e-5) << k;
+}
+
+// An engine that queues its probes as a device engine does, and whose probes of one stage never finish
+// unless the Runner waits without polling (the failure path): a stand-in for a GPU hung in that stage.
+class QueuedEngine : public ReferenceEngine {
+ public:
+  explicit QueuedEngine(Stage stuck) : ReferenceEngine({}), stuck_(stuck) {}
+  bool queues_probes() const override { return true; }
+  void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
+    pending_.push_back({spec.stage, probe(rank, spec, req)});
+  }
+  void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
+    while (!pending_.empty() && (wait || pending_.front().first != stuck_)) {
+      out.push_back(std::move(pending_.front().second));
+      pending_.erase(pending_.begin());
+    }
+  }
+
+ private:
+  Stage stuck_;
+  std::vector<std::pair<Stage, ProbeRecord>> pending_;
+};
+
+// Gives up (as the watchdog does, by ending the process) once told the Runner waits for `stuck`.
+class WaitWatcher : public ProbeSink {
+ public:
+  explicit WaitWatcher(Stage stuck) : stuck_(stuck) {}
+  void stage_begin(int, Stage stage, int) override { last_begun = stage; }
+  void waiting(int, Stage stage, int) override {
+    waited.push_back(stage);
+    if (stage == stuck_) throw std::runtime_error("watchdog");
+  }
+  void record(int, const ProbeSpec& spec, int, const ProbeRecord&) override { recorded.push_back(spec.name); }
+  Stage last_begun = Stage::Stage_layer_input;
+  std::vector<Stage> waited;
+  std::vector<std::string> recorded;
+
+ private:
+  Stage stuck_;
+};
+
+TEST(RunnerQueuedProbes, AWaitNamesTheStageItWaitsForAndFailureKeepsEveryFinishedProbe) {
+  const MlaConfig cfg = test::preset("tiny");
+  RunSpec spec;
+  spec.tokens = 4;
+  const auto w = synthetic_weights(cfg, 1, false, 0);
+  const Inputs in = synthetic_inputs(cfg, spec, w);
+  Runner runner(cfg, spec);
+  QueuedEngine engine(Stage::Stage_rope);
+  WaitWatcher sink(Stage::Stage_rope);
+  ProbePlan plan;
+  EXPECT_THROW(runner.run(engine, w, in, plan, sink), std::runtime_error);
+  // The host had begun the layer's last stage, but the wait names rope, whose probes did not finish.
+  EXPECT_EQ(sink.last_begun, runner.graph().stages.back().stage);
+  ASSERT_FALSE(sink.waited.empty());
+  EXPECT_EQ(sink.waited.back(), Stage::Stage_rope);
+  // Failure path: everything started reaches the sink, every probe of the graph once.
+  size_t probes = 0;
+  for (const auto& st : runner.graph().stages) probes += st.outputs.size();
+  EXPECT_EQ(sink.recorded.size(), probes);
 }
 
 }  // namespace

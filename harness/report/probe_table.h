@@ -37,6 +37,7 @@ class ProgressSink : public ProbeSink {
  public:
   ProgressSink(ProbeSink& inner, int layers, int stages, int tp);
   void stage_begin(int layer, Stage stage, int rank) override;
+  void waiting(int layer, Stage stage, int rank) override { inner_.waiting(layer, stage, rank); }
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 

@@ -73,7 +73,8 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
     int rank;
   };
   std::deque<Started> started;
-  auto collect = [&](bool wait) {
+  // take: hands the records the engine has (all of them with wait) to the sink, oldest first.
+  auto take = [&](bool wait) {
     if (started.empty()) return;
     std::vector<ProbeRecord> recs;
     std::exception_ptr failed;
@@ -90,7 +91,21 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
       std::rethrow_exception(failed);
     }
   };
+  // collect(true) on a queuing engine polls, naming the stage it waits for (a device hang is there).
   const bool queued = engine.queues_probes();
+  auto collect = [&](bool wait) {
+    if (!wait || !queued) return take(wait);
+    Started told{-1, nullptr, -1};  // what the sink was last told
+    while (!started.empty()) {
+      const Started oldest = started.front();
+      if (!told.spec || told.layer != oldest.layer || told.spec->stage != oldest.spec->stage || told.rank != oldest.rank)
+        sink.waiting(oldest.layer, oldest.spec->stage, oldest.rank);
+      told = oldest;
+      const size_t before_take = started.size();
+      take(false);
+      if (started.size() == before_take) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  };
   try {
     for (int layer = 0; layer < spec_.layers; ++layer) {
       for (const auto& st : graph_.stages) {
@@ -115,7 +130,7 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
     }
   } catch (...) {
     try {
-      collect(true);
+      take(true);
     } catch (...) {  // the first failure is the one to report
     }
     throw;

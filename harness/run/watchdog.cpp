@@ -28,6 +28,15 @@ void WatchdogSink::stage_begin(int layer, Stage stage, int rank) {
   inner_.stage_begin(layer, stage, rank);
 }
 
+void WatchdogSink::waiting(int layer, Stage stage, int rank) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // the hang is there, not at the last stage begun; no progress yet
+    where_ = "rank " + std::to_string(rank) + " at layer " + std::to_string(layer) + " stage " + stage_name(stage) +
+             " (waiting for its device work)";
+  }
+  inner_.waiting(layer, stage, rank);
+}
+
 void WatchdogSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   {
     std::lock_guard<std::mutex> lock(mu_);

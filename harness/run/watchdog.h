@@ -15,6 +15,7 @@ class WatchdogSink : public ProbeSink {
   WatchdogSink(ProbeSink& inner, double timeout_s);
   ~WatchdogSink() override;
   void stage_begin(int layer, Stage stage, int rank) override;
+  void waiting(int layer, Stage stage, int rank) override;
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 

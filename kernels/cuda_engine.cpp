@@ -17,7 +17,8 @@
 // Planted bugs (--inject, BUGS.md): every entry that applies to a GPU path and needs no quantized weights is
 // planted in this engine's own computation — a wrong constant, a wrong flag or index of a kernel, a wrong
 // shard — the same bug the reference plants, never a copy of the reference's result (see planted() below).
-// nan-at, hang-at and crash-at are applied by the Runner.
+// nan-at, hang-at and crash-at are applied by the Runner. The quantized-weight entries act when the packed
+// weights are dequantized on the device (kernels/dequant.cu), as the reference's act in its dequantization.
 #include "kernels/cuda_engine.h"
 
 #include <cuda_runtime.h>
@@ -96,8 +97,8 @@ struct RankState {
   int bug_snapshot_layer = -1;
 };
 
-// The injections this engine plants itself (BUGS.md). Quantized-weight bugs need --weight-format weights,
-// which this engine does not load yet.
+// The injections this engine plants itself (BUGS.md). The quantized-weight bugs (fp8-scale-transpose,
+// nvfp4-*) act in the dequantization kernels (kernels/dequant.cu) on packed weights, outside this list.
 const std::vector<std::string>& cuda_injections() {
   static const std::vector<std::string> names = {
       "rope-neox",      "rope-mscale",   "position-offset", "softmax-scale", "causal-off",

@@ -132,6 +132,20 @@ TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
   EXPECT_NE(r.out.find("stage o_proj"), std::string::npos) << r.out;
 }
 
+// A NaN on one rank's copy of a replicated tensor: the gathered copy is the clean majority's, so only the ranks'
+// own records show it. The diagnosis must name the rank and say NaN, at tp 2 (no majority) and tp 4.
+TEST(BisectCli, NanOnOneRanksReplicaIsNamedWithItsRank) {
+  for (const char* c : {"--tp 2 --inject nan-at:kv_c_norm:5", "--tp 4 --inject nan-at:kv_c_norm:5@2"}) {
+    SCOPED_TRACE(c);
+    const auto r = sh(std::string("bisect --brief --model tiny --tokens 8 ") + c + kCandidate + " --workdir " + tmpdir("nanrank"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("first divergence: layer 0 kv_c_norm"), std::string::npos) << r.out;
+    const std::string want = std::string("NaN/Inf originates here, on one rank's copy of a replicated tensor (rank ") +
+                             (std::string(c).find("@2") != std::string::npos ? "2)" : "0)");
+    EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  }
+}
+
 TEST(BisectCli, BadInputIsExitTwo) {
   EXPECT_EQ(sh("bisect --model tiny --inject no-such-bug").exit_code, 2);
   EXPECT_EQ(sh("bisect --model glm-4.7-flash --tp 8").exit_code, 2);

@@ -269,6 +269,20 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
     return dg;
   };
   auto& ev = dg.evidence;
+  // A replicated tensor whose ranks disagree: the gathered copy is the majority's, so the maps below may look
+  // clean; the ranks' own stats say which copy is off.
+  const std::string replica = "candidate: replicated probe differs on rank ";
+  for (const auto& p : r.problems)
+    if (p.rfind(replica, 0) == 0) {
+      ev.push_back(p);
+      const bool nonfinite = p.find("; NaN ") != std::string::npos;
+      return say(std::string(nonfinite ? "NaN/Inf originates here, on one rank's copy of a replicated tensor"
+                                       : "one rank's copy of a replicated tensor differs from the others") +
+                     " (rank " + p.substr(replica.size(), p.find(' ', replica.size()) - replica.size()) +
+                     "): replicas must be identical (a rank-local write, a missed broadcast, or a rank reading "
+                     "another rank's buffer)",
+                 "high");
+    }
   if (!m.nonfinite_agree)
     return ev.push_back(m.first_nonfinite),
            say("NaN/Inf originates here (" + m.first_nonfinite + "); everything downstream inherits it", "high");

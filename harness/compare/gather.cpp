@@ -33,21 +33,30 @@ Gathered gather(const DumpProbe& p) {
   }
   if (!heads && !partial) {
     // Replicated: the ranks must agree bit for bit. The copy most ranks hold speaks for all (the lowest such rank),
-    // so a rank that differs is the one named, rank 0 included; without a majority, rank 0 speaks.
+    // so a rank that differs is the one named, rank 0 included.
     std::map<uint64_t, int> votes;
     for (auto& r : p.ranks) ++votes[r.checksum];
+    // Ties (no majority, e.g. tp 2): the copy with fewer NaN/Inf speaks (a non-finite copy is the likelier bad one).
     int speaker = 0;
-    for (int r = 1; r < tp; ++r)
-      if (votes[p.ranks[r].checksum] > votes[p.ranks[speaker].checksum]) speaker = r;
+    const auto bad = [&](int r) { return p.ranks[r].nan + p.ranks[r].inf; };
+    for (int r = 1; r < tp; ++r) {
+      const int v = votes[p.ranks[r].checksum], vs = votes[p.ranks[speaker].checksum];
+      if (v > vs || (v == vs && bad(r) < bad(speaker))) speaker = r;
+    }
     const auto& r0 = p.ranks[speaker];
     const bool majority = 2 * votes[r0.checksum] > tp;
     g.nan = r0.nan;
     g.inf = r0.inf;
     for (int r = 0; r < tp; ++r)
       if (p.ranks[r].checksum != r0.checksum)
-        g.problems.push_back("replicated probe differs on rank " + std::to_string(r) + " (checksum " +
-                             std::to_string(p.ranks[r].checksum) + " vs rank " + std::to_string(speaker) + " " +
-                             std::to_string(r0.checksum) + (majority ? "" : "; no majority: either may be wrong") + ")");
+        g.problems.push_back(
+            "replicated probe differs on rank " + std::to_string(r) + " (checksum " + std::to_string(p.ranks[r].checksum) +
+            " vs rank " + std::to_string(speaker) + " " + std::to_string(r0.checksum) +
+            (p.ranks[r].nan || p.ranks[r].inf
+                 ? "; NaN " + std::to_string(p.ranks[r].nan) + ", Inf " + std::to_string(p.ranks[r].inf) + " on rank " +
+                       std::to_string(r) + " vs " + std::to_string(r0.nan) + ", " + std::to_string(r0.inf)
+                 : "") +
+            (majority ? "" : "; no majority: either may be wrong") + ")");
     g.l2 = r0.l2;
     g.absmax = r0.absmax;
     g.token_l2 = r0.token_l2;

@@ -67,6 +67,7 @@ TEST(ProbeSketch, ColumnShardsAddUpToTheWhole) {
     const ProbeRecord rec = compute_probe_record(part, "fp32", q);
     for (size_t k = 0; k < sum.size(); ++k) sum[k] += rec.sketch[k];
   }
+  // Each record's sketch is rounded to float once (values ~1-10 here: ulp ~1e-6); three shards add three roundings.
   for (size_t k = 0; k < sum.size(); ++k) EXPECT_NEAR(sum[k], whole.sketch[k], 1e-5) << k;
 }
 

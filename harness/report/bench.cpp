@@ -158,15 +158,11 @@ double layer_min_bytes(const MlaConfig& c, const RunSpec& spec, const Batch& bat
   return 2 * (tp * w + 2 * T * H + T * W + ctx * W);
 }
 
-// The device path: prepare once, warm up, time every stage with device events, then the probe overhead.
-BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner& runner) {
-  const MlaConfig& cfg = o.cfg;
+// What was run and where: the header of both paths' results.
+BenchResult describe_run(const BenchOptions& o, const Engine& engine) {
   const RunSpec& spec = o.spec;
-  const StageGraph& graph = runner.graph();
   BenchResult r;
-  r.device = true;
-  r.device_name = engine.device();
-  r.model = cfg.name;
+  r.model = o.cfg.name;
   r.engine = engine.name() + ":" + engine.options();
   r.mode = mode_name(spec.mode);
   r.form = form_name(spec.form);
@@ -180,6 +176,17 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   r.logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   r.physical_cores = ref::physical_cores();
   r.cpu_model = cpu_model_name();
+  return r;
+}
+
+// The device path: prepare once, warm up, time every stage with device events, then the probe overhead.
+BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner& runner) {
+  const MlaConfig& cfg = o.cfg;
+  const RunSpec& spec = o.spec;
+  const StageGraph& graph = runner.graph();
+  BenchResult r = describe_run(o, engine);
+  r.device = true;
+  r.device_name = engine.device();
 
   const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, o.weight_seed);
   const Inputs inputs = bench_inputs(cfg, spec, weights, &r.random_cache);
@@ -446,22 +453,8 @@ BenchResult run_bench(const BenchOptions& o) {
   const Inputs inputs = synthetic_inputs(cfg, spec, weights);
   const StageGraph& graph = runner.graph();
 
-  BenchResult r;
-  r.model = cfg.name;
-  r.engine = engine->name() + ":" + engine->options();
-  r.mode = mode_name(spec.mode);
-  r.form = form_name(spec.form);
-  r.tokens = spec.tokens;
-  r.batch = spec.batch;
-  r.context = spec.context;
-  r.tp = spec.tp;
-  r.layers = spec.layers;
-  r.repeats = o.repeats;
-  r.warmup = o.warmup;
-  r.logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  r.physical_cores = ref::physical_cores();
+  BenchResult r = describe_run(o, *engine);
   r.eigen_threads = Eigen::nbThreads();
-  r.cpu_model = cpu_model_name();
   r.simd = Eigen::SimdInstructionSetsInUse();
 
   // The ceiling: Y = X·Wᵀ at the size of the largest projection this run does (one rank's shapes), in Eigen,

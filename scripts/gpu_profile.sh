@@ -34,7 +34,7 @@ head = rows[0]; k = head.index("Kernel Name"); v = head.index("Metric Value")
 t = collections.Counter(); n = collections.Counter()
 for r in rows[1:]:
     name = r[k].split("(")[0].split("<")[0].strip()[:60]
-    t[name] += float(r[v]) * 1e-6; n[name] += 1
+    t[name] += float(r[v].replace(",", "")) * 1e-6; n[name] += 1
 tot = sum(t.values())
 print(f"  total {tot:.3f} ms over {sum(n.values())} launches")
 for name, ms in t.most_common(25):

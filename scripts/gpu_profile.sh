@@ -39,5 +39,10 @@ tot = sum(t.values())
 print(f"  total {tot:.3f} ms over {sum(n.values())} launches")
 for name, ms in t.most_common(25):
     print(f"  {ms:9.3f} ms {n[name]:5d}x  {name}")
+g = head.index("Grid Size") if "Grid Size" in head else None
+with open(sys.argv[1] + ".launches", "w") as f:  # every launch in order: microseconds, grid, name
+    for r in rows[1:]:
+        f.write(f"{float(r[v].replace(',', '')) * 1e-3:10.1f} us  {r[g] if g is not None else '':>16}  {r[k][:90]}\n")
 EOF
+  cp "$csv.launches" "$out/launches_$(echo "$args $level" | tr -c 'a-zA-Z0-9' _ | tr -s _).txt" 2>/dev/null
 done

@@ -47,7 +47,6 @@ struct ProbeCapture::Slot {
   DType dtype = DType::DType_bf16;
   int64_t rows = 0, heads = 0, numel = 0;
   bool sketch = false, full = false;
-  bool sketch_lane_major = false;  // the bf16 sketch GEMM writes [32, rows]
   size_t off_stats = 0, off_check = 0, off_tok = 0, off_head = 0, off_sketch = 0, off_raw = 0, bytes = 0;
   unsigned seq = 0;
   bool busy = false;
@@ -79,13 +78,13 @@ ProbeCapture::~ProbeCapture() {
   }
 }
 
-const DeviceBuffer& ProbeCapture::signs(uint64_t key, int64_t col0, int64_t cols) {
+const uint32_t* ProbeCapture::sign_bits(uint64_t key, int64_t col0, int64_t cols) {
   auto k = std::make_tuple(key, col0, cols);
   auto it = signs_.find(k);
-  if (it != signs_.end()) return it->second;
-  DeviceBuffer b(rc_.device(), static_cast<size_t>(cols) * kSketchDim * sizeof(bf16));
-  launch_sketch_signs(key, col0, cols, static_cast<bf16*>(b.get()), rc_.stream());
-  return signs_.emplace(k, std::move(b)).first->second;
+  if (it != signs_.end()) return static_cast<const uint32_t*>(it->second.get());
+  DeviceBuffer b(rc_.device(), sketch_sign_bits_words(cols) * sizeof(uint32_t));
+  launch_sketch_sign_bits(key, col0, cols, static_cast<uint32_t*>(b.get()), rc_.stream());
+  return static_cast<const uint32_t*>(signs_.emplace(k, std::move(b)).first->second.get());
 }
 
 int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req) {
@@ -143,9 +142,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     a.rows = s.rows;
     a.cols = cols;
     a.heads = static_cast<int>(s.heads);
-    a.col_offset = req.col_offset;
-    a.key = req.probe_key;
-    a.sketch = s.sketch && t.dtype != DType::DType_bf16;
+    a.sketch_bits = s.sketch ? sign_bits(req.probe_key, req.col_offset, cols) : nullptr;
     const size_t work = probe_stats_workspace(a);
     auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), s.bytes + work));
     a.row_stats = reinterpret_cast<double*>(dev + s.off_stats);
@@ -155,11 +152,6 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     a.sketch_out = s.sketch ? reinterpret_cast<float*>(dev + s.off_sketch) : nullptr;
     a.workspace = work ? dev + s.bytes : nullptr;
     launch_probe_stats(a, stream);
-    s.sketch_lane_major = s.sketch && t.dtype == DType::DType_bf16;
-    if (s.sketch_lane_major) {
-      const DeviceBuffer& S = signs(req.probe_key, req.col_offset, cols);
-      sketch_gemm(rc_.cublas(), t.bf(), s.rows, cols, static_cast<const bf16*>(S.get()), a.sketch_out);
-    }
     if (s.full) CUDA_CHECK(cudaMemcpyAsync(dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
     CUDA_CHECK(cudaEventRecord(s.computed, stream));
     CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
@@ -206,14 +198,7 @@ ProbeRecord ProbeCapture::finish(int slot) {
   }
   std::memcpy(rec.token_l2.data(), host + s.off_tok, rows * sizeof(float));
   if (s.heads) std::memcpy(rec.head_l2.data(), host + s.off_head, rec.head_l2.size() * sizeof(float));
-  if (s.sketch) {
-    const auto* sk = reinterpret_cast<const float*>(host + s.off_sketch);
-    if (s.sketch_lane_major)  // the bf16 sketch GEMM's layout
-      for (int64_t r = 0; r < rows; ++r)
-        for (int k = 0; k < kSketchDim; ++k) rec.sketch[r * kSketchDim + k] = sk[k * rows + r];
-    else
-      std::memcpy(rec.sketch.data(), sk, rec.sketch.size() * sizeof(float));
-  }
+  if (s.sketch) std::memcpy(rec.sketch.data(), host + s.off_sketch, rec.sketch.size() * sizeof(float));
   rec.checksum = checksum;
   rec.nan = static_cast<int64_t>(nan);
   rec.inf = static_cast<int64_t>(inf);

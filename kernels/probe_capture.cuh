@@ -1,5 +1,5 @@
 // Probe records of one rank without a host sync per probe (Engine::probe_async / collect_probes). start()
-// queues, on the rank's stream, the stats kernel and the sketch GEMM (and, at full level, a device copy of
+// queues, on the rank's stream, the stats-and-sketch kernel (and, at full level, a device copy of
 // the tensor); a copy stream then waits for them and brings the results into pinned host memory, sets a flag
 // in mapped host memory and records the slot's event, so the rank's stream never waits for PCIe. finish()
 // waits for the event and folds. Stream order makes it copy-on-capture: a later kernel cannot change what a
@@ -36,7 +36,8 @@ class ProbeCapture {
 
  private:
   struct Slot;
-  const DeviceBuffer& signs(uint64_t key, int64_t col0, int64_t cols);
+  // The sketch's sign-bit table for (probe key, first global column, width), built once and kept.
+  const uint32_t* sign_bits(uint64_t key, int64_t col0, int64_t cols);
 
   RankContext& rc_;
   cudaStream_t copy_ = nullptr;

@@ -1,16 +1,18 @@
-// Device probe statistics. Every bf16 probe of the real models takes version 3 (probe_slices_kernel below:
-// one block per row slice, one 16-byte load per thread, then a fold per row); the rest (fp32 tensors such as
-// lse, odd widths) version 2: one block per token row, one pass over the row for the finite sum, sum of
+// Device probe statistics. Every bf16 probe of the real models takes version 4 (probe_tiles_kernel below: one
+// pass for the stats, the head L2 and the sketch, the sketch on the tensor cores); the rest (fp32 tensors such
+// as lse, odd widths) version 2: one block per token row, one pass over the row for the finite sum, sum of
 // squares, absmax, NaN/Inf counts, the row's L2 (non-finite values included, as on the host: a NaN token shows
-// as NaN) and the checksum's partial sum; a second pass (a warp per head, from L1/L2) for the head L2. All
-// reductions are fixed trees, so records are bit-reproducible. Version 1 also computed the bf16 sketch here,
-// 64 hashes per element (~60 ms per DeepSeek-V3 layer at T = 4096); it is now a tensor-core GEMM against a
-// cached ±1 matrix (probe_stats.cuh).
+// as NaN), the checksum's partial sum and the sketch (in double); a second pass (a warp per head, from L1/L2)
+// for the head L2. All reductions are fixed trees, so records are bit-reproducible. Earlier versions: 1 hashed
+// the sketch per element (~60 ms per DeepSeek-V3 layer at T = 4096); 3 took one block per 2048-column row
+// slice with seven block-wide reductions (~0.55 TB/s) and the sketch as a separate cuBLAS GEMM.
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
+#include "kernels/mma_util.cuh"
 #include "kernels/probe_stats.cuh"
 #include "kernels/sketch_hash.cuh"
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -55,22 +57,23 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 #pragma unroll
   for (int k = 0; k < kSketchLanes; ++k) skacc[k] = 0;
 
-  if constexpr (sizeof(T) == 2) {
-    const uint16_t* xs = reinterpret_cast<const uint16_t*>(x);
-    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
-      const uint32_t b = xs[c];
-      acc.add(bf16_bits_to_float(b), b, base + c);
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
+    float v;
+    uint32_t bits;
+    if constexpr (sizeof(T) == 2) {
+      bits = reinterpret_cast<const uint16_t*>(x)[c];
+      v = bf16_bits_to_float(bits);
+    } else {
+      v = x[c];
+      bits = __float_as_uint(v);
     }
-  } else {
-    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
-      const float v = x[c];
-      acc.add(v, __float_as_uint(v), base + c);
-      if (a.sketch) {
-        const double d = v;
+    acc.add(v, bits, base + c);
+    if (a.sketch_bits) {
+      const double d = v;
+      const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit 8 (k / 8) + c % 8
+      const int bit = static_cast<int>(c & 7);
 #pragma unroll
-        for (int k = 0; k < kSketchLanes; ++k)
-          skacc[k] += d * static_cast<double>(sketch_coeff_hd(a.key, a.col_offset + c, k));
-      }
+      for (int k = 0; k < kSketchLanes; ++k) skacc[k] += ((words[k & 7] >> (8 * (k >> 3) + bit)) & 1u) ? -d : d;
     }
   }
   const double sum = block_sum(acc.sum, red);
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
     a.token_l2[r] = static_cast<float>(sqrt(sq_all));
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if (sizeof(T) == 4 && a.sketch) {
+  if (a.sketch_bits) {
 #pragma unroll
     for (int k = 0; k < kSketchLanes; ++k) {
       const double s = warp_sum(skacc[k]);
@@ -101,10 +104,23 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
     if (threadIdx.x < kSketchLanes) {
       double s = 0;
       for (int w = 0; w < warps; ++w) s += sk[w][threadIdx.x];
-      a.sketch_out[r * kSketchLanes + threadIdx.x] = static_cast<float>(s);
+      a.sketch_out[r * kSketchLanes + threadIdx.x] = static_cast<float>(s * kSketchScale);
     }
   }
-  if (a.heads > 0) {
+  if (a.heads > 0 && a.cols / a.heads < 32) {  // narrow heads (lse: one column each): a thread per head
+    const int64_t X = a.cols / a.heads;
+    for (int h = threadIdx.x; h < a.heads; h += blockDim.x) {
+      double s = 0;
+      for (int64_t c = 0; c < X; ++c) {
+        float v;
+        if constexpr (sizeof(T) == 2) v = bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[h * X + c]);
+        else v = x[h * X + c];
+        const double d = v;
+        s += d * d;
+      }
+      a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
+    }
+  } else if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
     for (int h = warp; h < a.heads; h += warps) {
       double s = 0;
@@ -121,114 +137,229 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
-// Version 3, for bf16 rows whose width and head width are multiples of 8 (every bf16 probe of the real
-// models): a 2-D grid, one block per (row, slice of whole heads of at most kSliceCols columns), one 16-byte
-// load per thread, so a row's loads are all in flight at once (version 2 walked a row with 256 threads, one
-// dependent load after another: latency-bound, ~25 us per probe). Each block writes its slice's partial sums
-// and the L2 of the heads it holds; a fold kernel sums the slices of each row in order.
-constexpr int kSliceCols = 2048;  // 256 threads × 8
+// Version 4, for bf16 tensors whose width and head width are multiples of 8 (every bf16 probe of the real
+// models): stats, head L2 and the sketch in one pass over the tensor. One warp per (tile of 16 rows, segment
+// of whole heads of at most kSegCols columns). Each step a lane loads 16 bytes (8 columns) of row g and of
+// row g + 8 at two column offsets (g = lane / 4, t = lane % 4: the mma fragment's row and column group);
+// the same registers are the A fragments of mma.m16n8k16 against the ±1 sketch signs (the columns of a k-step
+// are taken in the order the lanes hold them, and the sign fragment is built for those columns), so the
+// sketch costs tensor-core instructions and no second read. Per row: the lanes of a row (4) fold their
+// partials by shuffles; per head: each chunk's sum of squares goes to shared memory and one lane sums a head
+// in chunk order. A fold kernel sums the segments of each row in order. Replaces version 3 (one block per
+// row slice, seven block-wide reductions per 2048 columns: ~0.55 TB/s) and the cuBLAS sketch GEMM.
+constexpr int kTileRows = 16;
+constexpr int kSegCols = 512;          // per warp task, whole heads (wider heads: one head per task)
+constexpr int kMaxSegChunks = 128;     // heads up to 1024 columns
+constexpr int kTileWarps = 4;
+constexpr int64_t kWantTasks = 4096;  // warps per launch that keep an H200 busy (132 SMs x 16 resident, twice)
 
-struct SliceStats {
+struct TileGeometry {
+  int64_t seg_width = 0;  // columns per segment (a multiple of 8; whole heads)
+  int64_t segs = 0;       // segments per row
+  int64_t head_cols = 0;  // X (0: no heads axis)
+  int64_t row_tiles = 0;
+};
+
+struct RowPartial {
   double sum, sumsq, sq_all, amax, nan, inf;
   unsigned long long check;
 };
 
-struct SliceGeometry {
-  int64_t width = 0;  // columns per slice (whole heads)
-  int64_t slices = 0;
-  int64_t head_cols = 0;  // X (0: no heads axis)
-};
-
-SliceGeometry slice_geometry(const ProbeStatsArgs& a) {
-  SliceGeometry g;
+TileGeometry tile_geometry(const ProbeStatsArgs& a) {
+  TileGeometry g;
   if (a.dtype != DType::DType_bf16 || a.cols <= 0 || a.cols % 8 != 0 ||
       (reinterpret_cast<uintptr_t>(a.data) & 15u) != 0)
     return g;
+  int64_t unit = 64;  // a segment is whole heads, or whole 64-column steps
   if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
-    if (X % 8 != 0 || X > kSliceCols) return g;
-    g.head_cols = X;
-    g.width = X * (kSliceCols / X);
-  } else {
-    g.width = kSliceCols;
+    if (X % 8 != 0 || X / 8 > kMaxSegChunks) return g;
+    g.head_cols = unit = X;
   }
-  g.slices = (a.cols + g.width - 1) / g.width;
+  g.row_tiles = (a.rows + kTileRows - 1) / kTileRows;
+  // Narrower segments while there are too few warps to fill the GPU (few rows, or narrow tensors), down to one
+  // unit; each segment adds a partial per row that the fold reads back.
+  g.seg_width = unit * std::max<int64_t>(1, kSegCols / unit);
+  const auto segs_of = [&](int64_t width) { return (a.cols + width - 1) / width; };
+  while (g.seg_width > unit && g.row_tiles * segs_of(g.seg_width) < kWantTasks)
+    g.seg_width = std::max<int64_t>(unit, g.seg_width / 2 / unit * unit);
+  g.segs = segs_of(g.seg_width);
   return g;
 }
 
-__global__ void __launch_bounds__(kThreads) probe_slices_kernel(const ProbeStatsArgs a, SliceGeometry g,
-                                                               SliceStats* part) {
-  __shared__ double red[32];
-  __shared__ unsigned long long red_u[32];
-  __shared__ double chunk_sq[kSliceCols / 8];
-  const int64_t r = blockIdx.y, slice = blockIdx.x;
-  const int64_t c0 = slice * g.width;
-  const int64_t width = min(g.width, a.cols - c0);
-  const uint4* xv = reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.data) + r * a.cols + c0);
-  const uint64_t i0 = static_cast<uint64_t>(r) * a.cols + c0;
+// Per row, one lane's accumulators: a chunk of 8 values is summed in fp32 (exact enough: 8 terms) and then
+// added in double, as version 3 did; non-finite or huge chunks go element by element in double (the host's way).
+struct LaneRow {
   RowAcc acc;
-  for (int64_t ch = threadIdx.x; ch < width / 8; ch += blockDim.x) {
-    const uint4 w = xv[ch];
+  // i0: the row-major index of the chunk's first element, a multiple of 8 (one multiplier hash per chunk).
+  __device__ double chunk(uint4 w, uint64_t i0) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    float s = 0.f, sq = 0.f, sq_all = 0.f, amax = 0.f;
+    float s = 0.f, sq = 0.f, amax = 0.f;
     int bad = 0;
     unsigned long long check = 0;
+    const uint64_t m0 = checksum_multiplier(i0);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
       const float v = bf16_bits_to_float(b);
-      const float v2 = __fmul_rn(v, v);
-      sq_all = __fadd_rn(sq_all, v2);
       if (!isfinite(v)) ++bad;
       s = __fadd_rn(s, v);
-      sq = __fadd_rn(sq, v2);
+      sq = __fadd_rn(sq, __fmul_rn(v, v));
       amax = fmaxf(amax, fabsf(v));
-      check += checksum_term(i0 + ch * 8 + j, b);
+      check += (m0 + kChecksumStep * j) * (2u * b + 1u);  // checksum_term(i0 + j, b)
     }
     acc.check += check;
     if (amax < 1e18f && bad == 0) {  // no square overflows fp32, and every value is finite
       acc.sum += s;
       acc.sumsq += sq;
-      acc.sq_all += sq_all;
+      acc.sq_all += sq;
       acc.amax = fmax(acc.amax, static_cast<double>(amax));
-      chunk_sq[ch] = sq_all;
-    } else {  // huge or non-finite values: element by element in double, as the host does
-      double all = 0;
+      return sq;
+    }
+    double all = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
-        const float v = bf16_bits_to_float(b);
-        acc.add_value(v);
-        all += static_cast<double>(v) * v;
-      }
-      chunk_sq[ch] = all;
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
+      const float v = bf16_bits_to_float(b);
+      acc.add_value(v);
+      all += static_cast<double>(v) * v;
+    }
+    return all;
+  }
+  // Folds the four lanes of a row (lane bits 0 and 1) into every one of them.
+  __device__ void fold_lanes() {
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      acc.sum += __shfl_xor_sync(0xffffffffu, acc.sum, o);
+      acc.sumsq += __shfl_xor_sync(0xffffffffu, acc.sumsq, o);
+      acc.sq_all += __shfl_xor_sync(0xffffffffu, acc.sq_all, o);
+      acc.amax = fmax(acc.amax, __shfl_xor_sync(0xffffffffu, acc.amax, o));
+      acc.nan += __shfl_xor_sync(0xffffffffu, acc.nan, o);
+      acc.inf += __shfl_xor_sync(0xffffffffu, acc.inf, o);
+      acc.check += __shfl_xor_sync(0xffffffffu, acc.check, o);
     }
   }
-  SliceStats out;
-  out.sum = block_sum(acc.sum, red);
-  out.sumsq = block_sum(acc.sumsq, red);
-  out.sq_all = block_sum(acc.sq_all, red);
-  out.nan = block_sum(acc.nan, red);
-  out.inf = block_sum(acc.inf, red);
-  out.amax = block_max(acc.amax, red);
-  out.check = block_sum(acc.check, red_u);
-  if (threadIdx.x == 0) part[r * g.slices + slice] = out;
-  if (g.head_cols > 0) {  // block_sum's barriers made chunk_sq visible
-    const int64_t per = g.head_cols / 8, heads_here = width / g.head_cols;
-    for (int64_t h = threadIdx.x; h < heads_here; h += blockDim.x) {
-      double t = 0;
-      for (int64_t k = 0; k < per; ++k) t += chunk_sq[h * per + k];
-      a.head_l2[r * a.heads + c0 / g.head_cols + h] = static_cast<float>(sqrt(t));
+};
+
+// The B fragment register of bf16 ±1 for two consecutive columns whose sign bits (1: −1) are bits p, p + 1
+// of `m`: the low half the first column.
+__device__ __forceinline__ uint32_t sign_pair(uint32_t m, int p) {
+  return 0x3F803F80u | ((m >> p) & 1u) << 15 | ((m >> (p + 1)) & 1u) << 31;
+}
+
+__global__ void __launch_bounds__(kTileWarps * 32) probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g,
+                                                                     RowPartial* part, float* sketch_part) {
+  extern __shared__ double chunk_sq_all[];  // [kTileWarps][16 rows][segment chunks], heads only
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * kTileWarps + warp;
+  if (task >= g.row_tiles * g.segs) return;
+  const int64_t tile = task / g.segs, seg = task % g.segs;
+  const int gr = lane >> 2, t = lane & 3;
+  const int64_t r0 = tile * kTileRows + gr, r1 = r0 + 8;
+  const bool v0 = r0 < a.rows, v1 = r1 < a.rows;
+  const int64_t c_begin = seg * g.seg_width, c_end = min(c_begin + g.seg_width, a.cols);
+  const int seg_chunks = static_cast<int>(g.seg_width / 8);
+  double* chunk_sq = chunk_sq_all + static_cast<size_t>(warp) * kTileRows * seg_chunks;
+  const bf16* x = static_cast<const bf16*>(a.data);
+  const bool sketch = a.sketch_bits != nullptr;
+
+  LaneRow row0, row1;
+  float c[4][4] = {};  // sketch accumulators: n-tile j = lanes 8j..8j+7
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += 64) {
+    // The step's four loads first (all in flight together), then the arithmetic.
+    uint4 w[2][2];  // [half][row g, row g + 8]
+    bool in[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t col = c0 + 32 * half + 8 * t;
+      in[half] = col < c_end;
+      w[half][0] = w[half][1] = make_uint4(0, 0, 0, 0);
+      if (in[half] && v0) w[half][0] = *reinterpret_cast<const uint4*>(x + r0 * a.cols + col);
+      if (in[half] && v1) w[half][1] = *reinterpret_cast<const uint4*>(x + r1 * a.cols + col);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t col = c0 + 32 * half + 8 * t;
+      const uint4 w0 = w[half][0], w1 = w[half][1];
+      const int ch = static_cast<int>((col - c_begin) / 8);
+      if (in[half] && v0) {
+        const double sq = row0.chunk(w0, static_cast<uint64_t>(r0) * a.cols + col);
+        if (g.head_cols) chunk_sq[gr * seg_chunks + ch] = sq;
+      }
+      if (in[half] && v1) {
+        const double sq = row1.chunk(w1, static_cast<uint64_t>(r1) * a.cols + col);
+        if (g.head_cols) chunk_sq[(gr + 8) * seg_chunks + ch] = sq;
+      }
+      if (sketch) {  // warp-uniform: every lane takes part in the mma; one without columns multiplies zeros
+        // Sign bits of this lane's 8 columns for sketch lanes gr + 8j: byte j of one word.
+        const uint32_t m = in[half] ? a.sketch_bits[(col / 8) * 8 + gr] : 0u;
+        // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
+        const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t mj = m >> (8 * j);
+          mma::mma_bf16(c[j], A1, sign_pair(mj, 0), sign_pair(mj, 2));
+          mma::mma_bf16(c[j], A2, sign_pair(mj, 4), sign_pair(mj, 6));
+        }
+      }
+    }
+  }
+  row0.fold_lanes();
+  row1.fold_lanes();
+  if (t == 0) {
+    const auto put = [&](const LaneRow& lr, int64_t r) {
+      const RowAcc& q = lr.acc;
+      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.sq_all, q.amax, q.nan, q.inf, q.check};
+    };
+    if (v0) put(row0, r0);
+    if (v1) put(row1, r1);
+  }
+  if (sketch) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int k = 8 * j + 2 * t;
+      if (v0) {
+        float* o = sketch_part + (r0 * g.segs + seg) * kSketchLanes + k;
+        o[0] = c[j][0];
+        o[1] = c[j][1];
+      }
+      if (v1) {
+        float* o = sketch_part + (r1 * g.segs + seg) * kSketchLanes + k;
+        o[0] = c[j][2];
+        o[1] = c[j][3];
+      }
+    }
+  }
+  if (g.head_cols > 0) {
+    __syncwarp();
+    const int per = static_cast<int>(g.head_cols / 8);
+    const int heads_here = static_cast<int>((c_end - c_begin) / g.head_cols);
+    for (int item = lane; item < kTileRows * heads_here; item += 32) {
+      const int rr = item / heads_here, h = item % heads_here;
+      const int64_t r = tile * kTileRows + rr;
+      if (r >= a.rows) continue;
+      double s = 0;
+      for (int k = 0; k < per; ++k) s += chunk_sq[rr * seg_chunks + h * per + k];
+      a.head_l2[r * a.heads + c_begin / g.head_cols + h] = static_cast<float>(sqrt(s));
     }
   }
 }
 
-__global__ void fold_slices_kernel(const ProbeStatsArgs a, SliceGeometry g, const SliceStats* part) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+// One warp per row: the row's segments in order (stats by lane 0, sketch lane k by lane k).
+__global__ void fold_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, const RowPartial* part,
+                                  const float* sketch_part) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= a.rows) return;
-  SliceStats t = part[r * g.slices];
-  for (int64_t k = 1; k < g.slices; ++k) {
-    const SliceStats& p = part[r * g.slices + k];
+  if (a.sketch_out) {
+    float s = 0.f;
+    for (int64_t k = 0; k < g.segs; ++k) s += sketch_part[(r * g.segs + k) * kSketchLanes + lane];
+    a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
+  }
+  if (lane != 0) return;
+  RowPartial t = part[r * g.segs];
+  for (int64_t k = 1; k < g.segs; ++k) {
+    const RowPartial& p = part[r * g.segs + k];
     t.sum += p.sum;
     t.sumsq += p.sumsq;
     t.sq_all += p.sq_all;
@@ -247,17 +378,22 @@ __global__ void fold_slices_kernel(const ProbeStatsArgs a, SliceGeometry g, cons
   a.token_l2[r] = static_cast<float>(sqrt(t.sq_all));
 }
 
-__global__ void sketch_coeffs_kernel(uint64_t key, int64_t col0, int64_t cols, float* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < cols * kSketchLanes;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = sketch_coeff_hd(key, col0 + i / kSketchLanes, static_cast<int>(i % kSketchLanes));
-}
-
-__global__ void sketch_signs_kernel(uint64_t key, int64_t col0, int64_t cols, bf16* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < cols * kSketchLanes;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(sketch_sign(key, col0 + i / kSketchLanes, static_cast<int>(i % kSketchLanes)) ? 1.f
-                                                                                                                 : -1.f);
+// Word (colgroup, g) of the sign-bit table: byte j, bit i = 1 when the entry of column 8·colgroup + i, sketch
+// lane g + 8j is −1/sqrt(32).
+__global__ void sketch_sign_bits_kernel(uint64_t key, int64_t col0, int64_t cols, uint32_t* out) {
+  const int64_t words = (cols + 7) / 8 * 8;
+  for (int64_t w = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; w < words;
+       w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t group = w / 8;
+    const int g = static_cast<int>(w % 8);
+    uint32_t bits = 0;
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 8; ++i) {
+        const int64_t col = group * 8 + i;
+        if (col < cols && !sketch_sign(key, col0 + col, g + 8 * j)) bits |= 1u << (8 * j + i);
+      }
+    out[w] = bits;
+  }
 }
 
 __global__ void set_flag_kernel(volatile unsigned* flag, unsigned value) {
@@ -266,28 +402,33 @@ __global__ void set_flag_kernel(volatile unsigned* flag, unsigned value) {
   __threadfence_system();
 }
 
-int as_int(int64_t v, const char* what) {
-  if (v < 0 || v > INT_MAX)
-    throw EngineError(std::string("probe sketch: ") + what + " = " + std::to_string(v) + " does not fit cuBLAS's int");
-  return static_cast<int>(v);
-}
 }  // namespace
 
+size_t sketch_sign_bits_words(int64_t cols) { return static_cast<size_t>((cols + 7) / 8 * 8); }
+
 size_t probe_stats_workspace(const ProbeStatsArgs& a) {
-  const SliceGeometry g = slice_geometry(a);
-  return g.slices > 0 ? static_cast<size_t>(a.rows * g.slices) * sizeof(SliceStats) : 0;
+  const TileGeometry g = tile_geometry(a);
+  if (g.segs == 0) return 0;
+  const size_t n = static_cast<size_t>(a.rows * g.segs);
+  return n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
 }
 
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.rows > INT_MAX) throw EngineError("probe stats: " + std::to_string(a.rows) + " rows");
-  const SliceGeometry g = slice_geometry(a);
-  if (g.slices > 0 && a.workspace && a.rows <= 65535 && g.slices <= INT_MAX) {
-    auto* part = static_cast<SliceStats*>(a.workspace);
-    probe_slices_kernel<<<dim3(static_cast<unsigned>(g.slices), static_cast<unsigned>(a.rows)), kThreads, 0, stream>>>(
-        a, g, part);
+  const TileGeometry g = tile_geometry(a);
+  const int64_t tasks = g.row_tiles * g.segs;
+  if (g.segs > 0 && a.workspace && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) {
+    auto* part = static_cast<RowPartial*>(a.workspace);
+    auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
+    const size_t smem = g.head_cols ? static_cast<size_t>(kTileWarps) * kTileRows * (g.seg_width / 8) * sizeof(double) : 0;
+    if (smem > 48 * 1024)  // heads wider than 384 columns (a per-device attribute: set it each time)
+      CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, smem, stream>>>(
+        a, g, part, sketch_part);
     CUDA_CHECK_LAUNCH();
-    fold_slices_kernel<<<static_cast<unsigned>((a.rows + 127) / 128), 128, 0, stream>>>(a, g, part);
+    fold_tiles_kernel<<<static_cast<unsigned>((a.rows + 7) / 8), 256, 0, stream>>>(a, g, part, sketch_part);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -298,21 +439,10 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_sketch_signs(uint64_t key, int64_t col0, int64_t cols, bf16* signs, cudaStream_t stream) {
+void launch_sketch_sign_bits(uint64_t key, int64_t col0, int64_t cols, uint32_t* bits, cudaStream_t stream) {
   if (cols == 0) return;
-  sketch_signs_kernel<<<256, 256, 0, stream>>>(key, col0, cols, signs);
+  sketch_sign_bits_kernel<<<128, 256, 0, stream>>>(key, col0, cols, bits);
   CUDA_CHECK_LAUNCH();
-}
-
-void sketch_gemm(cublasHandle_t h, const bf16* data, int64_t rows, int64_t cols, const bf16* signs, float* out) {
-  if (rows == 0) return;
-  const float alpha = kSketchScale, beta = 0.0f;
-  // Column-major [rows, 32] = dataᵀᵀ · signsᵀᵀ: data row-major [rows, cols] is column-major [cols, rows], taken
-  // transposed; signs row-major [cols, 32] is column-major [32, cols], taken transposed. The "TN" layout
-  // cuBLAS's tensor-core kernels prefer; the caller reads the result as out[lane · rows + row].
-  CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_T, as_int(rows, "rows"), kSketchLanes, as_int(cols, "cols"),
-                            &alpha, data, CUDA_R_16BF, as_int(cols, "cols"), signs, CUDA_R_16BF, kSketchLanes, &beta,
-                            out, CUDA_R_32F, as_int(rows, "rows"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void launch_set_flag(unsigned* flag, unsigned value, cudaStream_t stream) {
@@ -323,12 +453,17 @@ void launch_set_flag(unsigned* flag, unsigned value, cudaStream_t stream) {
 std::vector<float> device_sketch_coeffs(uint64_t key, int64_t col0, int64_t cols) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  std::vector<float> host(static_cast<size_t>(cols) * kSketchLanes);
-  DeviceBuffer buf(dev, host.size() * sizeof(float));
-  sketch_coeffs_kernel<<<256, 256>>>(key, col0, cols, static_cast<float*>(buf.get()));
-  CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cudaMemcpy(host.data(), buf.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  return host;
+  std::vector<uint32_t> bits(sketch_sign_bits_words(cols));
+  DeviceBuffer buf(dev, bits.size() * sizeof(uint32_t));
+  launch_sketch_sign_bits(key, col0, cols, static_cast<uint32_t*>(buf.get()), nullptr);
+  CUDA_CHECK(cudaMemcpy(bits.data(), buf.get(), bits.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  std::vector<float> coeffs(static_cast<size_t>(cols) * kSketchLanes);
+  for (int64_t c = 0; c < cols; ++c)
+    for (int k = 0; k < kSketchLanes; ++k) {
+      const bool negative = (bits[(c / 8) * 8 + k % 8] >> (8 * (k / 8) + c % 8)) & 1u;
+      coeffs[c * kSketchLanes + k] = negative ? -kSketchScale : kSketchScale;
+    }
+  return coeffs;
 }
 
 }  // namespace mla::cuda

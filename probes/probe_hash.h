@@ -5,8 +5,8 @@
 //                     checksum_term(i, bits_i) over the rank's elements (i: row-major index, bits: the raw
 //                     16-bit pattern for bf16/fp16, 32-bit for fp32). A sum of mixed terms rather than a
 //                     sequential hash (FNV) so that a GPU computes it in parallel, in any order, bit-exactly:
-//                     equal checksums mean equal bytes (up to 2^-64 chance); a flipped bit or two swapped
-//                     elements change it.
+//                     equal checksums mean equal bytes (up to ~2^-63 chance); a changed element always
+//                     changes it, two swapped elements all but always.
 #pragma once
 #include <cstdint>
 
@@ -38,15 +38,18 @@ MLA_HD inline float sketch_coeff_at(uint64_t key, int64_t column, int lane) {
   return sketch_sign(key, column, lane) ? kSketchScale : -kSketchScale;
 }
 
-// Two multiply-xorshift rounds over (index, bits): a bijection of the 64-bit word, so distinct (index, bits)
-// pairs (index < 2^32) give distinct terms.
+// The checksum's multiplier of element `index`: odd, one splitmix64 per aligned group of 8 elements, stepped by
+// an even constant inside the group (a kernel hashes once per 16-byte load of bf16).
+constexpr uint64_t kChecksumStep = 0x9e3779b97f4a7c16ull;  // even
+MLA_HD inline uint64_t checksum_multiplier(uint64_t index) {
+  return (splitmix64(index >> 3) | 1ull) + kChecksumStep * (index & 7ull);
+}
+
+// term = multiplier(index) · (2·bits + 1) mod 2^64. Changing one element's bits changes the sum, always (the
+// multiplier is odd, so it is invertible mod 2^64, and 2·Δbits is not 0 mod 2^64); swapping two different
+// elements changes it unless their multipliers agree to ~31 low bits (within a group of 8: never).
 MLA_HD inline uint64_t checksum_term(uint64_t index, uint32_t bits) {
-  uint64_t x = (index << 32) | bits;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 31;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 29;
-  return x;
+  return checksum_multiplier(index) * (2ull * bits + 1ull);
 }
 
 }  // namespace mla

@@ -40,6 +40,20 @@ TEST(CudaProbe, DeviceRecordsMatchHost) {
   }
 }
 
+TEST(CudaProbe, WideTensorsMatchHost) {
+  MLA_REQUIRE_GPU();
+  // Real widths: DeepSeek-V3 (q_nope 16384 columns in 32 segments, heads of 128 and 64, 7168-wide rows) and
+  // GLM-5 (heads of 192 and 256); token counts that leave a partial 16-row tile; tp 2 (column offsets).
+  for (const Case& c : {make_case("probe_dsv3_tp1", "deepseek-v3", kPrefill, kMha, 1, 19),
+                        make_case("probe_glm5_tp2", "glm-5", kPrefill, kMha, 2, 21)}) {
+    const GpuRun run = make_run(c);
+    auto cuda = cuda_engine();
+    const Capture got = capture(*cuda, run);
+    SCOPED_TRACE(c.describe());
+    expect_device_probes_match_host(run, got);
+  }
+}
+
 TEST(CudaProbe, NonFiniteValuesAreCountedLikeTheHost) {
   MLA_REQUIRE_GPU();
   const GpuRun run = make_run(make_case("probe_nonfinite", "tiny", kPrefill, kMha, 2, 6));

@@ -17,16 +17,22 @@ ROOT_STRINGS = ["format", "tool_version", "git_sha", "created_utc", "engine", "e
                 "device", "model", "run_options", "mode", "inject", "probe_level", "command", "status", "last_stage"]
 ROOT_INTS = ["schema_version", "tp", "seed"]
 PROBE_ATTRS = ["order", "stage", "contract", "shape", "engine_dtype", "heads_axis", "rope_from"]
-def checksum_fp32(data):
-    """probes/probe_hash.h, written again: the sum mod 2^64 of a mixed (index, fp32 bits) term per element."""
-    bits = np.ascontiguousarray(data, dtype=np.float32).reshape(-1).view(np.uint32).astype(np.uint64)
-    x = (np.arange(bits.size, dtype=np.uint64) << np.uint64(32)) | bits
+def splitmix64(x):
     with np.errstate(over="ignore"):
-        x = x * np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(31)
-        x = x * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(29)
-    return int(x.sum(dtype=np.uint64))
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def checksum_fp32(data):
+    """probes/probe_hash.h, written again: the sum mod 2^64 of multiplier(i) * (2 * bits + 1) per element, with
+    multiplier(i) = (splitmix64(i >> 3) | 1) + 0x9e3779b97f4a7c16 * (i & 7)."""
+    bits = np.ascontiguousarray(data, dtype=np.float32).reshape(-1).view(np.uint32).astype(np.uint64)
+    i = np.arange(bits.size, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        m = (splitmix64(i >> np.uint64(3)) | np.uint64(1)) + np.uint64(0x9E3779B97F4A7C16) * (i & np.uint64(7))
+        return int((m * (np.uint64(2) * bits + np.uint64(1))).sum(dtype=np.uint64))
 
 
 RANK_ATTRS = ["l2", "absmax", "mean", "std", "nan", "inf", "checksum", "level"]

@@ -34,6 +34,13 @@ std::unique_ptr<Communicator> make_local_communicator();
 #ifdef MLA_WITH_NCCL
 // Requires one distinct device per rank.
 std::unique_ptr<Communicator> make_nccl_communicator(const std::vector<RankContext*>& ranks);
+// One process per rank (`run --rank`): a fresh ncclUniqueId (rank 0 publishes it through the rendezvous file).
+std::vector<unsigned char> nccl_unique_id();
+// This process's rank `rank` of `world` on rc's device, joined with the id rank 0 made. Gives up after timeout_s
+// (EngineError naming the rank and the wait: another process did not join). all_reduce(rank, ranks, b) then
+// reads only ranks[rank], b.partial[rank] and b.out[rank]: the other ranks are other processes.
+std::unique_ptr<Communicator> make_nccl_process_communicator(RankContext& rc, int rank, int world,
+                                                             const std::vector<unsigned char>& id, double timeout_s);
 #endif
 
 }  // namespace mla::cuda

@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "harness/model/errors.h"
+#include "harness/run/rendezvous.h"
 #include "kernels/all_reduce.cuh"
 #include "kernels/attention_mha.cuh"
 #include "kernels/attention_mqa.cuh"
@@ -191,8 +192,10 @@ class CudaEngine : public Engine {
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
   void collect_probes(std::vector<ProbeRecord>& out, bool wait) override;
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
+  bool owns_rank(int rank) const override { return own_rank_ < 0 || rank == own_rank_; }
   void synchronize() override {
     for (auto& rs : ranks_) {
+      if (!rs.ctx) continue;  // another process's rank
       DeviceGuard g(rs.ctx->device());
       CUDA_CHECK(cudaStreamSynchronize(rs.ctx->stream()));
     }
@@ -238,6 +241,7 @@ class CudaEngine : public Engine {
   RunContext ctx_;
   MlaConfig cfg_;
   int tp_ = 1, T_ = 0;
+  int own_rank_ = -1;  // one process per rank: the rank this process drives (-1: every rank)
   std::vector<RankState> ranks_;
   std::unique_ptr<cuda::Communicator> comm_;
   // Device probes (kernels/probe_capture.cuh): one capture per rank, and the started ones in call order.
@@ -311,10 +315,17 @@ void CudaEngine::prepare(const RunContext& ctx) {
   probe_order_.clear();
   ranks_.clear();
   ranks_.resize(tp_);
-  for (int r = 0; r < tp_; ++r) ranks_[r].ctx = std::make_unique<RankContext>(r, r % ndev_);
+  // One process per rank (`run --rank`): this process drives its rank alone, on the GPU its local rank picks.
+  own_rank_ = ctx.process.per_process() ? ctx.process.rank : -1;
+  if (own_rank_ >= tp_)
+    throw UsageError("cuda engine: process rank " + std::to_string(own_rank_) + " with tp " + std::to_string(tp_));
+  for (int r = 0; r < tp_; ++r)
+    if (owns_rank(r))
+      ranks_[r].ctx = std::make_unique<RankContext>(r, own_rank_ >= 0 ? ctx.process.local_rank % ndev_ : r % ndev_);
 
   const auto& graph = *ctx.graph;
   for (int r = 0; r < tp_; ++r) {
+    if (!owns_rank(r)) continue;
     auto& rs = ranks_[r];
     RankContext& rc = *rs.ctx;
     DeviceGuard g(rc.device());
@@ -366,6 +377,19 @@ void CudaEngine::prepare(const RunContext& ctx) {
     rs.tensors[graph.stages.front().outputs.front()] = to_device(rc, ctx.inputs->x, DType::DType_bf16);
   }
 
+  if (own_rank_ >= 0 && tp_ > 1) {  // the other ranks are other processes: NCCL across them
+#ifdef MLA_WITH_NCCL
+    if (comm_opt_ == "local")
+      throw UsageError("cuda engine: comm=local cannot sum ranks of other processes (run --rank needs NCCL)");
+    const ProcessRank& pr = ctx.process;
+    const auto id = rendezvous_exchange(pr.rendezvous, pr.rank, 128, [] { return cuda::nccl_unique_id(); },
+                                        pr.rendezvous_timeout_s);
+    comm_ = cuda::make_nccl_process_communicator(*ranks_[own_rank_].ctx, pr.rank, tp_, id, pr.rendezvous_timeout_s);
+    return;
+#else
+    throw UsageError("cuda engine: one process per rank (run --rank) needs NCCL, and this build has none");
+#endif
+  }
   std::vector<RankContext*> rcs;
   for (auto& rs : ranks_) rcs.push_back(rs.ctx.get());
   bool own_devices = tp_ > 1 && tp_ <= ndev_;
@@ -634,8 +658,10 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
     }
     case Stage::Stage_all_reduce: {
       // Rank 0's call allocates (and poisons) every rank's output: a communicator may write them all at once.
-      if (rank == 0)
+      // (One process per rank: each allocates its own.)
+      if (rank == 0 || own_rank_ >= 0)
         for (int q = 0; q < tp_; ++q) {
+          if (!owns_rank(q)) continue;
           DeviceGuard gq(ranks_[q].ctx->device());
           out(q, "o", {T, H});
         }
@@ -643,8 +669,8 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       b.count = T * H;
       if (planted("allreduce-skip")) b.summed = 1;  // o = rank 0's o_partial only
       for (int q = 0; q < tp_; ++q) {
-        b.partial.push_back(in(q, "o_partial").bf());
-        b.out.push_back(in(q, "o").bf());
+        b.partial.push_back(owns_rank(q) ? in(q, "o_partial").bf() : nullptr);
+        b.out.push_back(owns_rank(q) ? in(q, "o").bf() : nullptr);
       }
       std::vector<RankContext*> rcs;
       for (auto& r : ranks_) rcs.push_back(r.ctx.get());

@@ -31,6 +31,11 @@ struct DumpMeta {
   std::string inject;          // injections the engine ran with ("" = none)
   std::string probe_level;
   std::string command;         // the command line that produced the dump
+  // One process per rank (`run --rank`): the tp rank whose records this dump holds (one per probe) and the number
+  // of processes of the run (= tp). -1 / 0: one process recorded every rank. A merged set (read_dump of FILE.h5
+  // over FILE.rank0.h5 ...) has process_rank -1 and processes N.
+  int process_rank = -1;
+  int processes = 0;
 };
 
 // One probe of one layer, every rank's record.
@@ -44,7 +49,9 @@ struct DumpProbe {
   int heads_axis = -1;
   int rope_from = -1;
   std::string engine_dtype;
-  std::vector<ProbeRecord> ranks;  // index = rank; fewer than tp when the run stopped mid-probe
+  // index = rank; fewer than tp when the run stopped mid-probe (the leading ranks that recorded it). A one-rank
+  // dump (meta.process_rank >= 0) holds that rank's record at index 0.
+  std::vector<ProbeRecord> ranks;
 };
 
 struct Dump {
@@ -58,8 +65,12 @@ struct Dump {
   std::vector<DumpProbe> probes;  // in (layer, order) order
   // Last stage each rank had begun when the run stopped (hang reports): "layer L stage S" per rank.
   std::vector<std::string> last_stage;
+  // One process per rank: the files FILE.rank0.h5 ... that read_dump merged into this dump, in rank order.
+  std::vector<std::string> parts;
 
   bool complete() const { return status == "complete"; }
+  // The tp rank of DumpProbe::ranks[index].
+  int rank_of(size_t index) const { return meta.process_rank >= 0 ? meta.process_rank : static_cast<int>(index); }
   const DumpProbe* find(int layer, const std::string& name) const;
   MlaConfig config() const;  // from meta.model
   RunSpec spec() const;      // from meta.run_options
@@ -96,7 +107,18 @@ struct DumpReadOptions {
 // journal is read as it stands, nothing is written, and the status says "running: ...". (Where FILE.h5 cannot
 // be written, e.g. a read-only directory, the fold is returned from memory and the journal stays.) Throws UsageError
 // with the path and what is wrong for a missing, truncated, corrupt or foreign file.
+// One process per rank: where FILE.h5 does not exist but FILE.rank0.h5 ... do (rank_dump_path), they are read and
+// merged into one Dump with every rank, as one process's tp-N dump reads; they must agree on the model, run
+// options, engine, mode, seed, injections, probe level and inputs, else a UsageError names the file that differs
+// (or is missing). The status is the first stopped part's, naming its file. A single FILE.rankR.h5 reads as
+// itself: rank R's records only (meta.process_rank R); commands that gather ranks refuse it (require_every_rank).
 Dump read_dump(const std::string& path, const DumpReadOptions& opts = {});
+
+// FILE.h5 -> FILE.rank<R>.h5: the dump of rank R of a one-process-per-rank run whose --out is FILE.h5.
+std::string rank_dump_path(const std::string& path, int rank);
+// Throws UsageError when `d` holds one rank of a one-process-per-rank run: `command` (compare, explore, ...) needs
+// every rank; the message names the set's path that merges them.
+void require_every_rank(const Dump& d, const std::string& command);
 
 // Folds FILE.h5.journal into FILE.h5 if present; returns true if it did (false: no journal, or its writer is
 // still alive). The status is the finish record's if the run got that far (it was killed while writing the

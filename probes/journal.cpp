@@ -154,6 +154,8 @@ std::string encode_header(const Header& h) {
                       {"inject", m.inject},
                       {"probe_level", m.probe_level},
                       {"command", m.command},
+                      {"process_rank", m.process_rank},
+                      {"processes", m.processes},
                       {"created_utc", h.created_utc},
                       {"tool_version", h.tool_version},
                       {"git_sha", h.git_sha}};
@@ -203,6 +205,8 @@ Header decode_header(const std::string& payload) {
     m.inject = j.at("inject").get<std::string>();
     m.probe_level = j.at("probe_level").get<std::string>();
     m.command = j.at("command").get<std::string>();
+    m.process_rank = j.value("process_rank", -1);  // absent in journals of one process per run
+    m.processes = j.value("processes", 0);
     h.created_utc = j.at("created_utc").get<std::string>();
     h.tool_version = j.at("tool_version").get<std::string>();
     h.git_sha = j.at("git_sha").get<std::string>();

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -120,6 +121,30 @@ TEST(CliRun, LayersAndTensorParallelOnTiny) {
   spec.layers = 1;
   spec.tp = 8;
   expect_full_table("run --model tiny --tokens 3 --tp 8", tiny, spec);
+}
+
+// The table's L2 of a heads probe is the gathered tensor's at any tp: a stage with two outputs (q_nope, q_pe) records
+// them rank by rank, and each rank's shard adds to its own probe's row.
+TEST(CliRun, TableGathersEveryHeadsProbeAtAnyTp) {
+  const auto l2_by_probe = [](const std::string& args) {
+    const auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << describe(args, r);
+    std::map<std::string, double> l2;
+    std::istringstream lines(r.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream f(line);
+      std::string layer, name, contract, shape, dtype, value;
+      if (f >> layer >> name >> contract >> shape >> dtype >> value && contract == "heads") l2[name] = std::stod(value);
+    }
+    return l2;
+  };
+  const auto tp1 = l2_by_probe("run --model tiny --tokens 6");
+  const auto tp2 = l2_by_probe("run --model tiny --tokens 6 --tp 2");
+  ASSERT_EQ(tp1.size(), tp2.size());
+  ASSERT_GE(tp1.size(), 6u);
+  // 1e-4: FP32 GEMMs of a different shape per shard round differently; the table prints 6 digits.
+  for (const auto& [name, v] : tp1) EXPECT_NEAR(tp2.at(name), v, 1e-4 * v) << name;
 }
 
 // A config.json path as --model: a small GLM-5-style (glm_moe_dsa) config, so DSA's index_topk is announced

@@ -105,6 +105,7 @@ void setup_bisect(CLI::App& app, int& exit_code) {
   cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str();
   cmd->add_option("--tol", o->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
   cmd->add_flag("--brief", o->brief, "Print only the headline and the diagnosis");
+  refuse_rank_options(*cmd);
   cmd->callback([o, &exit_code] { exit_code = run_bisect_cmd(*o); });
 }
 

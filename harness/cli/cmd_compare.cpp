@@ -21,6 +21,8 @@ struct CompareCmdOptions {
 int run_compare(const CompareCmdOptions& o) {
   const Dump a = read_dump(o.a);
   const Dump b = read_dump(o.b);
+  require_every_rank(a, "compare");
+  require_every_rank(b, "compare");
   ToleranceModel tol = tolerance_for(a, b, o.tolerance, o.k);
   tol.overrides = parse_tol_overrides(o.tol);
   const CompareReport rep = compare_dumps(a, b, tol);

@@ -205,6 +205,8 @@ struct ExploreCmdOptions {
 int run_explore(const ExploreCmdOptions& o) {
   Dump a = read_dump(o.a);
   Dump b = read_dump(o.b);
+  require_every_rank(a, "explore");
+  require_every_rank(b, "explore");
   const std::string dtype = a.meta.engine_dtype.empty() ? "fp32" : a.meta.engine_dtype;
   const bool calibrating = o.tolerance == "calibrate" || (o.tolerance == "auto" && dtype != "fp32");
   const auto t0 = std::chrono::steady_clock::now();

@@ -112,10 +112,23 @@ int inspect_dump(const InspectOptions& o) {
      << "run       " << run_line(d) << "\n"
      << "command   " << or_dash(m.command) << "\n"
      << "status    " << d.status << "\n";
+  const bool one_rank = m.process_rank >= 0;  // one process per rank: this file holds that rank only
+  if (one_rank)
+    os << "process   rank " << m.process_rank << " of " << m.processes << " (one process per rank): this file holds "
+       << "rank " << m.process_rank << "'s records only; the run's --out name reads the whole set\n";
+  if (!d.parts.empty()) {
+    os << "parts     " << d.parts.size() << " processes, one per rank:";
+    for (const auto& part : d.parts) os << " " << part;
+    os << "\n";
+  }
   if (!d.complete()) {
     os << "last stage";
-    for (size_t r = 0; r < d.last_stage.size(); ++r)
-      os << (r ? ";" : "") << " rank " << r << ": " << d.last_stage[r];
+    bool first = true;
+    for (size_t r = 0; r < d.last_stage.size(); ++r) {
+      if (d.last_stage[r].empty()) continue;  // not this file's rank
+      os << (first ? "" : ";") << " rank " << r << ": " << d.last_stage[r];
+      first = false;
+    }
     os << "\n";
   }
   if (d.has_inputs) {
@@ -151,7 +164,12 @@ int inspect_dump(const InspectOptions& o) {
   for (const auto& p : d.probes) {
     if (o.layer >= 0 && p.layer != o.layer) continue;
     bool differ = false;
-    const std::string l2 = gathered_l2(p, m.tp, &differ);
+    std::string l2 = one_rank ? "-" : gathered_l2(p, m.tp, &differ);
+    if (one_rank && !p.ranks.empty()) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6g", p.ranks[0].l2);
+      l2 = buf;
+    }
     any_partial = any_partial || l2.rfind("~", 0) == 0;
     any_differ = any_differ || differ;
     double absmax = 0;
@@ -162,9 +180,10 @@ int inspect_dump(const InspectOptions& o) {
       inf += r.inf;
     }
     char absmax_text[32] = "-";  // a partial sum's absmax is not the max of the ranks' absmax
-    if (!p.ranks.empty() && (p.contract != "partial" || m.tp == 1))
+    if (!p.ranks.empty() && (p.contract != "partial" || m.tp == 1 || one_rank))
       std::snprintf(absmax_text, sizeof absmax_text, "%.6g", absmax);
-    const std::string ranks = std::to_string(p.ranks.size()) + "/" + std::to_string(m.tp);
+    const std::string ranks = one_rank ? "#" + std::to_string(m.process_rank)
+                                       : std::to_string(p.ranks.size()) + "/" + std::to_string(m.tp);
     const char* level = p.ranks.empty() ? "-" : probe_level_name(p.ranks[0].level);
     std::snprintf(line, sizeof line, "%-5d %-12s %-16s %-10s %-5s %-6s %-6s %12s %12s %lld/%lld%s\n", p.layer,
                   p.name.c_str(), shape_string(p.shape).c_str(), p.contract.c_str(), ranks.c_str(), level,
@@ -177,6 +196,9 @@ int inspect_dump(const InspectOptions& o) {
     os << "\n~: partial sums (o_partial) are not stored summed; L2 estimated from the summed sketches (the all-reduced "
           "probe o is exact)\n";
   if (any_differ) os << "replicas differ: a replicated probe's ranks have different checksums\n";
+  if (one_rank && m.tp > 1)
+    os << "\n#" << m.process_rank << ": L2 and absmax are rank " << m.process_rank << "'s own record: its block of "
+       << "heads (heads), its partial sum (partial), its copy (replicated)\n";
   return 0;
 }
 

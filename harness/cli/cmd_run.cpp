@@ -1,6 +1,7 @@
 // `mla-bisect run`: one engine on one model and input; prints the per-probe table.
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "harness/model/weights.h"
 #include "harness/report/probe_table.h"
 #include "harness/run/engine.h"
+#include "harness/run/process_rank.h"
 #include "harness/run/runner.h"
 #include "harness/run/watchdog.h"
 #include "harness/weights/loader.h"
@@ -30,6 +32,9 @@ struct RunCmdOptions {
   std::string inject;     // --inject: planted bugs (BUGS.md)
   double watchdog = 0;    // --watchdog SECONDS per stage
   bool quiet = false;     // no table (bisect's child runs)
+  std::string rank;       // --rank N|auto: one process per tp rank ("" : this process runs every rank)
+  std::string rendezvous;  // --rendezvous PATH: where rank 0 publishes the communicator id
+  double rendezvous_timeout = 300;
 };
 
 // MLA_TEST_SLOW_STAGE_MS=N (tests only, deliberately not an option): sleep N ms at the start of every stage,
@@ -167,7 +172,14 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   if (!o.input.empty()) inputs = inputs_from_dump(o.input, cfg, cmd, spec, weight_seed);
   const ProbePlan plan = o.run.to_plan();
   Runner runner(cfg, spec);
-  auto engine = make_engine(EngineSpec::parse(o.engine));
+  ProcessRank process = resolve_process_rank(o.rank, o.rendezvous, spec.tp);
+  process.rendezvous_timeout_s = o.rendezvous_timeout;
+  runner.set_process_rank(process);
+  const EngineSpec engine_spec = EngineSpec::parse(o.engine);
+  if (process.per_process() && !engine_runs_per_process(engine_spec.name))
+    throw UsageError("--rank: engine '" + engine_spec.name + "' cannot run one process per rank (reference and "
+                     "cuda can); drop --rank to run every rank in this process");
+  auto engine = make_engine(engine_spec);
   const auto injections = parse_injections(o.inject);
   engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
   const auto t0 = std::chrono::steady_clock::now();
@@ -179,10 +191,18 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   if (keep_packed) runner.set_packed_weights(&loaded.packed, dequant_bugs(injections));
   const auto& weights = loaded.layers;
   if (o.input.empty()) inputs = synthetic_inputs(cfg, spec, weights);
-  TableSink table;
+  TableSink table(spec.tp);
   TeeSink tee;
   tee.add(table);
   std::unique_ptr<DumpWriter> writer;
+  // One process per rank: each writes FILE.rank<R>.h5 with its rank's records; read_dump(FILE.h5) merges the set.
+  const std::string out_path = process.per_process() && !o.out.empty() ? rank_dump_path(o.out, process.rank) : o.out;
+  if (process.per_process() && !o.out.empty()) {
+    // The set owns the --out name now: an older dump of one process there would be read instead of the set.
+    std::error_code ec;
+    std::filesystem::remove(o.out, ec);
+    std::filesystem::remove(o.out + ".journal", ec);
+  }
   if (!o.out.empty()) {
     DumpMeta meta;
     meta.engine = engine->name();
@@ -205,13 +225,18 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     meta.inject = o.inject;
     meta.probe_level = o.run.probe_level;
     meta.command = command_line(cmd);
-    writer = std::make_unique<DumpWriter>(o.out, meta, &inputs);
+    if (process.per_process()) {
+      meta.process_rank = process.rank;
+      meta.processes = process.world;
+    }
+    writer = std::make_unique<DumpWriter>(out_path, meta, &inputs);
     tee.add(*writer);
   }
   SlowSink slow(slow_stage_ms());
   if (slow_stage_ms() > 0) tee.add(slow);
   WatchdogSink watchdog(tee, o.watchdog);
-  ProgressSink progress(watchdog, spec.layers, static_cast<int>(runner.graph().stages.size()), spec.tp);
+  ProgressSink progress(watchdog, spec.layers, static_cast<int>(runner.graph().stages.size()),
+                        process.per_process() ? 1 : spec.tp);
   const auto t1 = std::chrono::steady_clock::now();
   runner.run(*engine, weights, inputs, plan, progress);
   const auto t2 = std::chrono::steady_clock::now();
@@ -219,12 +244,20 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   std::cout << "model " << cfg.name << "  engine " << engine->name() << ":" << engine->options() << "  mode "
             << mode_name(spec.mode) << "  attention " << form_name(spec.form) << "  tokens " << inputs.batch.tokens()
             << "  tp " << spec.tp << "  layers " << spec.layers << "  seed " << spec.seed << "\n"
+            << (process.per_process() ? "process " + describe_process_rank(process) + ": probes of rank " +
+                                            std::to_string(process.rank) + " only\n"
+                                      : std::string())
             << "softmax scale " << cfg.softmax_scale << "  rope cos/sin scale " << cfg.rope_mscale << "\n"
             << "weights " << loaded.description << "\n\n";
   table.print(std::cout);
   std::cout << "\nsetup " << std::chrono::duration<double>(t1 - t0).count() << " s, run "
             << std::chrono::duration<double>(t2 - t1).count() << " s\n";
-  if (writer) std::cout << "dump " << o.out << "\n";
+  if (writer)
+    std::cout << "dump " << out_path
+              << (process.per_process() ? " (rank " + std::to_string(process.rank) + " of " +
+                                              std::to_string(process.world) + "; commands read the set as " + o.out + ")"
+                                        : std::string())
+              << "\n";
   return 0;
 }
 }  // namespace
@@ -246,6 +279,22 @@ void setup_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--watchdog", o->watchdog, "Exit 3 when a stage makes no progress for this many seconds, closing "
                                              "the dump with the rank and stage that hung (0: off)");
   cmd->add_flag("--quiet", o->quiet, "Do not print the probe table");
+  cmd->add_option("--rank", o->rank,
+                  "One process per tensor-parallel rank: this process's rank, a number (0..tp-1) or 'auto' (from the "
+                  "launcher: MLA_RANK/MLA_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_RANK/PMI_SIZE, srun's "
+                  "SLURM_PROCID/SLURM_NTASKS; the world size must equal --tp). The process records only its rank: "
+                  "--out FILE.h5 writes FILE.rank<R>.h5, and every command reading FILE.h5 merges the set. Engines "
+                  "reference (computes every rank in each process) and cuda (one GPU per process, local rank picks "
+                  "it; NCCL)")
+      ->type_name("N|auto");
+  cmd->add_option("--rendezvous", o->rendezvous,
+                  "With --rank at tp > 1: a file every process can see, through which rank 0 publishes the "
+                  "communicator id; it must not exist before the launch (a fresh path per launch, e.g. "
+                  "/shared/mla-id.$SLURM_JOB_ID)")
+      ->type_name("PATH");
+  cmd->add_option("--rendezvous-timeout", o->rendezvous_timeout,
+                  "Seconds the ranks other than 0 wait for the rendezvous file")
+      ->capture_default_str();
   cmd->callback([o, cmd, &exit_code] { exit_code = run_run(*o, *cmd); });
 }
 

@@ -144,6 +144,7 @@ void setup_zoo(CLI::App& app, int& exit_code) {
   cmd->add_option("--workdir", o->workdir, "Where the dumps go")->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "Per-stage watchdog, seconds")->capture_default_str();
   cmd->add_option("--json", o->json, "Write the table as JSON");
+  refuse_rank_options(*cmd);
   cmd->callback([o, &exit_code] { exit_code = run_zoo(*o); });
 }
 

@@ -73,6 +73,22 @@ void add_run_options(CLI::App& app, RunOptions& o) {
   });
 }
 
+void refuse_rank_options(CLI::App& app) {
+  const std::string name = app.get_name();
+  for (const char* opt : {"--rank", "--rendezvous"})
+    app.add_option(opt)
+        ->description("Not here: " + name + " runs every rank in its own child processes; for one process per rank "
+                      "use `mla-bisect run --rank`")
+        ->group("")  // hidden from --help
+        ->each([name, opt](const std::string&) {
+          throw UsageError(name + " " + opt + ": " + name + " starts its own runs, each with every rank in one "
+                           "process. For one process per rank, launch `mla-bisect run --tp N --rank auto|R "
+                           "--rendezvous PATH --out cand.h5` per rank (and the reference likewise, or in one "
+                           "process), then `mla-bisect compare cand.h5 ref.h5`, which reads cand.rank0.h5 ... as "
+                           "one dump");
+        });
+}
+
 WeightSpec RunOptions::weight_spec() const {
   WeightSpec w;
   w.source = weights;

@@ -36,6 +36,9 @@ struct RunOptions {
 };
 
 void add_run_options(CLI::App& app, RunOptions& o);
+// bisect and zoo start their own runs: one process per rank is `run --rank`. They take --rank and --rendezvous
+// only to refuse them with a UsageError that says what to do instead (per-rank `run`s, then `compare`).
+void refuse_rank_options(CLI::App& app);
 std::vector<std::string> split_list(const std::string& s, char sep = ',');
 
 }  // namespace mla::cli

@@ -253,6 +253,8 @@ Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& 
 }
 
 CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& tol, const CompareOptions& opt) {
+  require_every_rank(a, "compare");  // gathering needs every rank's shard
+  require_every_rank(b, "compare");
   CompareReport rep;
   rep.a_path = a.path;
   rep.b_path = b.path;

@@ -9,26 +9,34 @@
 
 namespace mla {
 
+// A stage's outputs arrive rank by rank (q_nope, q_pe of rank 0, then of rank 1): the row is found by name among
+// the current layer's, not taken as the last one.
+ProbeSummary& TableSink::row(int layer, const ProbeSpec& spec, const ProbeRecord& rec, int rank) {
+  for (size_t i = rows_.size(); i-- > 0 && rows_[i].layer == layer;)
+    if (rows_[i].name == spec.name) return rows_[i];
+  ProbeSummary s;
+  s.layer = layer;
+  s.name = spec.name;
+  s.contract = contract_name(spec.contract);
+  s.shape = spec.shape;
+  s.dtype = rec.dtype;
+  s.first_rank = rank;
+  rows_.push_back(s);
+  sumsq_.push_back(0.0);
+  return rows_.back();
+}
+
 void TableSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
-  if (rank == 0) {
-    ProbeSummary s;
-    s.layer = layer;
-    s.name = spec.name;
-    s.contract = contract_name(spec.contract);
-    s.shape = spec.shape;
-    s.dtype = rec.dtype;
-    rows_.push_back(s);
-    sumsq_.push_back(0.0);
-  }
-  auto& s = rows_.back();
-  s.ranks = rank + 1;
+  ProbeSummary& s = row(layer, spec, rec, rank);
+  double& sumsq = sumsq_[static_cast<size_t>(&s - rows_.data())];
+  ++s.ranks;
   s.nan += rec.nan;
   s.inf += rec.inf;
   if (spec.contract == Contract::Contract_heads) {
-    sumsq_.back() += rec.l2 * rec.l2;
-    s.l2 = std::sqrt(sumsq_.back());
+    sumsq += rec.l2 * rec.l2;
+    s.l2 = std::sqrt(sumsq);
     s.absmax = std::max(s.absmax, rec.absmax);
-  } else if (rank == 0) {
+  } else if (rank == s.first_rank) {
     s.l2 = rec.l2;
     s.absmax = rec.absmax;
   }
@@ -40,10 +48,16 @@ void TableSink::print(std::ostream& os) const {
                 "dtype", "L2", "absmax", "nan/inf");
   os << line;
   for (const auto& r : rows_) {
-    const char* note = r.contract == "partial" && r.ranks > 1 ? "rank 0's partial sum" : "";
+    // One process per rank records one rank of a tp > 1 run: its shard of the heads, its partial sum.
+    const bool one_rank = r.ranks == 1 && tp_ > 1;
+    const std::string who = "rank " + std::to_string(r.first_rank) + "'s ";
+    const std::string note = r.contract == "partial" && (r.ranks > 1 || one_rank) ? who + "partial sum"
+                             : r.contract == "heads" && one_rank                  ? who + "heads only"
+                                                                                  : "";
     std::snprintf(line, sizeof line, "%-5d %-12s %-10s %-18s %-5s %14.6g %12.6g %lld/%lld%s%s\n", r.layer, r.name.c_str(),
                   r.contract.c_str(), shape_string(r.shape).c_str(), r.dtype.c_str(), r.l2, r.absmax,
-                  static_cast<long long>(r.nan), static_cast<long long>(r.inf), *note ? "  " : "", note);
+                  static_cast<long long>(r.nan), static_cast<long long>(r.inf), note.empty() ? "" : "  ",
+                  note.c_str());
     os << line;
   }
 }

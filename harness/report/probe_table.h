@@ -18,18 +18,23 @@ struct ProbeSummary {
   std::string dtype;
   double l2 = 0, absmax = 0;   // over the gathered tensor (partials: rank 0's, until compare gathers them)
   int64_t nan = 0, inf = 0;
-  int ranks = 0;
+  int ranks = 0;       // records summed into the row
+  int first_rank = 0;  // the lowest rank recorded (one process per rank: its rank, the only one)
 };
 
 class TableSink : public ProbeSink {
  public:
+  // tp: the run's; a row with fewer ranks (one process per rank records its own) says whose shard it shows.
+  explicit TableSink(int tp = 1) : tp_(tp) {}
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   const std::vector<ProbeSummary>& rows() const { return rows_; }
   void print(std::ostream& os) const;
 
  private:
+  ProbeSummary& row(int layer, const ProbeSpec& spec, const ProbeRecord& rec, int rank);
   std::vector<ProbeSummary> rows_;
   std::vector<double> sumsq_;
+  int tp_;
 };
 
 // Forwards to another sink and draws "layer l/N stage s rank r" on stderr when it is a terminal.

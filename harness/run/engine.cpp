@@ -69,6 +69,8 @@ void Engine::set_injections(const std::vector<Injection>& list) {
 
 std::vector<std::string> engine_names() { return {"reference", "cuda"}; }
 
+bool engine_runs_per_process(const std::string& name) { return name == "reference" || name == "cuda"; }
+
 std::unique_ptr<Engine> make_engine(const EngineSpec& spec) {
   if (spec.name == "reference") return std::make_unique<ReferenceEngine>(spec.options);
   if (spec.name == "cuda") {

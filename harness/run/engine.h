@@ -13,6 +13,7 @@
 #include "harness/model/inputs.h"
 #include "harness/model/stage_graph.h"
 #include "harness/model/weights.h"
+#include "harness/run/process_rank.h"
 #include "harness/weights/dequant.h"
 #include "probes/probe.h"
 
@@ -38,6 +39,10 @@ struct RunContext {
   // uploads these and applies `dequant_bugs` itself; `weights` already holds their (injected) dequantization.
   const std::vector<std::map<std::string, PackedWeight>>* packed = nullptr;
   DequantBugs dequant_bugs;
+  // One process per rank (`run --rank`): which rank this process is and where rank 0 publishes the communicator
+  // id (harness/run/rendezvous.h). An engine that can split (cuda) sets up only that rank and its communicator
+  // and says so through owns_rank; the reference owns every rank and computes them all in each process.
+  ProcessRank process;
 };
 
 // Benchmark figures an engine measures on its own device (`mla-bisect bench`).
@@ -66,6 +71,12 @@ class Engine {
   // Runs `stage` of `layer` for `rank`. Collective stages (all_reduce) are called for every rank after
   // every rank has run the stage before.
   virtual void run_stage(const StageSpec& stage, int layer, int rank) = 0;
+  // Whether this process computes `rank` (after prepare). With RunContext::process per_process(), an engine that
+  // holds only its process's rank returns false for the others; the Runner then runs no stage of theirs.
+  virtual bool owns_rank(int rank) const {
+    (void)rank;
+    return true;
+  }
   // Tensor by probe name, as this rank holds it (local shape), as float32.
   virtual Tensor download(int rank, const std::string& name) = 0;
   // Replaces a tensor of this rank (isolation: feed a stage the reference's exact inputs).
@@ -112,5 +123,8 @@ class Engine {
 
 std::unique_ptr<Engine> make_engine(const EngineSpec& spec);  // throws UsageError (unknown engine, no GPU)
 std::vector<std::string> engine_names();
+// Engines a run can split into one process per rank (`run --rank`): reference (each process computes every rank
+// and records its own) and cuda (each process drives one rank on one GPU, all_reduce over NCCL).
+bool engine_runs_per_process(const std::string& name);
 
 }  // namespace mla

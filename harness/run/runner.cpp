@@ -57,12 +57,26 @@ Runner::Runner(const MlaConfig& cfg, const RunSpec& spec) : cfg_(cfg), spec_(spe
   graph_ = build_graph(cfg_, spec_.graph_shape());
 }
 
+void Runner::set_process_rank(const ProcessRank& p) {
+  if (p.per_process() && (p.rank >= spec_.tp || p.world != spec_.tp))
+    throw UsageError("process rank " + std::to_string(p.rank) + " of " + std::to_string(p.world) +
+                     " processes does not fit --tp " + std::to_string(spec_.tp));
+  process_ = p;
+}
+
 void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const Inputs& inputs,
                  const ProbePlan& plan, ProbeSink& sink, const BeforeStage& before) const {
   RunContext ctx{&cfg_, &spec_, &graph_, &weights, &inputs};
   ctx.packed = packed_;
   ctx.dequant_bugs = dequant_bugs_;
+  ctx.process = process_;
   engine.prepare(ctx);
+  // One process per rank: this process's rank is the only one the sink hears of.
+  const bool per_process = process_.per_process();
+  const auto mine = [&](int rank) { return !per_process || rank == process_.rank; };
+  if (per_process && !engine.owns_rank(process_.rank))
+    throw EngineError("engine " + engine.name() + " does not hold rank " + std::to_string(process_.rank) +
+                      ", this process's rank");
   // Probes are started after their stage; an engine that queues them on a device (queues_probes) hands back
   // the finished records after each stage and the rest at the end of each layer, so it never waits for them
   // mid-layer. Whatever is pending is collected before a planted hang or crash and when the run fails:
@@ -109,21 +123,29 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
   try {
     for (int layer = 0; layer < spec_.layers; ++layer) {
       for (const auto& st : graph_.stages) {
+        // Per process, the stage begins (for the journal and the watchdog) before the other ranks this process
+        // computes: the time they take is this stage's.
+        if (per_process) sink.stage_begin(layer, st.stage, process_.rank);
         for (int rank = 0; rank < spec_.tp; ++rank) {
-          sink.stage_begin(layer, st.stage, rank);
-          if (stops_at_entry(engine, st, rank)) collect(true);
-          apply_entry_injections(engine, st, rank);
+          if (!engine.owns_rank(rank)) continue;
+          if (!per_process) sink.stage_begin(layer, st.stage, rank);
+          if (mine(rank)) {
+            if (stops_at_entry(engine, st, rank)) collect(true);
+            apply_entry_injections(engine, st, rank);
+          }
           if (before) before(engine, st, layer, rank);
           engine.run_stage(st, layer, rank);
           apply_nan_injections(engine, st, rank);
         }
         if (!plan.off)
-          for (int rank = 0; rank < spec_.tp; ++rank)
+          for (int rank = 0; rank < spec_.tp; ++rank) {
+            if (!mine(rank) || !engine.owns_rank(rank)) continue;
             for (const auto& name : st.outputs) {
               const ProbeSpec& p = *graph_.find(name);
               engine.probe_async(rank, p, make_probe_request(p, spec_.tp, rank, plan.level_for(name)));
               started.push_back({layer, &p, rank});
             }
+          }
         collect(!queued);
       }
       collect(true);

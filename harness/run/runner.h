@@ -1,5 +1,6 @@
 // The Runner owns the dataflow of a run: it walks the stage graph layer by layer, stage by stage, rank by
-// rank, hands each stage to the engine, and sends every probe to the sink.
+// rank, hands each stage to the engine, and sends every probe to the sink. With one process per rank
+// (set_process_rank), it runs the ranks the engine owns and sends only its process's rank to the sink.
 #pragma once
 #include <functional>
 #include <map>
@@ -32,12 +33,21 @@ class Runner {
     dequant_bugs_ = bugs;
   }
 
+  // One process per rank (`run --rank`): handed to the engine in RunContext::process. Each later run() runs the
+  // stages of every rank the engine owns (the reference owns all: each process computes every rank, which is how
+  // the CPU path splits), but begins stages, probes and records only `p.rank`, and plants hang-at and crash-at only
+  // there (a hang planted on another rank is that rank's process's business); nan-at is data and acts wherever
+  // its rank is computed. Throws UsageError when p does not fit the spec's tp.
+  void set_process_rank(const ProcessRank& p);
+  const ProcessRank& process_rank() const { return process_; }
+
  private:
   MlaConfig cfg_;
   RunSpec spec_;
   StageGraph graph_;
   const std::vector<std::map<std::string, PackedWeight>>* packed_ = nullptr;
   DequantBugs dequant_bugs_;
+  ProcessRank process_;
 };
 
 }  // namespace mla

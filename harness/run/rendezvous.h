@@ -1,0 +1,23 @@
+// The bootstrap of one process per rank: rank 0 publishes a communicator id (the CUDA engine's ncclUniqueId,
+// 128 bytes) in a file every process can see; the other ranks wait for that file and read the id back.
+//
+// File: [8 bytes magic "MLARDV01"][u32 length][u32 crc32 of the id][the id: length bytes], little-endian. Rank 0
+// writes it to PATH.tmp.PID, fsyncs, and links (or renames) it into place, so a reader sees the whole file or none.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mla {
+
+// Rank 0: refuses (UsageError) a `path` that exists before the launch, calls make_id() (which must return `bytes`
+// bytes), publishes them at `path` and returns them. Any other rank: polls `path` every 20 ms until it holds a
+// complete id of `bytes` bytes and returns that; after `timeout_s` seconds an EngineError naming the path, the
+// rank and the seconds waited. A file that is not a rendezvous file, or holds an id of another length, is a
+// UsageError at once; one that stays incomplete (torn) is reported as such at the timeout.
+std::vector<unsigned char> rendezvous_exchange(const std::string& path, int rank, size_t bytes,
+                                               const std::function<std::vector<unsigned char>()>& make_id,
+                                               double timeout_s);
+
+}  // namespace mla

@@ -1,9 +1,8 @@
 // Device probe statistics. Every bf16 probe of the real models takes version 4 (probe_tiles_kernel below: one
 // pass for the stats, the head L2 and the sketch, the sketch on the tensor cores); the rest (fp32 tensors such
-// as lse, odd widths) version 2: one block per token row, one pass over the row for the finite sum, sum of
+// as lse, odd widths) version 2: one warp per token row, one pass over the row for the finite sum, sum of
 // squares, absmax, NaN/Inf counts, the row's L2 (non-finite values included, as on the host: a NaN token shows
-// as NaN), the checksum's partial sum and the sketch (in double); a second pass (a warp per head, from L1/L2)
-// for the head L2. All reductions are fixed trees, so records are bit-reproducible. Earlier versions: 1 hashed
+// as NaN), the checksum's partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. All reductions are fixed trees, so records are bit-reproducible. Earlier versions: 1 hashed
 // the sketch per element (~60 ms per DeepSeek-V3 layer at T = 4096); 3 took one block per 2048-column row
 // slice with seven block-wide reductions (~0.55 TB/s) and the sketch as a separate cuBLAS GEMM.
 #include "kernels/block_reduce.cuh"
@@ -44,29 +43,38 @@ struct RowAcc {
 
 __device__ inline float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
 
+// Folds a lane's RowAcc over the warp (butterfly: fixed order, every lane gets the result).
+__device__ inline void warp_fold(RowAcc& q) {
+  q.sum = warp_sum(q.sum);
+  q.sumsq = warp_sum(q.sumsq);
+  q.sq_all = warp_sum(q.sq_all);
+  q.nan = warp_sum(q.nan);
+  q.inf = warp_sum(q.inf);
+  q.amax = warp_max(q.amax);
+  q.check = warp_sum(q.check);
+}
+
+// Version 2 (fp32 tensors, odd widths): one warp per token row, warp-level reductions only.
 template <class T>
 __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a) {
-  __shared__ double red[32];
-  __shared__ unsigned long long red_u[32];
-  __shared__ double sk[kThreads / 32][kSketchLanes];
-  const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kThreads / 32) + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
   const T* x = static_cast<const T*>(a.data) + r * a.cols;
   const uint64_t base = static_cast<uint64_t>(r) * a.cols;
+  const auto value = [&](int64_t c) {
+    if constexpr (sizeof(T) == 2) return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[c]);
+    else return x[c];
+  };
   RowAcc acc;
   double skacc[kSketchLanes];
 #pragma unroll
   for (int k = 0; k < kSketchLanes; ++k) skacc[k] = 0;
-
-  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
-    float v;
+  for (int64_t c = lane; c < a.cols; c += 32) {
+    const float v = value(c);
     uint32_t bits;
-    if constexpr (sizeof(T) == 2) {
-      bits = reinterpret_cast<const uint16_t*>(x)[c];
-      v = bf16_bits_to_float(bits);
-    } else {
-      v = x[c];
-      bits = __float_as_uint(v);
-    }
+    if constexpr (sizeof(T) == 2) bits = reinterpret_cast<const uint16_t*>(x)[c];
+    else bits = __float_as_uint(v);
     acc.add(v, bits, base + c);
     if (a.sketch_bits) {
       const double d = v;
@@ -76,63 +84,39 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
       for (int k = 0; k < kSketchLanes; ++k) skacc[k] += ((words[k & 7] >> (8 * (k >> 3) + bit)) & 1u) ? -d : d;
     }
   }
-  const double sum = block_sum(acc.sum, red);
-  const double sumsq = block_sum(acc.sumsq, red);
-  const double sq_all = block_sum(acc.sq_all, red);
-  const double nan = block_sum(acc.nan, red);
-  const double inf = block_sum(acc.inf, red);
-  const double amax = block_max(acc.amax, red);
-  const unsigned long long check = block_sum(acc.check, red_u);
-  if (threadIdx.x == 0) {
+  warp_fold(acc);
+  if (lane == 0) {
     double* st = a.row_stats + r * kRowStats;
-    st[0] = sum;
-    st[1] = sumsq;
-    st[2] = amax;
-    st[3] = nan;
-    st[4] = inf;
-    a.row_checksum[r] = check;
-    a.token_l2[r] = static_cast<float>(sqrt(sq_all));
+    st[0] = acc.sum;
+    st[1] = acc.sumsq;
+    st[2] = acc.amax;
+    st[3] = acc.nan;
+    st[4] = acc.inf;
+    a.row_checksum[r] = acc.check;
+    a.token_l2[r] = static_cast<float>(sqrt(acc.sq_all));
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (a.sketch_bits) {
 #pragma unroll
     for (int k = 0; k < kSketchLanes; ++k) {
       const double s = warp_sum(skacc[k]);
-      if (lane == 0) sk[warp][k] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x < kSketchLanes) {
-      double s = 0;
-      for (int w = 0; w < warps; ++w) s += sk[w][threadIdx.x];
-      a.sketch_out[r * kSketchLanes + threadIdx.x] = static_cast<float>(s * kSketchScale);
+      if (lane == k) a.sketch_out[r * kSketchLanes + k] = static_cast<float>(s * kSketchScale);
     }
   }
-  if (a.heads > 0 && a.cols / a.heads < 32) {  // narrow heads (lse: one column each): a thread per head
+  if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
-    for (int h = threadIdx.x; h < a.heads; h += blockDim.x) {
-      double s = 0;
-      for (int64_t c = 0; c < X; ++c) {
-        float v;
-        if constexpr (sizeof(T) == 2) v = bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[h * X + c]);
-        else v = x[h * X + c];
-        const double d = v;
-        s += d * d;
+    if (X < 32) {  // narrow heads (lse: one column each): a lane per head
+      for (int h = lane; h < a.heads; h += 32) {
+        double s = 0;
+        for (int64_t c = 0; c < X; ++c) s += static_cast<double>(value(h * X + c)) * value(h * X + c);
+        a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
       }
-      a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
-    }
-  } else if (a.heads > 0) {
-    const int64_t X = a.cols / a.heads;
-    for (int h = warp; h < a.heads; h += warps) {
-      double s = 0;
-      for (int64_t c = lane; c < X; c += 32) {
-        float v;
-        if constexpr (sizeof(T) == 2) v = bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[h * X + c]);
-        else v = x[h * X + c];
-        const double d = v;
-        s += d * d;
+    } else {
+      for (int h = 0; h < a.heads; ++h) {
+        double s = 0;
+        for (int64_t c = lane; c < X; c += 32) s += static_cast<double>(value(h * X + c)) * value(h * X + c);
+        s = warp_sum(s);
+        if (lane == 0) a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
       }
-      s = warp_sum(s);
-      if (lane == 0) a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
     }
   }
 }
@@ -187,33 +171,43 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   return g;
 }
 
-// Per row, one lane's accumulators: a chunk of 8 values is summed in fp32 (exact enough: 8 terms) and then
-// added in double, as version 3 did; non-finite or huge chunks go element by element in double (the host's way).
+// Per row, one lane's accumulators. A chunk of 8 bf16 values: absmax and "any non-finite" on the raw bits (bf16
+// magnitudes order as integers; |h| >= 0x7F80 is Inf or NaN), sums in fp32 (8 terms), added in double; a chunk
+// with a non-finite or huge value goes element by element in double (the host's way).
 struct LaneRow {
-  RowAcc acc;
+  double sum = 0, sumsq = 0, sq_all = 0;
+  float amax = 0;  // of the finite values (bf16: exact in fp32)
+  unsigned nan = 0, inf = 0;
+  unsigned long long check = 0;
+
   // i0: the row-major index of the chunk's first element, a multiple of 8 (one multiplier hash per chunk).
+  // Returns the chunk's sum of squares (non-finite values included).
   __device__ double chunk(uint4 w, uint64_t i0) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    float s = 0.f, sq = 0.f, amax = 0.f;
-    int bad = 0;
-    unsigned long long check = 0;
     const uint64_t m0 = checksum_multiplier(i0);
+    unsigned long long c = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
-      const float v = bf16_bits_to_float(b);
-      if (!isfinite(v)) ++bad;
-      s = __fadd_rn(s, v);
-      sq = __fadd_rn(sq, __fmul_rn(v, v));
-      amax = fmaxf(amax, fabsf(v));
-      check += (m0 + kChecksumStep * j) * (2u * b + 1u);  // checksum_term(i0 + j, b)
+      c += (m0 + kChecksumStep * j) * (2u * b + 1u);  // checksum_term(i0 + j, b)
     }
-    acc.check += check;
-    if (amax < 1e18f && bad == 0) {  // no square overflows fp32, and every value is finite
-      acc.sum += s;
-      acc.sumsq += sq;
-      acc.sq_all += sq;
-      acc.amax = fmax(acc.amax, static_cast<double>(amax));
+    check += c;
+    const uint32_t a0 = w.x & 0x7FFF7FFFu, a1 = w.y & 0x7FFF7FFFu, a2 = w.z & 0x7FFF7FFFu, a3 = w.w & 0x7FFF7FFFu;
+    const uint32_t bad = ((a0 + 0x00800080u) | (a1 + 0x00800080u) | (a2 + 0x00800080u) | (a3 + 0x00800080u)) & 0x80008000u;
+    const uint32_t mx = __vmaxu2(__vmaxu2(a0, a1), __vmaxu2(a2, a3));
+    const float cmax = __uint_as_float(max(mx & 0xFFFFu, mx >> 16) << 16);
+    if (bad == 0 && cmax < 1e18f) {  // every value finite, and no square overflows fp32
+      float s = 0.f, sq = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float v = (j & 1) ? __uint_as_float(words[j >> 1] & 0xFFFF0000u) : __uint_as_float(words[j >> 1] << 16);
+        s += v;
+        sq = fmaf(v, v, sq);
+      }
+      sum += s;
+      sumsq += sq;
+      sq_all += sq;
+      amax = fmaxf(amax, cmax);
       return sq;
     }
     double all = 0;
@@ -221,22 +215,30 @@ struct LaneRow {
     for (int j = 0; j < 8; ++j) {
       const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
       const float v = bf16_bits_to_float(b);
-      acc.add_value(v);
-      all += static_cast<double>(v) * v;
+      const double d = v;
+      all += d * d;
+      if (isnan(v)) ++nan;
+      else if (isinf(v)) ++inf;
+      else {
+        sum += d;
+        sumsq += d * d;
+        amax = fmaxf(amax, fabsf(v));
+      }
     }
+    sq_all += all;
     return all;
   }
   // Folds the four lanes of a row (lane bits 0 and 1) into every one of them.
   __device__ void fold_lanes() {
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
-      acc.sum += __shfl_xor_sync(0xffffffffu, acc.sum, o);
-      acc.sumsq += __shfl_xor_sync(0xffffffffu, acc.sumsq, o);
-      acc.sq_all += __shfl_xor_sync(0xffffffffu, acc.sq_all, o);
-      acc.amax = fmax(acc.amax, __shfl_xor_sync(0xffffffffu, acc.amax, o));
-      acc.nan += __shfl_xor_sync(0xffffffffu, acc.nan, o);
-      acc.inf += __shfl_xor_sync(0xffffffffu, acc.inf, o);
-      acc.check += __shfl_xor_sync(0xffffffffu, acc.check, o);
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
+      sq_all += __shfl_xor_sync(0xffffffffu, sq_all, o);
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      nan += __shfl_xor_sync(0xffffffffu, nan, o);
+      inf += __shfl_xor_sync(0xffffffffu, inf, o);
+      check += __shfl_xor_sync(0xffffffffu, check, o);
     }
   }
 };
@@ -265,18 +267,24 @@ __global__ void __launch_bounds__(kTileWarps * 32) probe_tiles_kernel(const Prob
 
   LaneRow row0, row1;
   float c[4][4] = {};  // sketch accumulators: n-tile j = lanes 8j..8j+7
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += 64) {
-    // The step's four loads first (all in flight together), then the arithmetic.
-    uint4 w[2][2];  // [half][row g, row g + 8]
-    bool in[2];
+  // Each step's four 16-byte loads are issued one step ahead (while the previous step computes).
+  uint4 w[2][2];  // [half][row g, row g + 8]
+  bool in[2];
+  const auto load = [&](int64_t c0, uint4 (&dst)[2][2], bool (&ok)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t col = c0 + 32 * half + 8 * t;
-      in[half] = col < c_end;
-      w[half][0] = w[half][1] = make_uint4(0, 0, 0, 0);
-      if (in[half] && v0) w[half][0] = *reinterpret_cast<const uint4*>(x + r0 * a.cols + col);
-      if (in[half] && v1) w[half][1] = *reinterpret_cast<const uint4*>(x + r1 * a.cols + col);
+      ok[half] = col < c_end;
+      dst[half][0] = dst[half][1] = make_uint4(0, 0, 0, 0);
+      if (ok[half] && v0) dst[half][0] = *reinterpret_cast<const uint4*>(x + r0 * a.cols + col);
+      if (ok[half] && v1) dst[half][1] = *reinterpret_cast<const uint4*>(x + r1 * a.cols + col);
     }
+  };
+  load(c_begin, w, in);
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += 64) {
+    uint4 next[2][2];
+    bool next_in[2] = {false, false};
+    if (c0 + 64 < c_end) load(c0 + 64, next, next_in);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t col = c0 + 32 * half + 8 * t;
@@ -303,13 +311,19 @@ __global__ void __launch_bounds__(kTileWarps * 32) probe_tiles_kernel(const Prob
         }
       }
     }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      w[half][0] = next[half][0];
+      w[half][1] = next[half][1];
+      in[half] = next_in[half];
+    }
   }
   row0.fold_lanes();
   row1.fold_lanes();
   if (t == 0) {
-    const auto put = [&](const LaneRow& lr, int64_t r) {
-      const RowAcc& q = lr.acc;
-      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.sq_all, q.amax, q.nan, q.inf, q.check};
+    const auto put = [&](const LaneRow& q, int64_t r) {
+      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.sq_all, q.amax, static_cast<double>(q.nan),
+                                          static_cast<double>(q.inf), q.check};
     };
     if (v0) put(row0, r0);
     if (v1) put(row1, r1);
@@ -345,7 +359,8 @@ __global__ void __launch_bounds__(kTileWarps * 32) probe_tiles_kernel(const Prob
   }
 }
 
-// One warp per row: the row's segments in order (stats by lane 0, sketch lane k by lane k).
+// One warp per row: lane l folds segments l, l + 32, ... (then a butterfly over the lanes: a fixed order), and
+// sums sketch lane l over the segments in order.
 __global__ void fold_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, const RowPartial* part,
                                   const float* sketch_part) {
   const int lane = threadIdx.x & 31;
@@ -353,12 +368,13 @@ __global__ void fold_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, const 
   if (r >= a.rows) return;
   if (a.sketch_out) {
     float s = 0.f;
-    for (int64_t k = 0; k < g.segs; ++k) s += sketch_part[(r * g.segs + k) * kSketchLanes + lane];
+    const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
+#pragma unroll 8
+    for (int64_t k = 0; k < g.segs; ++k) s += p[k * kSketchLanes];
     a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
   }
-  if (lane != 0) return;
-  RowPartial t = part[r * g.segs];
-  for (int64_t k = 1; k < g.segs; ++k) {
+  RowAcc t;
+  for (int64_t k = lane; k < g.segs; k += 32) {
     const RowPartial& p = part[r * g.segs + k];
     t.sum += p.sum;
     t.sumsq += p.sumsq;
@@ -368,6 +384,8 @@ __global__ void fold_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, const 
     t.inf += p.inf;
     t.check += p.check;
   }
+  warp_fold(t);
+  if (lane != 0) return;
   double* st = a.row_stats + r * kRowStats;
   st[0] = t.sum;
   st[1] = t.sumsq;
@@ -432,10 +450,11 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
     return;
   }
+  const auto blocks = static_cast<unsigned>((a.rows + kThreads / 32 - 1) / (kThreads / 32));
   if (a.dtype == DType::DType_bf16)
-    probe_stats_kernel<bf16><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
+    probe_stats_kernel<bf16><<<blocks, kThreads, 0, stream>>>(a);
   else
-    probe_stats_kernel<float><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
+    probe_stats_kernel<float><<<blocks, kThreads, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -9,9 +9,13 @@
 #      naming rank 1 and the stage;
 #   4. the benchmark: DeepSeek-V3 prefill layer at T = 512, 4096, 16384 on 1 GPU (tp 1) and on N GPUs (tp N,
 #      NCCL): the o_proj all-reduce's bus bandwidth next to the layer's time, and the layer's scaling;
-#   5. GLM-5 at tp 8 (the seed's configuration), prefill and decode: a clean bisect must find nothing.
+#   5. GLM-5 at tp 8 (the seed's configuration), prefill and decode: a clean bisect must find nothing;
+#   6. one process per rank (`run --rank auto --rendezvous FILE`, MLA_RANK/MLA_WORLD_SIZE set as a launcher
+#      would): N processes on the N GPUs, NCCL joined through the file; their per-rank dumps read as one set
+#      must equal the one-process tp N run bit for bit (prefill at DeepSeek-V3 dims, decode on tiny); and a
+#      stalled rank: every process exits 3 within the watchdog timeout, rank 1's report naming attention_mha.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Log: $OUT/multi_gpu.log (else build-gpu/multi_gpu.log).
-#   MLA_MULTI_ONLY='tests zoo hang bench glm5'   which parts run (default: all)
+#   MLA_MULTI_ONLY='tests zoo hang bench glm5 procs'   which parts run (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
@@ -21,7 +25,7 @@ mkdir -p "$log_dir"
 log="$log_dir/multi_gpu.log"
 bin="$PWD/build-gpu/mla-bisect"
 work=build-gpu/multi
-only=" ${MLA_MULTI_ONLY:-tests zoo hang bench glm5} "
+only=" ${MLA_MULTI_ONLY:-tests zoo hang bench glm5 procs} "
 
 run_all() {
   local status=0 t0
@@ -118,6 +122,52 @@ PY
       check "GLM-5 tp 8 $mode: clean bisect" "$bin" bisect --candidate "cuda:devices=$n" --model glm-5 --tp 8 \
         --mode "$mode" "${extra[@]}" --workdir "$work/glm5-$mode" --brief
     done
+  fi
+  if [[ $only == *" procs "* ]]; then
+    # launch NAME ARGS...: one process per rank in the background, as a launcher would; waits for all, prints each
+    # one's exit status and last lines, and sets the array `rcs`.
+    launch() {
+      local name=$1 r pids=()
+      shift
+      rm -f "$work/$name.rdv"
+      for ((r = 0; r < n; ++r)); do
+        MLA_RANK=$r MLA_WORLD_SIZE=$n timeout 300 "$bin" run --engine cuda --tp "$n" --rank auto \
+          --rendezvous "$work/$name.rdv" --rendezvous-timeout 60 "$@" >"$work/$name.rank$r.log" 2>&1 &
+        pids+=($!)
+      done
+      rcs=()
+      for ((r = 0; r < n; ++r)); do
+        local rc=0
+        wait "${pids[$r]}" || rc=$?
+        rcs+=("$rc")
+        echo "  rank $r: exit $rc; last lines:"
+        tail -n 3 "$work/$name.rank$r.log" | sed 's/^/    /'
+      done
+    }
+    local spec
+    for spec in "dsv3-prefill|--model deepseek-v3 --tokens 32" "tiny-decode|--model tiny --mode decode --batch 2 --context 40,90"; do
+      local name="${spec%%|*}" args="${spec#*|}" s=$SECONDS
+      echo "=== one process per rank: $name, $n processes"
+      # shellcheck disable=SC2086
+      launch "$name" $args --out "$work/$name-per.h5" --quiet
+      local ok=1
+      for rc in "${rcs[@]}"; do [[ $rc == 0 ]] || ok=0; done
+      echo "multi_gpu_check: per-process $name: exits ${rcs[*]} ($((SECONDS - s)) s)"
+      [[ $ok == 1 ]] || { echo "multi_gpu_check: FAILED: per-process $name"; status=1; continue; }
+      # shellcheck disable=SC2086
+      check "one-process tp $n $name" "$bin" run --engine cuda --tp "$n" $args --out "$work/$name-one.h5" --quiet
+      check "per-rank dumps of $name equal the one-process dump bit for bit" \
+        "$bin" compare "$work/$name-one.h5" "$work/$name-per.h5" --tolerance exact
+    done
+    echo "=== one process per rank: stalled rank 1 (hang-at:attention_mha@1, watchdog 10 s)"
+    local s=$SECONDS
+    launch hang --model tiny --tokens 8 --inject hang-at:attention_mha@1 --watchdog 10 --out "$work/hang-per.h5" --quiet
+    echo "multi_gpu_check: per-process stalled rank: exits ${rcs[*]} after $((SECONDS - s)) s"
+    local bad=0
+    for rc in "${rcs[@]}"; do [[ $rc == 3 ]] || bad=1; done
+    grep -q "rank 1" "$work/hang.rank1.log" && grep -q "attention_mha" "$work/hang.rank1.log" || bad=1
+    [[ $bad == 0 ]] || { echo "multi_gpu_check: FAILED: per-process stalled rank: expected every exit 3, rank 1 naming attention_mha"; status=1; }
+    "$bin" inspect "$work/hang-per.rank1.h5" 2>&1 | head -n 6
   fi
   [[ $status == 0 ]] && echo "multi_gpu_check: OK"
   return $status

@@ -177,7 +177,10 @@ run_all() {
                    "racecheck|CudaProbe.DeviceRecordsMatchHost:Tiny/CudaLayer.CudaIsEquivalentToRef/tiny_chunked_tp2"; do
         IFS='|' read -r tool filter <<<"$entry"
         echo "gpu_check: compute-sanitizer --tool $tool on $filter"
-        if ! timeout "${MLA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        # --report-api-errors no: on several GPUs NCCL probes with calls that are meant to fail (peer access
+        # already enabled, kernel images for other architectures), which memcheck would count as errors; our own
+        # API calls are all checked (CUDA_CHECK), and memory errors and races are still reported.
+        if ! timeout "${MLA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
                build-gpu/tests/mla_gpu_tests --gtest_filter="$filter" --gtest_brief=1; then
           echo "gpu_check: FAILED: compute-sanitizer $tool"
           status=1

@@ -54,6 +54,18 @@ __device__ inline void warp_fold(RowAcc& q) {
   q.check = warp_sum(q.check);
 }
 
+// A row's record: the stats the host folds, the checksum's partial sum and the token L2.
+__device__ inline void store_row(const ProbeStatsArgs& a, int64_t r, const RowAcc& q) {
+  double* st = a.row_stats + r * kRowStats;
+  st[0] = q.sum;
+  st[1] = q.sumsq;
+  st[2] = q.amax;
+  st[3] = q.nan;
+  st[4] = q.inf;
+  a.row_checksum[r] = q.check;
+  a.token_l2[r] = static_cast<float>(sqrt(q.sq_all));
+}
+
 // Version 2 (fp32 tensors, odd widths): one warp per token row, warp-level reductions only.
 template <class T>
 __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a) {
@@ -85,16 +97,7 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
     }
   }
   warp_fold(acc);
-  if (lane == 0) {
-    double* st = a.row_stats + r * kRowStats;
-    st[0] = acc.sum;
-    st[1] = acc.sumsq;
-    st[2] = acc.amax;
-    st[3] = acc.nan;
-    st[4] = acc.inf;
-    a.row_checksum[r] = acc.check;
-    a.token_l2[r] = static_cast<float>(sqrt(acc.sq_all));
-  }
+  if (lane == 0) store_row(a, r, acc);
   if (a.sketch_bits) {
 #pragma unroll
     for (int k = 0; k < kSketchLanes; ++k) {
@@ -386,15 +389,7 @@ __global__ void fold_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, const 
     t.check += p.check;
   }
   warp_fold(t);
-  if (lane != 0) return;
-  double* st = a.row_stats + r * kRowStats;
-  st[0] = t.sum;
-  st[1] = t.sumsq;
-  st[2] = t.amax;
-  st[3] = t.nan;
-  st[4] = t.inf;
-  a.row_checksum[r] = t.check;
-  a.token_l2[r] = static_cast<float>(sqrt(t.sq_all));
+  if (lane == 0) store_row(a, r, t);
 }
 
 // Word (colgroup, g) of the sign-bit table: byte j, bit i = 1 when the entry of column 8·colgroup + i, sketch

@@ -8,6 +8,8 @@
 //   comm=auto|local|nccl   how all_reduce sums the ranks' o_partial (auto: nccl when built with NCCL and
 //                    every rank has its own GPU, else local)
 //   probe=device|host     where probe statistics and sketches are computed (default device)
+//   probe_stream=side|rank  device probes' kernels on a side stream, overlapping the rank's next stages (default),
+//                    or on the rank's stream in order with its stages
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
 //   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
 //                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
@@ -124,6 +126,10 @@ class CudaEngine : public Engine {
       } else if (k == "probe") {
         if (v != "device" && v != "host") throw UsageError("cuda engine: probe=" + v + " (expected device or host)");
         device_probes_ = v == "device";
+      } else if (k == "probe_stream") {
+        if (v != "side" && v != "rank")
+          throw UsageError("cuda engine: probe_stream=" + v + " (expected side or rank)");
+        probe_side_stream_ = v == "side";
       } else if (k == "devices") {
         try {
           devices_opt_ = std::stoi(v);
@@ -138,8 +144,8 @@ class CudaEngine : public Engine {
         (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
-                         "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, devices=N, "
-                         "mha_kernel=1|2|3, mqa_kernel=1|2)");
+                         "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
+                         "probe_stream=side|rank, devices=N, mha_kernel=1|2|3, mqa_kernel=1|2)");
       }
     }
     const int n = cuda_device_count();
@@ -162,6 +168,7 @@ class CudaEngine : public Engine {
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
+           ",probe_stream=" + (probe_side_stream_ ? "side" : "rank") +
            ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
            ",mqa_kernel=" + std::to_string(mqa_kernel_);
   }
@@ -222,7 +229,7 @@ class CudaEngine : public Engine {
   std::vector<unsigned char> raw_bytes(int rank, const DeviceTensor& t) const;
   static Tensor to_float(const DeviceTensor& t, const std::vector<unsigned char>& raw);
 
-  bool sync_debug_ = false, poison_ = true, device_probes_ = true;
+  bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = true;
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 3, mqa_kernel_ = 2;
@@ -759,7 +766,7 @@ void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
 
 cuda::ProbeCapture& CudaEngine::capture(int rank) {
   if (static_cast<int>(captures_.size()) <= rank) captures_.resize(rank + 1);
-  if (!captures_[rank]) captures_[rank] = std::make_unique<cuda::ProbeCapture>(*ranks_.at(rank).ctx);
+  if (!captures_[rank]) captures_[rank] = std::make_unique<cuda::ProbeCapture>(*ranks_.at(rank).ctx, probe_side_stream_);
   return *captures_[rank];
 }
 

@@ -54,7 +54,8 @@ struct ProbeCapture::Slot {
   PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
   volatile unsigned* flag = nullptr;
   unsigned* flag_dev = nullptr;
-  cudaEvent_t computed = nullptr;  // on the rank's stream: the results are in the slot's device scratch
+  cudaEvent_t computed = nullptr;  // on the rank's stream: the tensor is complete (side stream) or the results are
+                                   // in the slot's device scratch (rank stream)
   cudaEvent_t done = nullptr;      // on the copy stream: they are in pinned host memory
   int device = 0;
 
@@ -65,7 +66,7 @@ struct ProbeCapture::Slot {
   }
 };
 
-ProbeCapture::ProbeCapture(RankContext& rc) : rc_(rc) {
+ProbeCapture::ProbeCapture(RankContext& rc, bool side_stream) : rc_(rc), side_stream_(side_stream) {
   DeviceGuard g(rc_.device());
   CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
 }
@@ -151,10 +152,17 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     a.head_l2 = s.heads ? reinterpret_cast<float*>(dev + s.off_head) : nullptr;
     a.sketch_out = s.sketch ? reinterpret_cast<float*>(dev + s.off_sketch) : nullptr;
     a.workspace = work ? dev + s.bytes : nullptr;
+    if (side_stream_) {  // the probe's kernels wait for the tensor, then run beside the rank's next stages
+      CUDA_CHECK(cudaEventRecord(s.computed, stream));
+      CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
+      stream = copy_;
+    }
     launch_probe_stats(a, stream);
     if (s.full) CUDA_CHECK(cudaMemcpyAsync(dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
-    CUDA_CHECK(cudaEventRecord(s.computed, stream));
-    CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
+    if (!side_stream_) {
+      CUDA_CHECK(cudaEventRecord(s.computed, stream));
+      CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
+    }
     CUDA_CHECK(cudaMemcpyAsync(host, dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
   }
   launch_set_flag(s.flag_dev, s.seq, copy_);

@@ -20,7 +20,11 @@ namespace mla::cuda {
 
 class ProbeCapture {
  public:
-  explicit ProbeCapture(RankContext& rc);
+  // side_stream: the probe kernels run on the copy stream, after an event on the rank's stream, so they overlap
+  // the rank's next stages; the tensor must then stay unchanged until finish() (the Runner waits for every probe
+  // at the end of each layer, before any stage writes a probed tensor again; freeing a buffer synchronizes the
+  // device). Otherwise they run on the rank's stream, in order with its stages.
+  ProbeCapture(RankContext& rc, bool side_stream);
   ~ProbeCapture();
   ProbeCapture(const ProbeCapture&) = delete;
   ProbeCapture& operator=(const ProbeCapture&) = delete;
@@ -40,6 +44,7 @@ class ProbeCapture {
   const uint32_t* sign_bits(uint64_t key, int64_t col0, int64_t cols);
 
   RankContext& rc_;
+  bool side_stream_ = false;
   cudaStream_t copy_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;
   // Slots by probe name: a probe gets a free slot of its own name, whose buffers already have its size (a

@@ -39,16 +39,24 @@ INSTANTIATE_TEST_SUITE_P(RealDims, CudaLayer, testing::ValuesIn(big_cases()), ca
 TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
   MLA_REQUIRE_GPU();
   for (const Case& c : {make_case("det_decode_tp8", "tiny", kDecode, kAbsorbed, 8, 2, 2, {64, 130}),
-                        make_case("det_chunked_tp1", "tiny", kChunked, kMha, 1, 5, 2, {3, 66})}) {
+                        make_case("det_chunked_tp1", "tiny", kChunked, kMha, 1, 5, 2, {3, 66}),
+                        make_case("det_dsv3_prefill_tp1", "deepseek-v3", kPrefill, kMha, 1, 33)}) {
     const GpuRun run = make_run(c);
+    // Queued probes on the side stream (default), on the rank's stream, and synchronized after every stage.
     auto a = cuda_engine();
     auto b = cuda_engine("sync_debug=1");
-    const Capture ca = capture(*a, run), cb = capture(*b, run);
+    auto r = cuda_engine("probe_stream=rank");
+    const Capture ca = capture(*a, run), cb = capture(*b, run), cr = capture(*r, run);
     ASSERT_EQ(ca.recs.size(), cb.recs.size());
-    for (const auto& [key, rec] : ca.recs)
+    ASSERT_EQ(ca.recs.size(), cr.recs.size());
+    for (const auto& [key, rec] : ca.recs) {
       EXPECT_EQ(rec.checksum, cb.recs.at(key).checksum)
           << c.describe() << ": probe " << std::get<1>(key) << " layer " << std::get<0>(key) << " rank "
           << std::get<2>(key) << " differs between two identical runs";
+      EXPECT_EQ(rec.checksum, cr.recs.at(key).checksum)
+          << c.describe() << ": probe " << std::get<1>(key) << " layer " << std::get<0>(key) << " rank "
+          << std::get<2>(key) << " differs between probes on the side stream and on the rank's stream";
+    }
   }
 }
 

@@ -8,8 +8,9 @@
 //   comm=auto|local|nccl   how all_reduce sums the ranks' o_partial (auto: nccl when built with NCCL and
 //                    every rank has its own GPU, else local)
 //   probe=device|host     where probe statistics and sketches are computed (default device)
-//   probe_stream=side|rank  device probes' kernels on a side stream, overlapping the rank's next stages (default),
-//                    or on the rank's stream in order with its stages
+//   probe_stream=rank|side  device probes' kernels on the rank's stream, in order with its stages (default), or
+//                    on a side stream beside the rank's next stages (measured on an H200: faster at T = 512, much
+//                    slower at T = 4096, where they slow the attention and GEMM kernels they share SMs with)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
 //   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
 //                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
@@ -229,7 +230,7 @@ class CudaEngine : public Engine {
   std::vector<unsigned char> raw_bytes(int rank, const DeviceTensor& t) const;
   static Tensor to_float(const DeviceTensor& t, const std::vector<unsigned char>& raw);
 
-  bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = true;
+  bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 3, mqa_kernel_ = 2;

@@ -32,8 +32,8 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   EXPECT_NE(cuda_engine("mha_kernel=2")->options().find("mha_kernel=2"), std::string::npos);
   EXPECT_THROW(cuda_engine("mqa_kernel=fast"), UsageError);
   EXPECT_THROW(cuda_engine("probe_stream=both"), UsageError);
-  EXPECT_NE(cuda_engine()->options().find("probe_stream=side"), std::string::npos);
-  EXPECT_NE(cuda_engine("probe_stream=rank")->options().find("probe_stream=rank"), std::string::npos);
+  EXPECT_NE(cuda_engine()->options().find("probe_stream=rank"), std::string::npos);
+  EXPECT_NE(cuda_engine("probe_stream=side")->options().find("probe_stream=side"), std::string::npos);
   EXPECT_NE(cuda_engine()->options().find("mha_kernel=3,mqa_kernel=2"), std::string::npos);
   auto e = cuda_engine("sync_debug=1,poison=0,probe=host");
   EXPECT_EQ(e->name(), "cuda");

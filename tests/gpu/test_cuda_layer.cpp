@@ -42,10 +42,10 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
                         make_case("det_chunked_tp1", "tiny", kChunked, kMha, 1, 5, 2, {3, 66}),
                         make_case("det_dsv3_prefill_tp1", "deepseek-v3", kPrefill, kMha, 1, 33)}) {
     const GpuRun run = make_run(c);
-    // Queued probes on the side stream (default), on the rank's stream, and synchronized after every stage.
+    // Queued probes on the rank's stream (default), on the side stream, and synchronized after every stage.
     auto a = cuda_engine();
     auto b = cuda_engine("sync_debug=1");
-    auto r = cuda_engine("probe_stream=rank");
+    auto r = cuda_engine("probe_stream=side");
     const Capture ca = capture(*a, run), cb = capture(*b, run), cr = capture(*r, run);
     ASSERT_EQ(ca.recs.size(), cb.recs.size());
     ASSERT_EQ(ca.recs.size(), cr.recs.size());

@@ -33,7 +33,6 @@
 #include <cstring>
 
 #include "harness/model/errors.h"
-#include "harness/run/rendezvous.h"
 #include "kernels/all_reduce.cuh"
 #include "kernels/attention_mha.cuh"
 #include "kernels/attention_mqa.cuh"
@@ -201,6 +200,10 @@ class CudaEngine : public Engine {
   void collect_probes(std::vector<ProbeRecord>& out, bool wait) override;
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
   bool owns_rank(int rank) const override { return own_rank_ < 0 || rank == own_rank_; }
+#ifdef MLA_WITH_NCCL
+  size_t communicator_id_bytes() const override { return 128; }  // sizeof(ncclUniqueId)
+  std::vector<unsigned char> make_communicator_id() override { return cuda::nccl_unique_id(); }
+#endif
   void synchronize() override {
     for (auto& rs : ranks_) {
       if (!rs.ctx) continue;  // another process's rank
@@ -389,10 +392,12 @@ void CudaEngine::prepare(const RunContext& ctx) {
 #ifdef MLA_WITH_NCCL
     if (comm_opt_ == "local")
       throw UsageError("cuda engine: comm=local cannot sum ranks of other processes (run --rank needs NCCL)");
-    const ProcessRank& pr = ctx.process;
-    const auto id = rendezvous_exchange(pr.rendezvous, pr.rank, 128, [] { return cuda::nccl_unique_id(); },
-                                        pr.rendezvous_timeout_s);
-    comm_ = cuda::make_nccl_process_communicator(*ranks_[own_rank_].ctx, pr.rank, tp_, id, pr.rendezvous_timeout_s);
+    const ProcessRank& pr = ctx.process;  // comm_id: rank 0's make_communicator_id, through the rendezvous
+    if (pr.comm_id.size() != communicator_id_bytes())
+      throw EngineError("cuda engine: rank " + std::to_string(pr.rank) + " has a communicator id of " +
+                        std::to_string(pr.comm_id.size()) + " bytes (no rendezvous before prepare?)");
+    comm_ = cuda::make_nccl_process_communicator(*ranks_[own_rank_].ctx, pr.rank, tp_, pr.comm_id,
+                                                 pr.rendezvous_timeout_s);
     return;
 #else
     throw UsageError("cuda engine: one process per rank (run --rank) needs NCCL, and this build has none");

@@ -312,6 +312,7 @@ void write_file(h5::File& f, const Dump& d) {
   if (m.processes > 0) {  // one process per rank; absent from one process's dumps (schema_version 1 as before)
     f.set_attr("process_rank", static_cast<int64_t>(m.process_rank));
     f.set_attr("processes", static_cast<int64_t>(m.processes));
+    f.set_attr("launch_id", m.launch_id);
   }
   f.set_attr("status", d.status);
   f.set_attr("last_stage", json(d.last_stage).dump());
@@ -540,6 +541,7 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
                        " processes does not fit tp " + std::to_string(tp));
     m.processes = static_cast<int>(procs);
     m.process_rank = static_cast<int>(own);
+    m.launch_id = f.attr_string_or("launch_id", "");
   }
   d.status = f.attr_string_or("status", "complete");
   const json ls = json_attr(f, "last_stage");
@@ -771,6 +773,9 @@ Dump read_rank_set(const std::string& path, const DumpReadOptions& opts) {
       differs("which rank they hold", "rank " + std::to_string(m.process_rank) + " of " + std::to_string(m.processes) +
                                           " processes, expected rank " + std::to_string(r) + " of " + std::to_string(n));
     const auto& a = parts.front().meta;
+    if (m.launch_id != a.launch_id)  // e.g. a rank file left by an earlier launch whose process did not rerun
+      differs("launch", "launch id " + (m.launch_id.empty() ? std::string("(none)") : m.launch_id) + " vs " +
+                            (a.launch_id.empty() ? std::string("(none)") : a.launch_id));
     if (m.tp != a.tp) differs("tp", std::to_string(m.tp) + " vs " + std::to_string(a.tp));
     if (m.engine != a.engine || m.engine_options != a.engine_options || m.engine_dtype != a.engine_dtype)
       differs("engine", m.engine + ":" + m.engine_options + " " + m.engine_dtype + " vs " + a.engine + ":" +

@@ -36,6 +36,7 @@ struct DumpMeta {
   // over FILE.rank0.h5 ...) has process_rank -1 and processes N.
   int process_rank = -1;
   int processes = 0;
+  std::string launch_id;  // one process per rank: the launch's id (rank 0 draws it; every rank's dump carries it)
 };
 
 // One probe of one layer, every rank's record.

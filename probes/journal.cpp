@@ -156,6 +156,7 @@ std::string encode_header(const Header& h) {
                       {"command", m.command},
                       {"process_rank", m.process_rank},
                       {"processes", m.processes},
+                      {"launch_id", m.launch_id},
                       {"created_utc", h.created_utc},
                       {"tool_version", h.tool_version},
                       {"git_sha", h.git_sha}};
@@ -207,6 +208,7 @@ Header decode_header(const std::string& payload) {
     m.command = j.at("command").get<std::string>();
     m.process_rank = j.value("process_rank", -1);  // absent in journals of one process per run
     m.processes = j.value("processes", 0);
+    m.launch_id = j.value("launch_id", std::string());
     h.created_utc = j.at("created_utc").get<std::string>();
     h.tool_version = j.at("tool_version").get<std::string>();
     h.git_sha = j.at("git_sha").get<std::string>();

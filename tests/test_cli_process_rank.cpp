@@ -136,6 +136,25 @@ TEST(CliProcessRank, RanksOfDifferentLaunchesAreRefused) {
   EXPECT_CONTAINS(r.err, "seed 5 vs 0");
 }
 
+// Same options, another launch: rank 0 reran (a fresh rendezvous file) and rank 1 did not, so per.rank1.h5 is the
+// earlier launch's (made, say, by the binary before a rebuild). The launch ids differ and the set is refused.
+TEST(CliProcessRank, ARankFileLeftByAnEarlierLaunchIsRefused) {
+  ScratchDir dir("rank_stale");
+  const std::string out = " --out " + dir.path("per.h5");
+  run_ok(kRun + " --rendezvous " + dir.path("id1") + out + " --rank 0");
+  run_ok(kRun + " --rendezvous " + dir.path("id1") + out + " --rank 1");
+  const std::string args = "inspect " + dir.path("per.h5");
+  ASSERT_EQ(run_cli(args).exit_code, 0);  // one launch: reads as a set
+  run_ok(kRun + " --rendezvous " + dir.path("id2") + out + " --rank 0");
+  const auto r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << describe(args, r);
+  EXPECT_CONTAINS(r.err, dir.path("per.rank1.h5") + " and " + dir.path("per.rank0.h5") + " differ in launch");
+  // Reusing a rendezvous file is refused before anything runs (rank 0 must be the one to create it).
+  const auto again = run_cli(kRun + " --rendezvous " + dir.path("id2") + out + " --rank 0", with_env());
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_CONTAINS(again.err, dir.path("id2"));
+}
+
 TEST(CliProcessRank, OneRankFileInspectsAloneButCompareAsksForTheSet) {
   const PerRankRuns runs("rank_alone");
   const std::string lone = runs.path("per.rank1.h5");

@@ -16,6 +16,7 @@
 #include "harness/report/probe_table.h"
 #include "harness/run/engine.h"
 #include "harness/run/process_rank.h"
+#include "harness/run/rendezvous.h"
 #include "harness/run/runner.h"
 #include "harness/run/watchdog.h"
 #include "harness/weights/loader.h"
@@ -180,6 +181,9 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     throw UsageError("--rank: engine '" + engine_spec.name + "' cannot run one process per rank (reference and "
                      "cuda can); drop --rank to run every rank in this process");
   auto engine = make_engine(engine_spec);
+  // One process per rank: the launch id and the engine's communicator id, through the rendezvous file.
+  rendezvous_launch(process, engine->communicator_id_bytes(), [&] { return engine->make_communicator_id(); });
+  runner.set_process_rank(process);
   const auto injections = parse_injections(o.inject);
   engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
   const auto t0 = std::chrono::steady_clock::now();
@@ -228,6 +232,7 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     if (process.per_process()) {
       meta.process_rank = process.rank;
       meta.processes = process.world;
+      meta.launch_id = process.launch_id;
     }
     writer = std::make_unique<DumpWriter>(out_path, meta, &inputs);
     tee.add(*writer);

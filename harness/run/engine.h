@@ -73,6 +73,10 @@ class Engine {
   virtual void run_stage(const StageSpec& stage, int layer, int rank) = 0;
   // Whether this process computes `rank` (after prepare). With RunContext::process per_process(), an engine that
   // holds only its process's rank returns false for the others; the Runner then runs no stage of theirs.
+  // One process per rank: the size of the communicator id rank 0 makes for the others (0: none), and making it
+  // (cuda: an ncclUniqueId). The id travels through the rendezvous file and arrives in RunContext::process.
+  virtual size_t communicator_id_bytes() const { return 0; }
+  virtual std::vector<unsigned char> make_communicator_id() { return {}; }
   virtual bool owns_rank(int rank) const {
     (void)rank;
     return true;

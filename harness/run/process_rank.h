@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace mla {
 
@@ -14,6 +15,10 @@ struct ProcessRank {
   std::string rendezvous;  // file through which rank 0 publishes the communicator id (harness/run/rendezvous.h)
   double rendezvous_timeout_s = 300;  // how long ranks other than 0 wait for that file
   std::string source;      // where rank and world came from, for messages: "--rank 1", "Open MPI (OMPI_COMM_WORLD_RANK=3)"
+  // Filled by the rendezvous (rendezvous_launch): the launch's id, which every rank's dump records so that a set
+  // never mixes launches, and the engine's communicator id (ncclUniqueId for cuda; empty for the reference).
+  std::string launch_id;
+  std::vector<unsigned char> comm_id;
   bool per_process() const { return rank >= 0; }
 };
 

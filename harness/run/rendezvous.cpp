@@ -1,6 +1,8 @@
 // The rendezvous file: rank 0 writes it atomically, the other ranks poll for it.
 #include "harness/run/rendezvous.h"
 
+#include <random>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -174,6 +176,45 @@ std::vector<unsigned char> rendezvous_exchange(const std::string& path, int rank
     }
     std::this_thread::sleep_for(kPollInterval);
   }
+}
+
+namespace {
+constexpr size_t kLaunchIdBytes = 16;
+
+std::vector<unsigned char> random_bytes(size_t n) {
+  std::random_device rd;
+  std::vector<unsigned char> out(n);
+  for (auto& b : out) b = static_cast<unsigned char>(rd() & 0xffu);
+  return out;
+}
+
+std::string hex(const unsigned char* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s += digits[p[i] >> 4];
+    s += digits[p[i] & 15];
+  }
+  return s;
+}
+}  // namespace
+
+void rendezvous_launch(ProcessRank& p, size_t comm_bytes, const std::function<std::vector<unsigned char>()>& make_comm_id) {
+  if (!p.per_process()) return;
+  const auto make = [&] {
+    std::vector<unsigned char> payload = random_bytes(kLaunchIdBytes);
+    const std::vector<unsigned char> comm = comm_bytes ? make_comm_id() : std::vector<unsigned char>{};
+    if (comm.size() != comm_bytes)
+      throw EngineError("rendezvous: the engine made a communicator id of " + std::to_string(comm.size()) +
+                        " bytes, expected " + std::to_string(comm_bytes));
+    payload.insert(payload.end(), comm.begin(), comm.end());
+    return payload;
+  };
+  const std::vector<unsigned char> payload =
+      p.world > 1 ? rendezvous_exchange(p.rendezvous, p.rank, kLaunchIdBytes + comm_bytes, make, p.rendezvous_timeout_s)
+                  : make();
+  p.launch_id = hex(payload.data(), kLaunchIdBytes);
+  p.comm_id.assign(payload.begin() + kLaunchIdBytes, payload.end());
 }
 
 }  // namespace mla

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/run/process_rank.h"
+
 namespace mla {
 
 // Rank 0: refuses (UsageError) a `path` that exists before the launch, calls make_id() (which must return `bytes`
@@ -19,5 +21,11 @@ namespace mla {
 std::vector<unsigned char> rendezvous_exchange(const std::string& path, int rank, size_t bytes,
                                                const std::function<std::vector<unsigned char>()>& make_id,
                                                double timeout_s);
+
+// One process per rank (`run --rank`), before the engine prepares: rank 0 draws the launch id (16 random bytes, in
+// hex) and makes the engine's communicator id (`comm_bytes` bytes, by make_comm_id), and publishes both at
+// p.rendezvous; every other rank reads them there. A launch of one process draws its id alone. Fills p.launch_id
+// and p.comm_id. Errors as rendezvous_exchange's.
+void rendezvous_launch(ProcessRank& p, size_t comm_bytes, const std::function<std::vector<unsigned char>()>& make_comm_id);
 
 }  // namespace mla

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads the dumps of a one-process-per-rank run with h5py, as any outside tool would, and checks that each
-FILE.rank<R>.h5 holds only rank R (root attributes process_rank = R, processes = tp; one rank group per probe,
-named rank<R>), and that every record equals rank R's record of the same run made in one process.
+FILE.rank<R>.h5 holds only rank R (root attributes process_rank = R, processes = tp, one launch_id for all; one
+rank group per probe, named rank<R>), and that every record equals rank R's record of the same run made in one
+process.
 
     check_rank_dumps.py SINGLE.h5 RANK0.h5 [RANK1.h5 ...]
 
@@ -44,15 +45,21 @@ def main(single_path, rank_paths):
     tp = len(rank_paths)
     with h5py.File(single_path, "r") as s:
         check(int(s.attrs["tp"]) == tp, f"{single_path}: tp {int(s.attrs['tp'])}, expected {tp}")
-        check("process_rank" not in s.attrs and "processes" not in s.attrs,
-              f"{single_path}: one process's dump carries process_rank/processes")
+        check("process_rank" not in s.attrs and "processes" not in s.attrs and "launch_id" not in s.attrs,
+              f"{single_path}: one process's dump carries process_rank/processes/launch_id")
         single = probes(s)
+        launch_ids = set()
         for r, path in enumerate(rank_paths):
             with h5py.File(path, "r") as h:
                 a = h.attrs
                 check(int(a.get("process_rank", -1)) == r, f"{path}: process_rank {a.get('process_rank')}, expected {r}")
                 check(int(a.get("processes", -1)) == tp, f"{path}: processes {a.get('processes')}, expected {tp}")
                 check(int(a["tp"]) == tp, f"{path}: tp {int(a['tp'])}")
+                launch = a.get("launch_id", "")
+                launch = launch.decode() if isinstance(launch, bytes) else str(launch)
+                check(len(launch) == 32 and all(c in "0123456789abcdef" for c in launch),
+                      f"{path}: launch_id {launch!r} is not 16 bytes in hex")
+                launch_ids.add(launch)
                 check(a["status"] == "complete", f"{path}: status {a['status']!r}")
                 for k in ["engine", "engine_options", "model", "run_options", "mode", "inject", "probe_level"]:
                     check(a[k] == s.attrs[k], f"{path}: /{k} differs from the one-process run's")
@@ -77,6 +84,7 @@ def main(single_path, rank_paths):
                             x, y = np.asarray(got[d]), np.asarray(want[d])
                             check(x.shape == y.shape and np.array_equal(x.view(np.uint32), y.view(np.uint32)),
                                   f"{path}{gp}/rank{r}/{d}: values differ from the one-process run's")
+        check(len(launch_ids) == 1, f"the rank files carry different launch ids: {sorted(launch_ids)}")
     if errors:
         print(f"{len(errors)} mismatches:")
         for e in errors[:50]:

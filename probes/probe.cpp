@@ -131,6 +131,10 @@ void TeeSink::waiting(int layer, Stage stage, int rank) {
   for (auto* s : sinks_) s->waiting(layer, stage, rank);
 }
 
+void TeeSink::waiting_over() {
+  for (auto* s : sinks_) s->waiting_over();
+}
+
 void TeeSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   for (auto* s : sinks_) s->record(layer, spec, rank, rec);
 }

@@ -68,6 +68,8 @@ class ProbeSink {
   // The Runner is waiting for a device to finish this stage's queued work (the oldest probe it waits for):
   // where a hang would be, though later stages have begun on the host.
   virtual void waiting(int /*layer*/, Stage /*stage*/, int /*rank*/) {}
+  // That wait is over: what runs now is the stage last begun.
+  virtual void waiting_over() {}
   virtual void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) = 0;
   virtual void finish(const std::string& /*status*/) {}
 };
@@ -80,6 +82,7 @@ class TeeSink : public ProbeSink {
   void add(ProbeSink& sink) { sinks_.push_back(&sink); }
   void stage_begin(int layer, Stage stage, int rank) override;
   void waiting(int layer, Stage stage, int rank) override;
+  void waiting_over() override;
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 

@@ -101,6 +101,8 @@ class WaitWatcher : public ProbeSink {
     waited.push_back(stage);
     if (stage == stuck_) throw std::runtime_error("watchdog");
   }
+  void waiting_over() override { ++waits_over; }
+  int waits_over = 0;
   void record(int, const ProbeSpec& spec, int, const ProbeRecord&) override { recorded.push_back(spec.name); }
   Stage last_begun = Stage::Stage_layer_input;
   std::vector<Stage> waited;
@@ -129,6 +131,61 @@ TEST(RunnerQueuedProbes, AWaitNamesTheStageItWaitsForAndFailureKeepsEveryFinishe
   size_t probes = 0;
   for (const auto& st : runner.graph().stages) probes += st.outputs.size();
   EXPECT_EQ(sink.recorded.size(), probes);
+}
+
+// Probes that finish only on the second poll: every end-of-layer wait is reported, and reported over before the
+// next stage begins (so a planted hang after a wait is named by its own stage, not by the wait's).
+class SlowQueuedEngine : public ReferenceEngine {
+ public:
+  SlowQueuedEngine() : ReferenceEngine({}) {}
+  bool queues_probes() const override { return true; }
+  void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
+    pending_.push_back(probe(rank, spec, req));
+    fresh_ = true;
+  }
+  void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
+    if (!wait && fresh_) {  // the poll right after a stage: its probes are not finished yet
+      fresh_ = false;
+      return;
+    }
+    for (auto& r : pending_) out.push_back(std::move(r));
+    pending_.clear();
+  }
+
+ private:
+  bool fresh_ = false;
+  std::vector<ProbeRecord> pending_;
+};
+
+class EventLog : public ProbeSink {
+ public:
+  void stage_begin(int, Stage, int) override { events += 'b'; }
+  void waiting(int, Stage, int) override { events += 'w'; }
+  void waiting_over() override { events += 'o'; }
+  void record(int, const ProbeSpec&, int, const ProbeRecord&) override {}
+  std::string events;
+};
+
+TEST(RunnerQueuedProbes, AWaitIsReportedOverBeforeTheNextStageBegins) {
+  const MlaConfig cfg = test::preset("tiny");
+  RunSpec spec;
+  spec.tokens = 4;
+  spec.layers = 2;
+  spec.input_norm = true;  // (always with layers > 1)
+  const auto w = synthetic_weights(cfg, 2, true, 0);
+  const Inputs in = synthetic_inputs(cfg, spec, w);
+  Runner runner(cfg, spec);
+  SlowQueuedEngine engine;
+  EventLog sink;
+  runner.run(engine, w, in, ProbePlan{}, sink);
+  ASSERT_NE(sink.events.find('w'), std::string::npos) << "events: " << sink.events;
+  bool waiting = false;
+  for (char e : sink.events) {
+    if (e == 'w') waiting = true;
+    if (e == 'o') waiting = false;
+    EXPECT_FALSE(e == 'b' && waiting) << "a stage began while a wait was still reported: " << sink.events;
+  }
+  EXPECT_FALSE(waiting) << sink.events;
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ class StopHook : public ProbeSink {
   StopHook(ProbeSink& inner, const std::function<void(const std::string&)>& on_stop) : inner_(inner), on_stop_(on_stop) {}
   void stage_begin(int layer, Stage stage, int rank) override { inner_.stage_begin(layer, stage, rank); }
   void waiting(int layer, Stage stage, int rank) override { inner_.waiting(layer, stage, rank); }
+  void waiting_over() override { inner_.waiting_over(); }
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
     inner_.record(layer, spec, rank, rec);
   }

@@ -43,6 +43,7 @@ class ProgressSink : public ProbeSink {
   ProgressSink(ProbeSink& inner, int layers, int stages, int tp);
   void stage_begin(int layer, Stage stage, int rank) override;
   void waiting(int layer, Stage stage, int rank) override { inner_.waiting(layer, stage, rank); }
+  void waiting_over() override { inner_.waiting_over(); }
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 

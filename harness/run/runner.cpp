@@ -119,6 +119,7 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
       take(false);
       if (started.size() == before_take) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+    if (told.spec) sink.waiting_over();  // e.g. a planted hang that follows is the begun stage's, not the wait's
   };
   try {
     for (int layer = 0; layer < spec_.layers; ++layer) {

@@ -22,7 +22,8 @@ WatchdogSink::~WatchdogSink() {
 void WatchdogSink::stage_begin(int layer, Stage stage, int rank) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    where_ = "rank " + std::to_string(rank) + " at layer " + std::to_string(layer) + " stage " + stage_name(stage);
+    where_ = begun_ = "rank " + std::to_string(rank) + " at layer " + std::to_string(layer) + " stage " +
+                      stage_name(stage);
     last_ = std::chrono::steady_clock::now();
   }
   inner_.stage_begin(layer, stage, rank);
@@ -35,6 +36,14 @@ void WatchdogSink::waiting(int layer, Stage stage, int rank) {
              " (waiting for its device work)";
   }
   inner_.waiting(layer, stage, rank);
+}
+
+void WatchdogSink::waiting_over() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    where_ = begun_;
+  }
+  inner_.waiting_over();
 }
 
 void WatchdogSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {

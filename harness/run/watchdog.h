@@ -16,6 +16,7 @@ class WatchdogSink : public ProbeSink {
   ~WatchdogSink() override;
   void stage_begin(int layer, Stage stage, int rank) override;
   void waiting(int layer, Stage stage, int rank) override;
+  void waiting_over() override;
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 
@@ -25,6 +26,7 @@ class WatchdogSink : public ProbeSink {
   double timeout_s_;
   std::mutex mu_;
   std::string where_ = "before the first stage";
+  std::string begun_ = where_;  // the stage last begun (where_ while no wait for device work is reported)
   std::chrono::steady_clock::time_point last_;
   std::atomic<bool> done_{false};
   std::thread thread_;

@@ -1,8 +1,6 @@
 // The rendezvous file: rank 0 writes it atomically, the other ranks poll for it.
 #include "harness/run/rendezvous.h"
 
-#include <random>
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "harness/model/errors.h"

@@ -15,7 +15,9 @@
 #   MLA_GPU_CHECK_VERBOSE=1    ctest -V for the GPU suite (the log then holds each test's "[ margin ]" line:
 #                              how close each equivalence test came to its calibrated tolerance)
 #   MLA_GPU_CHECK_SANITIZE=1   also run the tiny GPU tests under compute-sanitizer memcheck, and the probe
-#                              tests under racecheck (each bounded by MLA_SANITIZE_TIMEOUT seconds, default 300)
+#                              tests under racecheck (each bounded by MLA_SANITIZE_TIMEOUT seconds, default 300);
+#                              then each tool on its canary (a planted out-of-bounds write, a shared-memory race),
+#                              which it must report
 #   MLA_DEPS_PREFIX=DIR    a prefix holding header-only dependencies (Eigen, nlohmann_json, CLI11) and GTest,
 #                          used only for a package the machine lacks (default: build-deps/ when present, a copy
 #                          of this machine's Debian packages carried along for an offline GPU machine)
@@ -183,6 +185,21 @@ run_all() {
         if ! timeout "${MLA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
                build-gpu/tests/mla_gpu_tests --gtest_filter="$filter" --gtest_brief=1; then
           echo "gpu_check: FAILED: compute-sanitizer $tool"
+          status=1
+        fi
+      done
+      # The canaries (tests/gpu/test_cuda_sanitizer_canary.cu): a planted out-of-bounds write and a shared-memory
+      # race. Each check must fail on its canary, or its clean reports above prove nothing.
+      for entry in "memcheck|CudaSanitizerCanary.OutOfBoundsWrite" "racecheck|CudaSanitizerCanary.SharedMemoryRace"; do
+        IFS='|' read -r tool filter <<<"$entry"
+        local rc=0
+        MLA_SANITIZER_CANARY=1 timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
+          build-gpu/tests/mla_gpu_tests --gtest_filter="$filter" --gtest_brief=1 >"build-gpu/canary_$tool.log" 2>&1 || rc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid __global__ write|Race reported" "build-gpu/canary_$tool.log" | head -n 3
+        if [[ $rc == 9 ]]; then
+          echo "gpu_check: compute-sanitizer $tool caught its canary ($filter): exit 9, as it should"
+        else
+          echo "gpu_check: FAILED: compute-sanitizer $tool did not catch its canary ($filter): exit $rc"
           status=1
         fi
       done

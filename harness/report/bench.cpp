@@ -199,19 +199,27 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // As the Runner walks: a stage's probes are started after it, finished records taken after each stage,
   // the rest at the end of each layer.
   std::vector<ProbeRecord> recs;
+  double host_calls_s = 0, end_wait_s = 0;  // of the last walk: in the probe calls, in the end-of-layer waits
   const auto walk = [&](const ProbePlan* plan) {
+    host_calls_s = end_wait_s = 0;
     for (int layer = 0; layer < spec.layers; ++layer) {
       for (const auto& st : graph.stages) {
         for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
         if (!plan) continue;
+        const auto t0 = Clock::now();
         for (int rank = 0; rank < spec.tp; ++rank)
           for (const auto& name : st.outputs) {
             const ProbeSpec& p = *graph.find(name);
             engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
           }
         engine.collect_probes(recs, false);
+        host_calls_s += seconds_since(t0);
       }
-      engine.collect_probes(recs, true);
+      if (plan) {
+        const auto t0 = Clock::now();
+        engine.collect_probes(recs, true);
+        end_wait_s += seconds_since(t0);
+      }
       recs.clear();
     }
   };
@@ -272,11 +280,15 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   }
   for (const auto& plan : levels) walk(&plan);  // warm-up: probe scratch buffers
   std::vector<double> bare_s;
-  std::vector<std::vector<double>> level_s(levels.size());
+  std::vector<std::vector<double>> level_s(levels.size()), calls_s(levels.size()), wait_s(levels.size());
   const int probe_rounds = std::max(1, std::min(o.repeats, o.probe_repeats));
   for (int i = 0; i < (levels.empty() ? std::min(o.repeats, 5) : probe_rounds); ++i) {
     bare_s.push_back(wall(nullptr));
-    for (size_t k = 0; k < levels.size(); ++k) level_s[k].push_back(wall(&levels[k]));
+    for (size_t k = 0; k < levels.size(); ++k) {
+      level_s[k].push_back(wall(&levels[k]));
+      calls_s[k].push_back(host_calls_s / spec.layers);
+      wait_s[k].push_back(end_wait_s / spec.layers);
+    }
   }
 
   for (const auto& st : graph.stages) {
@@ -293,7 +305,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   r.layer_time = Timing::of(span_s);
   r.layer_wall = Timing::of(bare_s);
   for (size_t k = 0; k < levels.size(); ++k)
-    r.probes.push_back({probe_level_name(levels[k].level), Timing::of(level_s[k])});
+    r.probes.push_back(
+        {probe_level_name(levels[k].level), Timing::of(level_s[k]), Timing::of(calls_s[k]), Timing::of(wait_s[k])});
   return r;
 }
 
@@ -345,7 +358,9 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.3f", r.layer_wall.median * 1e3) << " ms without probes = "
        << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.median / r.layer_wall.median : 0) << "x (+"
        << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (p.layer_time.median / r.layer_wall.median - 1) : 0)
-       << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds)\n";
+       << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds)\n"
+       << "  of which host time in the probe calls beside the stages " << fmt("%.3f", p.host_calls.median * 1e3)
+       << " ms, waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n";
   // The all-reduce as NCCL's tests report it: algbw = bytes / time, busbw = algbw · 2(n-1)/n (the rate each
   // link sustains in a ring), with the time of the stage's slowest device.
   for (const auto& s : r.stages)
@@ -441,12 +456,17 @@ double stage_flops(Stage stage, const MlaConfig& c, const RunSpec& spec, const B
 }
 
 BenchResult run_bench(const BenchOptions& o) {
+  auto engine = make_engine(EngineSpec::parse(o.engine));  // the reference sets Eigen's threads here
+  return run_bench(o, *engine);
+}
+
+BenchResult run_bench(const BenchOptions& o, Engine& engine_ref) {
   const MlaConfig& cfg = o.cfg;
   const RunSpec& spec = o.spec;
   if (o.repeats < 1) throw UsageError("--repeats must be at least 1");
   if (o.warmup < 0) throw UsageError("--warmup must not be negative");
   Runner runner(cfg, spec);
-  auto engine = make_engine(EngineSpec::parse(o.engine));  // the reference sets Eigen's threads here
+  Engine* engine = &engine_ref;
   if (engine->set_device_timing(false)) return run_device_bench(o, *engine, runner);
   TimedEngine timed(*engine);
   const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, o.weight_seed);
@@ -639,9 +659,12 @@ nlohmann::json bench_to_json(const BenchResult& r) {
     j["layer"]["bytes"] = r.layer_bytes;
     j["layer"]["wall"] = timing_json(r.layer_wall);
     j["layer"]["roofline_fraction"] = r.layer_time.median > 0 ? r.roofline_s(r.layer_flops, r.layer_bytes) / r.layer_time.median : 0.0;
-    for (size_t i = 0; i < r.probes.size(); ++i)
-      j["probe_overhead"][i]["ratio"] =
-          r.layer_wall.median > 0 ? r.probes[i].layer_time.median / r.layer_wall.median : 0.0;
+    for (size_t i = 0; i < r.probes.size(); ++i) {
+      auto& e = j["probe_overhead"][i];
+      e["ratio"] = r.layer_wall.median > 0 ? r.probes[i].layer_time.median / r.layer_wall.median : 0.0;
+      e["host_calls"] = timing_json(r.probes[i].host_calls);
+      e["end_wait"] = timing_json(r.probes[i].end_wait);
+    }
   }
   return j;
 }

@@ -66,6 +66,9 @@ struct GemmCeiling {
 struct ProbeOverhead {
   std::string level;
   Timing layer_time;  // per layer
+  // Device engines: of that, host time per layer in the probe calls made beside the stages (probe_async and the
+  // collect after each stage), and the wait for the rest at the end of the layer (device work not yet done).
+  Timing host_calls, end_wait;
 };
 
 struct BenchResult {
@@ -110,6 +113,8 @@ double stage_flops(Stage stage, const MlaConfig& cfg, const RunSpec& spec, const
 double stage_bytes(Stage stage, const MlaConfig& cfg, const RunSpec& spec, const Batch& batch);
 
 BenchResult run_bench(const BenchOptions& options);  // throws UsageError
+// The same with an engine made by the caller (options.engine is then only recorded).
+BenchResult run_bench(const BenchOptions& options, Engine& engine);
 void print_bench(const BenchResult& r, std::ostream& os);
 nlohmann::json bench_to_json(const BenchResult& r);
 

@@ -1,0 +1,90 @@
+// The benchmark's device path (run_bench with an engine that times itself on a device, as the CUDA engine
+// does), run on the CPU with a stand-in: the reference engine, stage "device" times from a counter clock, and
+// probes queued until the end of the layer. Checks the figures the GPU runs report: per-stage and layer spans,
+// the ceilings, and the probe overhead split into host probe calls and the end-of-layer wait.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include "harness/report/bench.h"
+#include "reference/reference_engine.h"
+#include "tests/stage_test_util.h"
+
+namespace mla {
+namespace {
+
+class FakeDeviceEngine : public ReferenceEngine {
+ public:
+  FakeDeviceEngine() : ReferenceEngine({}) {}
+  std::string device() const override { return "fake device"; }
+  bool set_device_timing(bool on) override {
+    timing_ = on;
+    return true;
+  }
+  // Every stage takes 1 ms of "device" time, ranks one after another.
+  void run_stage(const StageSpec& st, int layer, int rank) override {
+    ReferenceEngine::run_stage(st, layer, rank);
+    if (timing_) timings_.push_back({st.stage, layer, rank, clock_, clock_ + 1e-3, 0});
+    clock_ += 1e-3;
+  }
+  std::vector<StageTiming> take_stage_timings() override { return std::exchange(timings_, {}); }
+  std::vector<DeviceCeiling> measure_ceilings(int repeats) override {
+    return {{"fake GEMM", 1e12, 0, std::vector<double>(repeats, 1e-3)}};
+  }
+  // Probes finish on the "device" only when waited for, and each wait costs 2 ms.
+  bool queues_probes() const override { return true; }
+  void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
+    pending_.push_back(probe(rank, spec, req));
+  }
+  void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
+    if (!wait) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    for (auto& r : pending_) out.push_back(std::move(r));
+    pending_.clear();
+  }
+
+ private:
+  bool timing_ = false;
+  double clock_ = 0;
+  std::vector<StageTiming> timings_;
+  std::vector<ProbeRecord> pending_;
+};
+
+TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
+  BenchOptions o;
+  o.cfg = test::preset("tiny");
+  o.spec.tokens = 8;
+  o.spec.layers = 2;
+  o.spec.input_norm = true;
+  o.repeats = 3;
+  o.probe_repeats = 2;
+  FakeDeviceEngine engine;
+  const BenchResult r = run_bench(o, engine);
+  ASSERT_TRUE(r.device);
+  EXPECT_EQ(r.device_name, "fake device");
+  ASSERT_EQ(r.ceilings.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.ceilings[0].time.median, 1e-3);
+  // Each stage spans its one rank's 1 ms; the layer spans all its stages.
+  for (const auto& s : r.stages) EXPECT_NEAR(s.time.median, 1e-3, 1e-12) << s.name;
+  EXPECT_NEAR(r.layer_time.median, 1e-3 * r.stages.size(), 1e-9);
+  // Two levels (stats, sketch); each layer waits 2 ms for its probes at the end, and spends some host time in
+  // the probe calls (the reference computes the records there): both inside the layer's wall time.
+  ASSERT_EQ(r.probes.size(), 2u);
+  for (const auto& p : r.probes) {
+    EXPECT_EQ(p.host_calls.samples.size(), 2u) << p.level;
+    EXPECT_GE(p.end_wait.median, 2e-3) << p.level;
+    EXPECT_GT(p.host_calls.median, 0.0) << p.level;
+    EXPECT_LE(p.host_calls.median + p.end_wait.median, p.layer_time.median) << p.level;
+  }
+  std::ostringstream os;
+  print_bench(r, os);
+  EXPECT_NE(os.str().find("probe overhead at sketch"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("waiting for probes at the end of the layer"), std::string::npos) << os.str();
+  const auto j = bench_to_json(r);
+  EXPECT_GE(j["probe_overhead"][1]["end_wait"]["median_s"].get<double>(), 2e-3) << j.dump();
+}
+
+}  // namespace
+}  // namespace mla

@@ -294,7 +294,8 @@ void setup_run(CLI::App& app, int& exit_code) {
       ->type_name("N|auto");
   cmd->add_option("--rendezvous", o->rendezvous,
                   "With --rank at tp > 1: a file every process can see, through which rank 0 publishes the "
-                  "communicator id; it must not exist before the launch (a fresh path per launch, e.g. "
+                  "launch id (recorded in every rank's dump) and the engine's communicator id (cuda: NCCL's); it "
+                  "must not exist before the launch (a fresh path per launch, e.g. "
                   "/shared/mla-id.$SLURM_JOB_ID)")
       ->type_name("PATH");
   cmd->add_option("--rendezvous-timeout", o->rendezvous_timeout,

@@ -175,17 +175,17 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   Runner runner(cfg, spec);
   ProcessRank process = resolve_process_rank(o.rank, o.rendezvous, spec.tp);
   process.rendezvous_timeout_s = o.rendezvous_timeout;
-  runner.set_process_rank(process);
   const EngineSpec engine_spec = EngineSpec::parse(o.engine);
   if (process.per_process() && !engine_runs_per_process(engine_spec.name))
     throw UsageError("--rank: engine '" + engine_spec.name + "' cannot run one process per rank (reference and "
                      "cuda can); drop --rank to run every rank in this process");
   auto engine = make_engine(engine_spec);
-  // One process per rank: the launch id and the engine's communicator id, through the rendezvous file.
-  rendezvous_launch(process, engine->communicator_id_bytes(), [&] { return engine->make_communicator_id(); });
-  runner.set_process_rank(process);
   const auto injections = parse_injections(o.inject);
   engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
+  // One process per rank: the launch id and the engine's communicator id, through the rendezvous file (after
+  // every check of the command line, so a bad option fails at once rather than after waiting for rank 0).
+  rendezvous_launch(process, engine->communicator_id_bytes(), [&] { return engine->make_communicator_id(); });
+  runner.set_process_rank(process);
   const auto t0 = std::chrono::steady_clock::now();
   // The CUDA engine uploads quantized weights as stored and dequantizes them on its device (kernels/dequant.cu),
   // injected bugs included; unquantized synthetic weights need no packed copy.

@@ -460,20 +460,19 @@ BenchResult run_bench(const BenchOptions& o) {
   return run_bench(o, *engine);
 }
 
-BenchResult run_bench(const BenchOptions& o, Engine& engine_ref) {
+BenchResult run_bench(const BenchOptions& o, Engine& engine) {
   const MlaConfig& cfg = o.cfg;
   const RunSpec& spec = o.spec;
   if (o.repeats < 1) throw UsageError("--repeats must be at least 1");
   if (o.warmup < 0) throw UsageError("--warmup must not be negative");
   Runner runner(cfg, spec);
-  Engine* engine = &engine_ref;
-  if (engine->set_device_timing(false)) return run_device_bench(o, *engine, runner);
-  TimedEngine timed(*engine);
+  if (engine.set_device_timing(false)) return run_device_bench(o, engine, runner);
+  TimedEngine timed(engine);
   const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, o.weight_seed);
   const Inputs inputs = synthetic_inputs(cfg, spec, weights);
   const StageGraph& graph = runner.graph();
 
-  BenchResult r = describe_run(o, *engine);
+  BenchResult r = describe_run(o, engine);
   r.eigen_threads = Eigen::nbThreads();
   r.simd = Eigen::SimdInstructionSetsInUse();
 

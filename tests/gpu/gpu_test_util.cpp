@@ -92,12 +92,14 @@ class CaptureSink : public ProbeSink {
 };
 }  // namespace
 
-Capture capture(Engine& engine, const GpuRun& run, const Capture* isolate) {
+Capture capture(Engine& engine, const GpuRun& run, const Capture* isolate,
+                const std::function<void(Runner&)>& configure) {
   Capture out;
   CaptureSink sink(out);
   ProbePlan plan;
   plan.level = ProbeLevel::ProbeLevel_full;
   Runner runner(run.cfg, run.spec);
+  if (configure) configure(runner);
   Runner::BeforeStage before = nullptr;
   if (isolate) {
     before = [&](Engine& e, const StageSpec& st, int layer, int rank) {

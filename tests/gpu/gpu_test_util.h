@@ -14,6 +14,7 @@
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/inputs.h"
+#include "harness/run/runner.h"
 #include "harness/model/stage_graph.h"
 #include "harness/model/weights.h"
 #include "harness/run/engine.h"
@@ -65,7 +66,9 @@ struct Capture {
 
 // Runs `engine` over the whole graph with every probe at full level. With `isolate`, each stage first gets
 // its inputs uploaded from that capture (the stage is judged on exactly the reference's inputs).
-Capture capture(Engine& engine, const GpuRun& run, const Capture* isolate = nullptr);
+// `configure`: called on the Runner before the run (e.g. to hand it packed weights).
+Capture capture(Engine& engine, const GpuRun& run, const Capture* isolate = nullptr,
+                const std::function<void(Runner&)>& configure = nullptr);
 
 // The calibration: for every probe p and rank, err(cuda) = rel_l2(cuda, fp32) must not exceed
 // k · rel_l2(bf16 reference, fp32) + floor, and the worst token likewise; no NaN/Inf anywhere (every
@@ -74,6 +77,9 @@ struct Tolerance {
   double k = 4.0;
   double floor = 1e-3;
 };
+// Whole layers: 4x the bf16 reference's noise (compare's --tol-factor default), and a floor of 2^-10 relative L2
+// (a quarter of a bf16 ulp) for probes whose bf16 noise is near zero but whose device rounding order differs.
+constexpr Tolerance kLayerTol{4.0, 1.0 / 1024};
 // Returns the worst err/limit seen (how much headroom the calibration leaves) and prints it as "[ margin ]".
 struct Margin {
   double ratio = 0;  // max over probes, ranks and layers of rel_l2 / limit (< 1 passes)

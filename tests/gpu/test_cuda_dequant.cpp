@@ -204,27 +204,9 @@ TEST(CudaDequant, RejectsWrongByteCounts) {
 
 // ---------------------------------------------------------------- the engine on packed weights
 
-class CaptureSink : public ProbeSink {
- public:
-  explicit CaptureSink(Capture& c) : c_(c) {}
-  void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
-    c_.recs[{layer, spec.name, rank}] = rec;
-  }
-
- private:
-  Capture& c_;
-};
-
 // capture() of gpu_test_util with the packed weights (and the bugs the engine plants in them) handed over.
 Capture capture_packed(Engine& engine, const GpuRun& run, const LoadedWeights& loaded, const DequantBugs& bugs) {
-  Capture out;
-  CaptureSink sink(out);
-  ProbePlan plan;
-  plan.level = ProbeLevel::ProbeLevel_full;
-  Runner runner(run.cfg, run.spec);
-  runner.set_packed_weights(&loaded.packed, bugs);
-  runner.run(engine, *run.weights, run.inputs, plan, sink);
-  return out;
+  return capture(engine, run, nullptr, [&](Runner& r) { r.set_packed_weights(&loaded.packed, bugs); });
 }
 
 void expect_same_checksums(const Capture& a, const Capture& b, const std::string& what) {
@@ -286,7 +268,7 @@ TEST_P(CudaPackedLayer, CudaIsEquivalentToRef) {
     auto dev = cuda_engine();
     const Capture packed = capture_packed(*dev, run, clean, {});
     expect_same_checksums(packed, from_host, what);
-    expect_equivalent(run, packed, noise, ref, Tolerance{4.0, 1.0 / 1024}, what);
+    expect_equivalent(run, packed, noise, ref, kLayerTol, what);
     return;
   }
   // Injected: the device's wrong dequantization of the clean packed bytes equals the host's wrong one, and

@@ -96,7 +96,7 @@ TEST_P(CudaPlantedBug, MatchesTheReferenceWithTheSameBug) {
   auto cuda = cuda_engine();
   cuda->set_injections(inj);
   const Capture got = capture(*cuda, run);
-  expect_equivalent(run, got, noise, ref, Tolerance{4.0, 1.0 / 1024}, p.inject + " planted, " + p.c.describe());
+  expect_equivalent(run, got, noise, ref, kLayerTol, p.inject + " planted, " + p.c.describe());
 
   // And the bug is really there: some probe of the CUDA run differs from a clean CUDA run.
   auto clean = cuda_engine();

@@ -14,8 +14,6 @@
 namespace mla::gputest {
 namespace {
 
-constexpr Tolerance kLayerTol{4.0, 1.0 / 1024};
-
 class CudaLayer : public testing::TestWithParam<Case> {};
 
 TEST_P(CudaLayer, CudaIsEquivalentToRef) {

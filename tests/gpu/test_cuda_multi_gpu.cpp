@@ -28,8 +28,6 @@ int gpu_count() {
       GTEST_SKIP() << "needs " << (n) << " GPUs, " << gpu_count() << " visible (multi-GPU test skipped)"; \
   } while (0)
 
-constexpr Tolerance kLayerTol{4.0, 1.0 / 1024};
-
 // tp: ranks; comm: the communicator the engine must pick (nccl needs a GPU per rank).
 struct MultiCase {
   Case c;

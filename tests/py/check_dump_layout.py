@@ -37,13 +37,7 @@ def checksum_fp32(data):
 
 RANK_ATTRS = ["l2", "absmax", "mean", "std", "nan", "inf", "checksum", "level"]
 
-errors = []
-
-
-def check(cond, msg):
-    if not cond:
-        errors.append(msg)
-    return cond
+from check_common import check, report
 
 
 def same_f32(dataset, values, shape, where):
@@ -159,13 +153,8 @@ def main(dump_path, sidecar_path):
                 for pname in h[lname]:
                     check(f"/{lname}/{pname}" in listed, f"/{lname}/{pname}: not recorded by the run")
 
-    if errors:
-        print(f"{len(errors)} mismatches in {dump_path}:")
-        for e in errors[:50]:
-            print("  " + e)
-        return 1
-    print(f"ok: {dump_path} matches the documented layout ({len(side['records'])} rank records)")
-    return 0
+    return report(f"mismatches in {dump_path}",
+                  f"ok: {dump_path} matches the documented layout ({len(side['records'])} rank records)")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,7 @@ import numpy as np
 RANK_ATTRS = ["l2", "absmax", "mean", "std", "nan", "inf", "checksum", "level", "dtype"]
 PROBE_ATTRS = ["order", "stage", "contract", "engine_dtype", "heads_axis", "rope_from"]
 
-errors = []
-
-
-def check(cond, msg):
-    if not cond:
-        errors.append(msg)
-    return cond
+from check_common import check, report
 
 
 def probes(h):
@@ -85,13 +79,8 @@ def main(single_path, rank_paths):
                             check(x.shape == y.shape and np.array_equal(x.view(np.uint32), y.view(np.uint32)),
                                   f"{path}{gp}/rank{r}/{d}: values differ from the one-process run's")
         check(len(launch_ids) == 1, f"the rank files carry different launch ids: {sorted(launch_ids)}")
-    if errors:
-        print(f"{len(errors)} mismatches:")
-        for e in errors[:50]:
-            print("  " + e)
-        return 1
-    print(f"ok: {tp} rank files, each holds only its rank, equal to {single_path}'s records of that rank")
-    return 0
+    return report("mismatches",
+                  f"ok: {tp} rank files, each holds only its rank, equal to {single_path}'s records of that rank")
 
 
 if __name__ == "__main__":

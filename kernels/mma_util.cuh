@@ -1,5 +1,5 @@
 // Warp-level tensor-core helpers shared by the fast attention kernels (sm_80+ instructions, run on sm_90):
-// cp.async 16-byte copies with zero fill, ldmatrix (plain and transposed) and mma.sync m16n8k16 bf16 -> fp32.
+// cp.async 16- and 4-byte copies with zero fill, ldmatrix (plain and transposed) and mma.sync m16n8k16 bf16 -> fp32.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16), lane = 4·g + t (g = lane/4, t = lane%4):
 //   A 16x16 row-major: a0 (row g, cols 2t..2t+1), a1 (row g+8, same), a2 (row g, cols 8+2t..), a3 (row g+8, ..)
@@ -22,6 +22,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
   const int n = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+// 4 bytes global -> shared (through L1), asynchronously; pred false writes 4 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool pred) {
+  const int n = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>

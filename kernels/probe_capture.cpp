@@ -50,6 +50,8 @@ struct ProbeCapture::Slot {
   size_t off_stats = 0, off_check = 0, off_tok = 0, off_head = 0, off_sketch = 0, off_raw = 0, bytes = 0;
   unsigned seq = 0;
   bool busy = false;
+  const void* zeroed_at = nullptr;  // the stats kernel's counters last zeroed here (probe_stats_counter_bytes)
+  size_t zeroed_bytes = 0;
   PinnedBuffer host;
   PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
   volatile unsigned* flag = nullptr;
@@ -156,6 +158,12 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
       CUDA_CHECK(cudaEventRecord(s.computed, stream));
       CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
       stream = copy_;
+    }
+    const size_t counters = probe_stats_counter_bytes(a);
+    if (counters > 0 && (s.zeroed_at != a.workspace || s.zeroed_bytes < counters)) {  // new memory or layout
+      CUDA_CHECK(cudaMemsetAsync(a.workspace, 0, counters, stream));
+      s.zeroed_at = a.workspace;
+      s.zeroed_bytes = counters;
     }
     launch_probe_stats(a, stream);
     if (s.full) CUDA_CHECK(cudaMemcpyAsync(dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));

@@ -1,15 +1,19 @@
-// Device probe statistics. Every bf16 probe of the real models takes version 4 (probe_tiles_kernel below: one
-// pass for the stats, the head L2 and the sketch, the sketch on the tensor cores); the rest (fp32 tensors such
-// as lse, odd widths) version 2: one warp per token row, one pass over the row for the finite sum, sum of
-// squares, absmax, NaN/Inf counts, the row's L2 (non-finite values included, as on the host: a NaN token shows
-// as NaN), the checksum's partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. All reductions are fixed trees, so records are bit-reproducible. Earlier versions: 1 hashed
-// the sketch per element (~60 ms per DeepSeek-V3 layer at T = 4096); 3 took one block per 2048-column row
-// slice with seven block-wide reductions (~0.55 TB/s) and the sketch as a separate cuBLAS GEMM.
+// Device probe statistics. Every bf16 probe of the real models takes version 5 (probe_tiles_kernel below: one
+// pass for the stats, the head L2 and the sketch, the sketch on the tensor cores, the fold by the tile's last
+// warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2: one warp per
+// token row, one pass over the row for the finite sum, sum of squares, absmax, NaN/Inf counts, the checksum's
+// partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. The token L2 is NaN when
+// the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so records are
+// bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer at
+// T = 4096); 3 took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the
+// sketch as a separate cuBLAS GEMM; 4 is described beside version 5.
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
 #include "kernels/probe_stats.cuh"
 #include "kernels/sketch_hash.cuh"
+
+#include <math_constants.h>
 
 #include <algorithm>
 #include <climits>
@@ -20,8 +24,10 @@ namespace mla::cuda {
 namespace {
 constexpr int kThreads = 256;
 
+size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
 struct RowAcc {
-  double sum = 0, sumsq = 0, sq_all = 0, amax = 0, nan = 0, inf = 0;
+  double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;  // sum, sumsq and absmax of the finite values
   unsigned long long check = 0;
 
   __device__ void add(float v, uint32_t bits, uint64_t index) {
@@ -30,7 +36,6 @@ struct RowAcc {
   }
   __device__ void add_value(float v) {
     const double d = v;
-    sq_all += d * d;
     if (isnan(v)) nan += 1;
     else if (isinf(v)) inf += 1;
     else {
@@ -47,7 +52,6 @@ __device__ inline float bf16_bits_to_float(uint32_t b) { return __uint_as_float(
 __device__ inline void warp_fold(RowAcc& q) {
   q.sum = warp_sum(q.sum);
   q.sumsq = warp_sum(q.sumsq);
-  q.sq_all = warp_sum(q.sq_all);
   q.nan = warp_sum(q.nan);
   q.inf = warp_sum(q.inf);
   q.amax = warp_max(q.amax);
@@ -63,7 +67,8 @@ __device__ inline void store_row(const ProbeStatsArgs& a, int64_t r, const RowAc
   st[3] = q.nan;
   st[4] = q.inf;
   a.row_checksum[r] = q.check;
-  a.token_l2[r] = static_cast<float>(sqrt(q.sq_all));
+  // The L2 of every value, as the host sums it: NaN when there is a NaN, else Inf when there is an Inf.
+  a.token_l2[r] = q.nan > 0 ? CUDART_NAN_F : q.inf > 0 ? CUDART_INF_F : static_cast<float>(sqrt(q.sumsq));
 }
 
 // Version 2 (fp32 tensors, odd widths): one warp per token row, warp-level reductions only.
@@ -124,21 +129,36 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
-// Version 4, for bf16 tensors whose width and head width are multiples of 8 (every bf16 probe of the real
-// models): stats, head L2 and the sketch in one pass over the tensor. One warp per (tile of 16 rows, segment
-// of whole heads of at most kSegCols columns). Each step a lane loads 16 bytes (8 columns) of row g and of
-// row g + 8 at two column offsets (g = lane / 4, t = lane % 4: the mma fragment's row and column group);
-// the same registers are the A fragments of mma.m16n8k16 against the ±1 sketch signs (the columns of a k-step
-// are taken in the order the lanes hold them, and the sign fragment is built for those columns), so the
-// sketch costs tensor-core instructions and no second read. Per row: the lanes of a row (4) fold their
-// partials by shuffles; per head: each chunk's sum of squares goes to shared memory and one lane sums a head
-// in chunk order. A fold kernel sums the segments of each row in order. Replaces version 3 (one block per
-// row slice, seven block-wide reductions per 2048 columns: ~0.55 TB/s) and the cuBLAS sketch GEMM.
+// Version 5 (session 4), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a
+// multiple of 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One
+// warp per (tile of 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the
+// tile: each lane copies 16 bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4,
+// t = lane % 4: the mma fragment's row and column group) into its own slots of a kStages-deep shared-memory
+// ring with cp.async, so several steps are in flight per warp without holding registers; the same 16 bytes are
+// then the A fragments of mma.m16n8k16 against the ±1 sketch signs (the columns of a k-step are taken in the
+// order the lanes hold them, and the sign fragment is built for those columns), so the sketch costs
+// tensor-core instructions and no second read. Per row: the four lanes of a row fold their partials by
+// shuffles; per head: each lane sums its chunks of the head in a register and the four lanes fold when the head
+// ends (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers m0 + s·j is
+// m0·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit multiply-add, the
+// second sum kept in 32 bits and multiplied by s once per segment — the same value as the per-element terms.
+// The last warp to finish a tile's segments folds the tile's rows (a counter per tile, left at zero), so there
+// is no fold kernel. Version 4 (session 3: a register prefetch one step ahead, head sums through shared memory,
+// 64-bit multiply per element, a fold kernel) ran at ~1 TB/s on the widest probe.
 constexpr int kTileRows = 16;
-constexpr int kSegCols = 512;          // per warp task, whole heads (wider heads: one head per task)
-constexpr int kMaxSegChunks = 128;     // heads up to 1024 columns
+constexpr int kSegCols = 512;         // per warp task, whole heads (wider heads: one head per task)
+constexpr int kMaxHeadCols = 1024;
+// Tuning knobs (scripts/probe_kernel_bench.sh builds variants of them): blocks per SM the registers are
+// limited for, and the ring's depth (kStages - 1 steps in flight while one is computed).
+#ifndef MLA_PROBE_TILE_MIN_BLOCKS
+#define MLA_PROBE_TILE_MIN_BLOCKS 1
+#endif
+#ifndef MLA_PROBE_TILE_STAGES
+#define MLA_PROBE_TILE_STAGES 4
+#endif
 constexpr int kTileWarps = 4;
-constexpr int64_t kWantTasks = 4096;  // warps per launch that keep an H200 busy (132 SMs x 16 resident, twice)
+constexpr int kStages = MLA_PROBE_TILE_STAGES;
+constexpr int64_t kWantTasks = 4096;  // warps per launch that keep an H200 busy
 
 struct TileGeometry {
   int64_t seg_width = 0;  // columns per segment (a multiple of 8; whole heads)
@@ -148,8 +168,17 @@ struct TileGeometry {
 };
 
 struct RowPartial {
-  double sum, sumsq, sq_all, amax, nan, inf;
+  double sum, sumsq;
+  float amax;
+  unsigned nan, inf, unused;
   unsigned long long check;
+};
+
+// One warp's slot of the ring: a step's four 16-byte chunks per lane ([half][row g, row g + 8]) and the sign
+// words of its two halves. Each lane reads back only what it copied itself.
+struct TileStage {
+  uint4 data[4][32];
+  uint32_t signs[2][32];
 };
 
 TileGeometry tile_geometry(const ProbeStatsArgs& a) {
@@ -160,7 +189,7 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   int64_t unit = 64;  // a segment is whole heads, or whole 64-column steps
   if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
-    if (X % 8 != 0 || X / 8 > kMaxSegChunks) return g;
+    if (X % 32 != 0 || X > kMaxHeadCols) return g;
     g.head_cols = unit = X;
   }
   g.row_tiles = (a.rows + kTileRows - 1) / kTileRows;
@@ -178,23 +207,27 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
 // magnitudes order as integers; |h| >= 0x7F80 is Inf or NaN), sums in fp32 (8 terms), added in double; a chunk
 // with a non-finite or huge value goes element by element in double (the host's way).
 struct LaneRow {
-  double sum = 0, sumsq = 0, sq_all = 0;
-  float amax = 0;  // of the finite values (bf16: exact in fp32)
+  double sum = 0, sumsq = 0;  // finite values
+  float amax = 0;             // of the finite values (bf16: exact in fp32)
   unsigned nan = 0, inf = 0;
-  unsigned long long check = 0;
+  unsigned long long check = 0;  // Σ m0 · Σ(2b + 1) over the chunks
+  unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 32 chunks per segment)
 
   // i0: the row-major index of the chunk's first element, a multiple of 8 (one multiplier hash per chunk).
   // Returns the chunk's sum of squares (non-finite values included).
   __device__ double chunk(uint4 w, uint64_t i0) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    const uint64_t m0 = checksum_multiplier(i0);
-    unsigned long long c[2] = {0, 0};  // two chains (even, odd elements): more instructions in flight
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
-      c[j & 1] += (m0 + kChecksumStep * j) * (2u * b + 1u);  // checksum_term(i0 + j, b)
-    }
-    check += c[0] + c[1];
+    // Σ(2b_j + 1) = Σ 2b_j + 8 and Σ j(2b_j + 1) = Σ 2j·b_j + 28, two 16-bit lanes per word (dp2a: lo·byte0 +
+    // hi·byte1).
+    unsigned b2 = __dp2a_lo(w.x, 0x0202u, 8u);
+    b2 = __dp2a_lo(w.y, 0x0202u, b2);
+    b2 = __dp2a_lo(w.z, 0x0202u, b2);
+    b2 = __dp2a_lo(w.w, 0x0202u, b2);
+    unsigned j2 = __dp2a_lo(w.x, 0x0200u, jsum + 28u);
+    j2 = __dp2a_lo(w.y, 0x0604u, j2);
+    j2 = __dp2a_lo(w.z, 0x0A08u, j2);
+    jsum = __dp2a_lo(w.w, 0x0E0Cu, j2);
+    check += (splitmix64(i0 >> 3) | 1ull) * b2;
     const uint32_t a0 = w.x & 0x7FFF7FFFu, a1 = w.y & 0x7FFF7FFFu, a2 = w.z & 0x7FFF7FFFu, a3 = w.w & 0x7FFF7FFFu;
     const uint32_t bad = ((a0 + 0x00800080u) | (a1 + 0x00800080u) | (a2 + 0x00800080u) | (a3 + 0x00800080u)) & 0x80008000u;
     const uint32_t mx = __vmaxu2(__vmaxu2(a0, a1), __vmaxu2(a2, a3));
@@ -207,10 +240,9 @@ struct LaneRow {
         s2[j & 1] += v;
         sq2[j & 1] = fmaf(v, v, sq2[j & 1]);
       }
-      const float s = s2[0] + s2[1], sq = sq2[0] + sq2[1];
-      sum += s;
+      const double sq = sq2[0] + sq2[1];
+      sum += s2[0] + s2[1];
       sumsq += sq;
-      sq_all += sq;
       amax = fmaxf(amax, cmax);
       return sq;
     }
@@ -229,16 +261,16 @@ struct LaneRow {
         amax = fmaxf(amax, fabsf(v));
       }
     }
-    sq_all += all;
     return all;
   }
-  // Folds the four lanes of a row (lane bits 0 and 1) into every one of them.
+  // Folds the four lanes of a row (lane bits 0 and 1) into every one of them; the checksum gets its
+  // kChecksumStep · Σ j(2b + 1) part.
   __device__ void fold_lanes() {
+    check += kChecksumStep * jsum;
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
       sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
-      sq_all += __shfl_xor_sync(0xffffffffu, sq_all, o);
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       nan += __shfl_xor_sync(0xffffffffu, nan, o);
       inf += __shfl_xor_sync(0xffffffffu, inf, o);
@@ -247,15 +279,52 @@ struct LaneRow {
   }
 };
 
+// Sum over the four lanes of a row (lane bits 0 and 1), every one of them gets it.
+__device__ inline double row_lanes_sum(double v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // The B fragment register of bf16 ±1 for two consecutive columns whose sign bits (1: −1) are bits p, p + 1
 // of `m`: the low half the first column.
 __device__ __forceinline__ uint32_t sign_pair(uint32_t m, int p) {
   return 0x3F803F80u | ((m >> p) & 1u) << 15 | ((m >> (p + 1)) & 1u) << 31;
 }
 
-__global__ void __launch_bounds__(kTileWarps * 32) probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g,
-                                                                     RowPartial* part, float* sketch_part) {
-  extern __shared__ double chunk_sq_all[];  // [kTileWarps][16 rows][segment chunks], heads only
+// The records of rows tile·16 .. tile·16 + 15 from their segments' partials, by one warp: lane l folds segments
+// l, l + 32, ... (then a butterfly over the lanes: a fixed order) and sums sketch lane l over the segments in
+// order. Reads bypass L1 (other SMs wrote the partials in this launch).
+__device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
+                          const float* sketch_part, int64_t tile, int lane) {
+  for (int rr = 0; rr < kTileRows; ++rr) {
+    const int64_t r = tile * kTileRows + rr;
+    if (r >= a.rows) return;
+    if (a.sketch_out) {
+      float s = 0.f;
+      const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
+#pragma unroll 8
+      for (int64_t k = 0; k < g.segs; ++k) s += __ldcg(p + k * kSketchLanes);
+      a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
+    }
+    RowAcc t;
+    for (int64_t k = lane; k < g.segs; k += 32) {
+      const RowPartial* p = part + r * g.segs + k;
+      t.sum += __ldcg(&p->sum);
+      t.sumsq += __ldcg(&p->sumsq);
+      t.amax = fmax(t.amax, static_cast<double>(__ldcg(&p->amax)));
+      t.nan += __ldcg(&p->nan);
+      t.inf += __ldcg(&p->inf);
+      t.check += __ldcg(&p->check);
+    }
+    warp_fold(t);
+    if (lane == 0) store_row(a, r, t);
+  }
+}
+
+__global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g,
+                                                                     RowPartial* part, float* sketch_part,
+                                                                     unsigned* tile_done) {
+  __shared__ TileStage ring[kTileWarps][kStages];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTileWarps + warp;
   if (task >= g.row_tiles * g.segs) return;
@@ -264,70 +333,93 @@ __global__ void __launch_bounds__(kTileWarps * 32) probe_tiles_kernel(const Prob
   const int64_t r0 = tile * kTileRows + gr, r1 = r0 + 8;
   const bool v0 = r0 < a.rows, v1 = r1 < a.rows;
   const int64_t c_begin = seg * g.seg_width, c_end = min(c_begin + g.seg_width, a.cols);
-  const int seg_chunks = static_cast<int>(g.seg_width / 8);
-  double* chunk_sq = chunk_sq_all + static_cast<size_t>(warp) * kTileRows * seg_chunks;
+  const int steps = static_cast<int>((c_end - c_begin + 63) / 64);
   const bf16* x = static_cast<const bf16*>(a.data);
   const bool sketch = a.sketch_bits != nullptr;
+  TileStage* my = ring[warp];
+
+  // Step s's copies into slot s % kStages; lanes past the segment's end (or rows past the tensor's) write zeros.
+  const auto issue = [&](int s) {
+    TileStage& slot = my[s % kStages];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t col = c_begin + 64 * s + 32 * half + 8 * t;
+      const bool ok = col < c_end;
+      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half][lane]), ok && v0 ? x + r0 * a.cols + col : x, ok && v0);
+      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half + 1][lane]), ok && v1 ? x + r1 * a.cols + col : x,
+                       ok && v1);
+      if (sketch)
+        mma::cp_async_4(mma::smem_u32(&slot.signs[half][lane]), ok ? a.sketch_bits + (col / 8) * 8 + gr : a.sketch_bits,
+                        ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue(s);
+    mma::cp_async_commit();
+  }
 
   LaneRow row0, row1;
   float c[4][4] = {};  // sketch accumulators: n-tile j = lanes 8j..8j+7
-  // Each step's four 16-byte loads are issued one step ahead (while the previous step computes).
-  uint4 w[2][2];  // [half][row g, row g + 8]
-  bool in[2];
-  const auto load = [&](int64_t c0, uint4 (&dst)[2][2], bool (&ok)[2]) {
+  const int halves_per_head = static_cast<int>(g.head_cols / 32);
+  int head_left = halves_per_head;
+  int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
+  double head_sq0 = 0, head_sq1 = 0;
+  for (int s = 0; s < steps; ++s) {
+    mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
+    const TileStage& slot = my[s % kStages];
+    uint4 w[2][2];
+    uint32_t m[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int64_t col = c0 + 32 * half + 8 * t;
-      ok[half] = col < c_end;
-      dst[half][0] = dst[half][1] = make_uint4(0, 0, 0, 0);
-      if (ok[half] && v0) dst[half][0] = *reinterpret_cast<const uint4*>(x + r0 * a.cols + col);
-      if (ok[half] && v1) dst[half][1] = *reinterpret_cast<const uint4*>(x + r1 * a.cols + col);
+      w[half][0] = slot.data[2 * half][lane];
+      w[half][1] = slot.data[2 * half + 1][lane];
+      m[half] = sketch ? slot.signs[half][lane] : 0u;
     }
-  };
-  load(c_begin, w, in);
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += 64) {
-    uint4 next[2][2];
-    bool next_in[2] = {false, false};
-    if (c0 + 64 < c_end) load(c0 + 64, next, next_in);
+    // The slot consumed by the previous step is free (its values are in registers and used).
+    if (s + kStages - 1 < steps) issue(s + kStages - 1);
+    mma::cp_async_commit();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int64_t col = c0 + 32 * half + 8 * t;
+      const int64_t col = c_begin + 64 * s + 32 * half + 8 * t;
+      const bool in = col < c_end;
       const uint4 w0 = w[half][0], w1 = w[half][1];
-      const int ch = static_cast<int>((col - c_begin) / 8);
-      if (in[half] && v0) {
-        const double sq = row0.chunk(w0, static_cast<uint64_t>(r0) * a.cols + col);
-        if (g.head_cols) chunk_sq[gr * seg_chunks + ch] = sq;
-      }
-      if (in[half] && v1) {
-        const double sq = row1.chunk(w1, static_cast<uint64_t>(r1) * a.cols + col);
-        if (g.head_cols) chunk_sq[(gr + 8) * seg_chunks + ch] = sq;
-      }
+      double sq0 = 0, sq1 = 0;
+      if (in && v0) sq0 = row0.chunk(w0, static_cast<uint64_t>(r0) * a.cols + col);
+      if (in && v1) sq1 = row1.chunk(w1, static_cast<uint64_t>(r1) * a.cols + col);
       if (sketch) {  // warp-uniform: every lane takes part in the mma; one without columns multiplies zeros
-        // Sign bits of this lane's 8 columns for sketch lanes gr + 8j: byte j of one word.
-        const uint32_t m = in[half] ? a.sketch_bits[(col / 8) * 8 + gr] : 0u;
+        // Sign bits of this lane's 8 columns for sketch lanes gr + 8j: byte j of one word (0 past the end).
+        const uint32_t mh = m[half];
         // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
         const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint32_t mj = m >> (8 * j);
+          const uint32_t mj = mh >> (8 * j);
           mma::mma_bf16(c[j], A1, sign_pair(mj, 0), sign_pair(mj, 2));
           mma::mma_bf16(c[j], A2, sign_pair(mj, 4), sign_pair(mj, 6));
         }
       }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      w[half][0] = next[half][0];
-      w[half][1] = next[half][1];
-      in[half] = next_in[half];
+      // Heads are whole halves, so `in` is the same on every lane here.
+      if (halves_per_head > 0 && col - 8 * t < c_end) {
+        head_sq0 += sq0;
+        head_sq1 += sq1;
+        if (--head_left == 0) {
+          const double h0 = row_lanes_sum(head_sq0), h1 = row_lanes_sum(head_sq1);
+          if (t == 0 && v0) a.head_l2[r0 * a.heads + head] = static_cast<float>(sqrt(h0));
+          if (t == 0 && v1) a.head_l2[r1 * a.heads + head] = static_cast<float>(sqrt(h1));
+          head_sq0 = head_sq1 = 0;
+          head_left = halves_per_head;
+          ++head;
+        }
+      }
     }
   }
+  mma::cp_async_wait<0>();
   row0.fold_lanes();
   row1.fold_lanes();
   if (t == 0) {
     const auto put = [&](const LaneRow& q, int64_t r) {
-      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.sq_all, q.amax, static_cast<double>(q.nan),
-                                          static_cast<double>(q.inf), q.check};
+      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.amax, q.nan, q.inf, 0u, q.check};
     };
     if (v0) put(row0, r0);
     if (v1) put(row1, r1);
@@ -348,48 +440,18 @@ __global__ void __launch_bounds__(kTileWarps * 32) probe_tiles_kernel(const Prob
       }
     }
   }
-  if (g.head_cols > 0) {
-    __syncwarp();
-    const int per = static_cast<int>(g.head_cols / 8);
-    const int heads_here = static_cast<int>((c_end - c_begin) / g.head_cols);
-    for (int item = lane; item < kTileRows * heads_here; item += 32) {
-      const int rr = item / heads_here, h = item % heads_here;
-      const int64_t r = tile * kTileRows + rr;
-      if (r >= a.rows) continue;
-      double s = 0;
-      for (int k = 0; k < per; ++k) s += chunk_sq[rr * seg_chunks + h * per + k];
-      a.head_l2[r * a.heads + c_begin / g.head_cols + h] = static_cast<float>(sqrt(s));
-    }
+  // The last of the tile's segments to finish folds the tile (threadFenceReduction's pattern).
+  __threadfence();
+  __syncwarp();
+  if (g.segs > 1) {
+    unsigned prev = 0;
+    if (lane == 0) prev = atomicAdd(tile_done + tile, 1u);
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != static_cast<unsigned>(g.segs - 1)) return;
+    if (lane == 0) tile_done[tile] = 0;  // left at zero for the next launch
+    __threadfence();
   }
-}
-
-// One warp per row: lane l folds segments l, l + 32, ... (then a butterfly over the lanes: a fixed order), and
-// sums sketch lane l over the segments in order.
-__global__ void fold_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, const RowPartial* part,
-                                  const float* sketch_part) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (r >= a.rows) return;
-  if (a.sketch_out) {
-    float s = 0.f;
-    const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
-#pragma unroll 8
-    for (int64_t k = 0; k < g.segs; ++k) s += p[k * kSketchLanes];
-    a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
-  }
-  RowAcc t;
-  for (int64_t k = lane; k < g.segs; k += 32) {
-    const RowPartial& p = part[r * g.segs + k];
-    t.sum += p.sum;
-    t.sumsq += p.sumsq;
-    t.sq_all += p.sq_all;
-    t.amax = fmax(t.amax, p.amax);
-    t.nan += p.nan;
-    t.inf += p.inf;
-    t.check += p.check;
-  }
-  warp_fold(t);
-  if (lane == 0) store_row(a, r, t);
+  fold_tile(a, g, part, sketch_part, tile, lane);
 }
 
 // Word (colgroup, g) of the sign-bit table: byte j, bit i = 1 when the entry of column 8·colgroup + i, sketch
@@ -420,11 +482,16 @@ __global__ void set_flag_kernel(volatile unsigned* flag, unsigned value) {
 
 size_t sketch_sign_bits_words(int64_t cols) { return static_cast<size_t>((cols + 7) / 8 * 8); }
 
+size_t probe_stats_counter_bytes(const ProbeStatsArgs& a) {
+  const TileGeometry g = tile_geometry(a);
+  return g.segs > 1 ? align_up(static_cast<size_t>(g.row_tiles) * sizeof(unsigned), 16) : 0;
+}
+
 size_t probe_stats_workspace(const ProbeStatsArgs& a) {
   const TileGeometry g = tile_geometry(a);
   if (g.segs == 0) return 0;
   const size_t n = static_cast<size_t>(a.rows * g.segs);
-  return n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
+  return probe_stats_counter_bytes(a) + n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
 }
 
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
@@ -433,16 +500,11 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   const TileGeometry g = tile_geometry(a);
   const int64_t tasks = g.row_tiles * g.segs;
   if (g.segs > 0 && a.workspace && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) {
-    auto* part = static_cast<RowPartial*>(a.workspace);
+    auto* counters = static_cast<unsigned*>(a.workspace);
+    auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + probe_stats_counter_bytes(a));
     auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
-    const size_t smem = g.head_cols ? static_cast<size_t>(kTileWarps) * kTileRows * (g.seg_width / 8) * sizeof(double) : 0;
-    if (smem > 48 * 1024)  // heads wider than 384 columns (a per-device attribute: set it each time)
-      CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)));
-    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, smem, stream>>>(
-        a, g, part, sketch_part);
-    CUDA_CHECK_LAUNCH();
-    fold_tiles_kernel<<<static_cast<unsigned>((a.rows + 7) / 8), 256, 0, stream>>>(a, g, part, sketch_part);
+    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
+        a, g, part, sketch_part, counters);
     CUDA_CHECK_LAUNCH();
     return;
   }

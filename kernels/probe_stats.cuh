@@ -31,8 +31,11 @@ struct ProbeStatsArgs {
   void* workspace = nullptr;    // probe_stats_workspace(a) bytes of device memory
 };
 
-// Device memory launch_probe_stats needs beside its outputs (0 for the one-block-per-row kernel).
+// Device memory launch_probe_stats needs beside its outputs (0 for the one-warp-per-row kernel). Its first
+// probe_stats_counter_bytes(a) bytes are counters that must be zero before the first launch on that memory;
+// every launch leaves them zero.
 size_t probe_stats_workspace(const ProbeStatsArgs& a);
+size_t probe_stats_counter_bytes(const ProbeStatsArgs& a);
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream);
 
 // The sign-bit table of the sketch for global columns col0 .. col0 + cols - 1 of the probe keyed `key`:

@@ -205,42 +205,52 @@ Margin expect_equivalent(const GpuRun& run, const Capture& cuda, const Capture& 
   return margin;
 }
 
+void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host, const std::string& at) {
+  EXPECT_EQ(rec.checksum, host.checksum) << at;
+  EXPECT_EQ(rec.nan, host.nan) << at;
+  EXPECT_EQ(rec.inf, host.inf) << at;
+  EXPECT_EQ(rec.absmax, host.absmax) << at;
+  EXPECT_EQ(rec.shape, host.shape) << at;
+  // Within 1e-6 of `scale`; a non-finite host value (NaN and Inf propagate into the per-token maps) exactly.
+  auto near = [](double a, double b, double scale) {
+    if (!std::isfinite(b)) return std::isnan(a) == std::isnan(b) && (std::isnan(b) || a == b);
+    return std::fabs(a - b) <= 1e-6 * scale + 1e-30;
+  };
+  EXPECT_TRUE(near(rec.l2, host.l2, host.l2)) << at << ": l2 " << rec.l2 << " vs host " << host.l2;
+  const double spread = host.std + std::fabs(host.mean);
+  EXPECT_TRUE(near(rec.mean, host.mean, spread)) << at << ": mean " << rec.mean << " vs host " << host.mean;
+  EXPECT_TRUE(near(rec.std, host.std, spread)) << at << ": std " << rec.std << " vs host " << host.std;
+  ASSERT_EQ(rec.token_l2.size(), host.token_l2.size()) << at;
+  ASSERT_EQ(rec.head_l2.size(), host.head_l2.size()) << at;
+  ASSERT_EQ(rec.sketch.size(), host.sketch.size()) << at;
+  // The device sketch accumulates in fp32 (tensor cores), the host's in double: a sum of `cols` terms in fp32
+  // is off by about 2^-24 · sqrt(cols) of the row's L2 (a random walk of roundings); 4x that, or 1e-6.
+  const double cols = host.token_l2.empty() ? 1.0 : static_cast<double>(shape_numel(host.shape)) / host.token_l2.size();
+  const double sketch_rel = std::max(1e-6, 4.0 * std::sqrt(cols) / 16777216.0);
+  for (size_t t = 0; t < host.token_l2.size(); ++t) {
+    ASSERT_TRUE(near(rec.token_l2[t], host.token_l2[t], host.token_l2[t]))
+        << at << " token " << t << ": " << rec.token_l2[t] << " vs host " << host.token_l2[t];
+    const size_t H = host.token_l2.empty() ? 0 : host.head_l2.size() / host.token_l2.size();
+    for (size_t h = 0; h < H; ++h)
+      ASSERT_TRUE(near(rec.head_l2[t * H + h], host.head_l2[t * H + h], host.token_l2[t]))
+          << at << " token " << t << " head " << h << ": " << rec.head_l2[t * H + h] << " vs host "
+          << host.head_l2[t * H + h];
+    for (int k = 0; k < kSketchDim; ++k) {
+      const double d = rec.sketch[t * kSketchDim + k], e = host.sketch[t * kSketchDim + k];
+      ASSERT_TRUE(std::isfinite(e) ? std::fabs(d - e) <= sketch_rel * host.token_l2[t] + 1e-30 : near(d, e, 0))
+          << at << " token " << t << " sketch lane " << k << ": " << d << " vs host " << e;
+    }
+  }
+}
+
 void expect_device_probes_match_host(const GpuRun& run, const Capture& cuda) {
   for (const auto& [key, rec] : cuda.recs) {
     const auto& [layer, name, rank] = key;
     const ProbeSpec& p = *run.graph.find(name);
     const ProbeRequest req = make_probe_request(p, run.spec.tp, rank, ProbeLevel::ProbeLevel_full);
     const ProbeRecord host = compute_probe_record(rec.data, rec.dtype, req);
-    const std::string at = "layer " + std::to_string(layer) + " probe " + name + " rank " + std::to_string(rank);
-    EXPECT_EQ(rec.checksum, host.checksum) << at;
-    EXPECT_EQ(rec.nan, host.nan) << at;
-    EXPECT_EQ(rec.inf, host.inf) << at;
-    EXPECT_EQ(rec.absmax, host.absmax) << at;
-    EXPECT_EQ(rec.shape, host.shape) << at;
-    auto near = [](double a, double b, double scale) { return std::fabs(a - b) <= 1e-6 * scale + 1e-30; };
-    EXPECT_TRUE(near(rec.l2, host.l2, host.l2)) << at << ": l2 " << rec.l2 << " vs host " << host.l2;
-    const double spread = host.std + std::fabs(host.mean);
-    EXPECT_TRUE(near(rec.mean, host.mean, spread)) << at << ": mean " << rec.mean << " vs host " << host.mean;
-    EXPECT_TRUE(near(rec.std, host.std, spread)) << at << ": std " << rec.std << " vs host " << host.std;
-    ASSERT_EQ(rec.token_l2.size(), host.token_l2.size()) << at;
-    ASSERT_EQ(rec.head_l2.size(), host.head_l2.size()) << at;
-    ASSERT_EQ(rec.sketch.size(), host.sketch.size()) << at;
-    // The device sketch accumulates in fp32 (tensor cores), the host's in double: a sum of `cols` terms in fp32
-    // is off by about 2^-24 · sqrt(cols) of the row's L2 (a random walk of roundings); 4x that, or 1e-6.
-    const double cols = host.token_l2.empty() ? 1.0 : static_cast<double>(shape_numel(host.shape)) / host.token_l2.size();
-    const double sketch_rel = std::max(1e-6, 4.0 * std::sqrt(cols) / 16777216.0);
-    for (size_t t = 0; t < host.token_l2.size(); ++t) {
-      ASSERT_TRUE(near(rec.token_l2[t], host.token_l2[t], host.token_l2[t])) << at << " token " << t;
-      const size_t H = host.token_l2.empty() ? 0 : host.head_l2.size() / host.token_l2.size();
-      for (size_t h = 0; h < H; ++h)
-        ASSERT_TRUE(near(rec.head_l2[t * H + h], host.head_l2[t * H + h], host.token_l2[t]))
-            << at << " token " << t << " head " << h;
-      for (int k = 0; k < kSketchDim; ++k)
-        ASSERT_TRUE(std::fabs(rec.sketch[t * kSketchDim + k] - host.sketch[t * kSketchDim + k]) <=
-                    sketch_rel * host.token_l2[t] + 1e-30)
-            << at << " token " << t << " sketch lane " << k << ": " << rec.sketch[t * kSketchDim + k] << " vs host "
-            << host.sketch[t * kSketchDim + k];
-    }
+    expect_record_matches_host(rec, host,
+                               "layer " + std::to_string(layer) + " probe " + name + " rank " + std::to_string(rank));
   }
 }
 

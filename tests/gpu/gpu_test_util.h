@@ -91,6 +91,9 @@ Margin expect_equivalent(const GpuRun& run, const Capture& cuda, const Capture& 
 // The device-computed stats and sketches of every record equal the host's compute_probe_record on the
 // same (downloaded) data: checksum, NaN/Inf counts and absmax exactly, the rest to 1e-6 relative.
 void expect_device_probes_match_host(const GpuRun& run, const Capture& cuda);
+// One device record against the host's record of the same data (stats, checksum, maps; the sketch within the
+// fp32 accumulation's error; non-finite values exactly).
+void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host, const std::string& at);
 
 std::unique_ptr<Engine> cuda_engine(const std::string& options = "");
 std::unique_ptr<Engine> reference_engine(const std::string& precision);

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/probe_stats.cuh"
+#include "probes/probe_hash.h"
 #include "tests/gpu/gpu_cases.h"
 
 namespace mla::gputest {
@@ -51,6 +53,65 @@ TEST(CudaProbe, WideTensorsMatchHost) {
     const Capture got = capture(*cuda, run);
     SCOPED_TRACE(c.describe());
     expect_device_probes_match_host(run, got);
+  }
+}
+
+// Shapes chosen for the tile kernel's edges: partial 16-row tiles, one segment and many (the last warp of a tile
+// folds it), steps past the row's end, heads of 32..1024 columns whose ends fall mid-step (96, 192) or that fill
+// a segment alone (1024), column offsets (tp shards), heads too narrow for it (16: the row kernel), and rows with
+// NaN, ±Inf and values whose squares overflow fp32 (those chunks go element by element in double).
+TEST(CudaProbe, EveryShapeMatchesHostOnPlantedValues) {
+  MLA_REQUIRE_GPU();
+  struct Shape {
+    int64_t rows, cols, heads, col_offset;
+  };
+  const Shape shapes[] = {{1, 64, 0, 0},        {15, 7168, 0, 0},     {17, 16384, 128, 0}, {33, 576, 0, 0},
+                          {16, 24, 0, 0},       {40, 1000, 0, 0},     {21, 24576, 128, 8}, {19, 768, 8, 0},
+                          {5, 2048, 2, 4096},   {3, 64, 4, 0},        {300, 512, 4, 0},    {64, 16384, 128, 0},
+                          {129, 4096, 64, 0}};
+  const GpuRun run = make_run(make_case("probe_shapes", "tiny", kPrefill, kMha, 1, 4));
+  auto cuda = cuda_engine();
+  Capture ignored = capture(*cuda, run);  // prepares the engine's rank
+  uint64_t state = 7;
+  const auto uniform = [&] { return static_cast<double>(splitmix64(state++) >> 11) * 0x1.0p-53; };
+  for (const Shape& sh : shapes) {
+    for (const bool planted : {false, true}) {
+      Tensor t({sh.rows, sh.cols});
+      for (int64_t i = 0; i < t.numel(); ++i) t.data[i] = static_cast<float>((uniform() - 0.5) * 6.0);
+      if (planted) {  // a NaN row, an Inf row (both signs), a huge finite value, one each where they fit
+        const auto at = [&](int64_t r, double frac) -> float& {
+          return t.data[r * sh.cols + static_cast<int64_t>(frac * (sh.cols - 1))];
+        };
+        at(0, 0.3) = std::numeric_limits<float>::quiet_NaN();
+        at(sh.rows / 2, 0.9) = std::numeric_limits<float>::infinity();
+        at(sh.rows / 2, 0.1) = -std::numeric_limits<float>::infinity();
+        at(sh.rows - 1, 0.5) = 3e20f;
+      }
+      const std::string name = "synthetic_" + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+      cuda->upload(0, name, t);
+      ProbeSpec spec;
+      spec.name = name;
+      for (auto level : {ProbeLevel::ProbeLevel_stats, ProbeLevel::ProbeLevel_sketch}) {
+        ProbeRequest req;
+        req.level = level;
+        req.tokens = sh.rows;
+        req.heads = sh.heads;
+        req.col_offset = sh.col_offset;
+        req.probe_key = probe_key(name);
+        const ProbeRecord dev = cuda->probe(0, spec, req);
+        const ProbeRecord host = compute_probe_record(cuda->download(0, name), "bf16", req);
+        expect_record_matches_host(dev, host,
+                                   name + " heads " + std::to_string(sh.heads) + (planted ? " planted" : "") +
+                                       (level == ProbeLevel::ProbeLevel_sketch ? " sketch" : " stats"));
+        // Twice in a row: the tile counters were left at zero, and a record is reproducible bit for bit.
+        const ProbeRecord again = cuda->probe(0, spec, req);
+        EXPECT_EQ(again.checksum, dev.checksum);
+        EXPECT_EQ(again.token_l2, dev.token_l2) << name;
+        EXPECT_EQ(again.head_l2, dev.head_l2) << name;
+        EXPECT_EQ(std::memcmp(again.sketch.data(), dev.sketch.data(), dev.sketch.size() * sizeof(float)), 0) << name;
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
   }
 }
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# On the GPU machine: the probe kernel alone (bench/probe_kernel_bench.cu), built with nvcc in variants of its
+# tuning macros, each timed on the DeepSeek-V3 probe shapes against a device copy in the same run; the digest
+# column must agree between variants that keep the same segment geometry. Log: $OUT/probe_kernel_bench.log.
+#
+#   MLA_PROBE_VARIANTS='1:4 5:4 6:3'   min-blocks:stages pairs (default as shown)
+#   MLA_PROBE_BASELINE=FILE.cu         also time another probe_stats.cu (an earlier version) as "baseline"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-build-gpu/probe_bench}"
+mkdir -p "$out" build-gpu/probe_bench
+log="$out/probe_kernel_bench.log"
+: >"$log"
+core=build-gpu/libmla_core.a
+[[ -f "$core" ]] || { echo "probe_kernel_bench: $core not built (run scripts/gpu_check.sh first)" | tee -a "$log"; exit 1; }
+build() {  # name, probe_stats.cu, extra flags...
+  local name=$1 src=$2
+  shift 2
+  nvcc -std=c++20 -O3 -arch=sm_90 -I. "$@" bench/probe_kernel_bench.cu "$src" "$core" -o "build-gpu/probe_bench/$name" \
+    -Xptxas -v 2>&1 | grep -A1 "probe_tiles_kernel" | grep -E "registers|spill" | sed "s/^/  $name: /"
+}
+status=0
+run() {
+  local name=$1
+  echo "=== probe_kernel_bench: $name" | tee -a "$log"
+  "build-gpu/probe_bench/$name" "${MLA_PROBE_REPEATS:-30}" 2>&1 | tee -a "$log" || status=1
+}
+if [[ -n "${MLA_PROBE_BASELINE:-}" ]]; then
+  build baseline "$MLA_PROBE_BASELINE" | tee -a "$log"
+  run baseline
+fi
+for v in ${MLA_PROBE_VARIANTS:-1:4 5:4 6:3}; do
+  name="blocks${v%%:*}_stages${v##*:}"
+  build "$name" kernels/probe_stats.cu -DMLA_PROBE_TILE_MIN_BLOCKS="${v%%:*}" -DMLA_PROBE_TILE_STAGES="${v##*:}" | tee -a "$log"
+  run "$name"
+done
+exit $status

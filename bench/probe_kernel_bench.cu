@@ -29,6 +29,7 @@ struct Shape {
   const char* name;
   int64_t rows, cols;
   int heads;
+  bool sketch = true;
 };
 
 float median(std::vector<float> v) {
@@ -48,7 +49,8 @@ uint64_t digest(const void* dev, size_t bytes) {
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 30;
   const Shape shapes[] = {
-      {"q_nope T=4096 [4096,16384] h128", 4096, 16384, 128}, {"q_b T=4096 [4096,24576] h128", 4096, 24576, 128},
+      {"q_nope T=4096 [4096,16384] h128", 4096, 16384, 128}, {"(stats) [4096,16384] h128", 4096, 16384, 128, false},
+      {"q_b T=4096 [4096,24576] h128", 4096, 24576, 128},
       {"kv_b T=4096 [4096,32768] h128", 4096, 32768, 128},   {"hidden T=4096 [4096,7168]", 4096, 7168, 0},
       {"q_a T=4096 [4096,1536]", 4096, 1536, 0},             {"q_nope T=512 [512,16384] h128", 512, 16384, 128},
       {"hidden T=512 [512,7168]", 512, 7168, 0},             {"q_nope B=64 [64,16384] h128", 64, 16384, 128},
@@ -74,7 +76,7 @@ int main(int argc, char** argv) {
     a.rows = s.rows;
     a.cols = s.cols;
     a.heads = s.heads;
-    a.sketch_bits = bits;
+    a.sketch_bits = s.sketch ? bits : nullptr;
     a.data = x[0];
     const size_t out = s.rows * (kRowStats * 8 + 8 + 4 + 4 * s.heads + 4 * kSketchLanes);
     const size_t work = probe_stats_workspace(a);
@@ -90,7 +92,7 @@ int main(int argc, char** argv) {
     p += s.rows * 4;
     a.head_l2 = s.heads ? reinterpret_cast<float*>(p) : nullptr;
     p += s.rows * 4 * s.heads;
-    a.sketch_out = reinterpret_cast<float*>(p);
+    a.sketch_out = s.sketch ? reinterpret_cast<float*>(p) : nullptr;
     p += s.rows * 4 * kSketchLanes;
     a.workspace = work ? dev + ((out + 15) / 16 * 16) : nullptr;
     std::vector<float> tp, tc;

@@ -46,6 +46,10 @@ struct RowAcc {
   }
 };
 
+// Where the sign of (column i of a group of 8, sketch lane g + 8j) sits in the group's word g of the sign-bit
+// table: the odd column of a pair 16 bits above the even one (see sign_pair).
+__host__ __device__ constexpr int sign_bit(int j, int i) { return 16 * (i & 1) + 4 * j + (i >> 1); }
+
 __device__ inline float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
 
 // Folds a lane's RowAcc over the warp (butterfly: fixed order, every lane gets the result).
@@ -95,10 +99,10 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
     acc.add(v, bits, base + c);
     if (a.sketch_bits) {
       const double d = v;
-      const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit 8 (k / 8) + c % 8
-      const int bit = static_cast<int>(c & 7);
+      const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit sign_bit(k / 8, c % 8)
+      const int i = static_cast<int>(c & 7);
 #pragma unroll
-      for (int k = 0; k < kSketchLanes; ++k) skacc[k] += ((words[k & 7] >> (8 * (k >> 3) + bit)) & 1u) ? -d : d;
+      for (int k = 0; k < kSketchLanes; ++k) skacc[k] += ((words[k & 7] >> sign_bit(k >> 3, i)) & 1u) ? -d : d;
     }
   }
   warp_fold(acc);
@@ -142,11 +146,11 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // ends (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers m0 + s·j is
 // m0·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit multiply-add, the
 // second sum kept in 32 bits and multiplied by s once per segment — the same value as the per-element terms.
-// The last warp to finish a tile's segments folds the tile's rows (a counter per tile, left at zero), so there
-// is no fold kernel. Version 4 (session 3: a register prefetch one step ahead, head sums through shared memory,
+// Up to kInlineFoldSegs segments per row, the last warp to finish a tile's segments folds the tile's rows (a
+// counter per tile, left at zero), so there is no fold kernel; segments are as wide as kWantTasks warps allow. Version 4 (session 3: a register prefetch one step ahead, head sums through shared memory,
 // 64-bit multiply per element, a fold kernel) ran at ~1 TB/s on the widest probe.
 constexpr int kTileRows = 16;
-constexpr int kSegCols = 512;         // per warp task, whole heads (wider heads: one head per task)
+constexpr int kSegCols = 4096;        // per warp task at most, whole heads
 constexpr int kMaxHeadCols = 1024;
 // Tuning knobs (scripts/probe_kernel_bench.sh builds variants of them): blocks per SM the registers are
 // limited for, and the ring's depth (kStages - 1 steps in flight while one is computed).
@@ -156,15 +160,21 @@ constexpr int kMaxHeadCols = 1024;
 #ifndef MLA_PROBE_TILE_STAGES
 #define MLA_PROBE_TILE_STAGES 4
 #endif
+// Timing only (wrong records): 1 leaves out the checksum, 2 the float stats, 4 the sketch's mma.
+#ifndef MLA_PROBE_ABLATE
+#define MLA_PROBE_ABLATE 0
+#endif
 constexpr int kTileWarps = 4;
 constexpr int kStages = MLA_PROBE_TILE_STAGES;
-constexpr int64_t kWantTasks = 4096;  // warps per launch that keep an H200 busy
+constexpr int64_t kWantTasks = 2048;  // warps per launch that keep an H200 busy (132 SMs x 16 resident)
+constexpr int64_t kInlineFoldSegs = 16;  // up to this many segments per row the tile's last warp folds them
 
 struct TileGeometry {
   int64_t seg_width = 0;  // columns per segment (a multiple of 8; whole heads)
   int64_t segs = 0;       // segments per row
   int64_t head_cols = 0;  // X (0: no heads axis)
   int64_t row_tiles = 0;
+  bool fold_inline = false;  // the tile's last warp folds its rows; else fold_rows_kernel after the launch
 };
 
 struct RowPartial {
@@ -200,6 +210,7 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   while (g.seg_width > unit && g.row_tiles * segs_of(g.seg_width) < kWantTasks)
     g.seg_width = std::max<int64_t>(unit, g.seg_width / 2 / unit * unit);
   g.segs = segs_of(g.seg_width);
+  g.fold_inline = g.segs <= kInlineFoldSegs;
   return g;
 }
 
@@ -211,12 +222,13 @@ struct LaneRow {
   float amax = 0;             // of the finite values (bf16: exact in fp32)
   unsigned nan = 0, inf = 0;
   unsigned long long check = 0;  // Σ m0 · Σ(2b + 1) over the chunks
-  unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 32 chunks per segment)
+  unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 128 per lane and row)
 
   // i0: the row-major index of the chunk's first element, a multiple of 8 (one multiplier hash per chunk).
   // Returns the chunk's sum of squares (non-finite values included).
   __device__ double chunk(uint4 w, uint64_t i0) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#if !(MLA_PROBE_ABLATE & 1)
     // Σ(2b_j + 1) = Σ 2b_j + 8 and Σ j(2b_j + 1) = Σ 2j·b_j + 28, two 16-bit lanes per word (dp2a: lo·byte0 +
     // hi·byte1).
     unsigned b2 = __dp2a_lo(w.x, 0x0202u, 8u);
@@ -228,6 +240,10 @@ struct LaneRow {
     j2 = __dp2a_lo(w.z, 0x0A08u, j2);
     jsum = __dp2a_lo(w.w, 0x0E0Cu, j2);
     check += (splitmix64(i0 >> 3) | 1ull) * b2;
+#endif
+#if MLA_PROBE_ABLATE & 2
+    return 0;
+#endif
     const uint32_t a0 = w.x & 0x7FFF7FFFu, a1 = w.y & 0x7FFF7FFFu, a2 = w.z & 0x7FFF7FFFu, a3 = w.w & 0x7FFF7FFFu;
     const uint32_t bad = ((a0 + 0x00800080u) | (a1 + 0x00800080u) | (a2 + 0x00800080u) | (a3 + 0x00800080u)) & 0x80008000u;
     const uint32_t mx = __vmaxu2(__vmaxu2(a0, a1), __vmaxu2(a2, a3));
@@ -285,40 +301,37 @@ __device__ inline double row_lanes_sum(double v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// The B fragment register of bf16 ±1 for two consecutive columns whose sign bits (1: −1) are bits p, p + 1
-// of `m`: the low half the first column.
-__device__ __forceinline__ uint32_t sign_pair(uint32_t m, int p) {
-  return 0x3F803F80u | ((m >> p) & 1u) << 15 | ((m >> (p + 1)) & 1u) << 31;
+// The B fragment register of bf16 ±1 for columns 2u, 2u + 1 of a lane's 8 and sketch lanes g + 8j, from the
+// lane's sign word `m`: their bits sit at sign_bit(j, 2u) and 16 above it, so one shift puts them on the two
+// bf16 sign bits (bits 15 and 31) and one LOP3 keeps those and sets the magnitude 1.0 (0x3F80) in both halves.
+__device__ __forceinline__ uint32_t sign_pair(uint32_t m, int j, int u) {
+  return 0x3F803F80u | ((m << (15 - 4 * j - u)) & 0x80008000u);
 }
 
-// The records of rows tile·16 .. tile·16 + 15 from their segments' partials, by one warp: lane l folds segments
-// l, l + 32, ... (then a butterfly over the lanes: a fixed order) and sums sketch lane l over the segments in
-// order. Reads bypass L1 (other SMs wrote the partials in this launch).
-__device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
-                          const float* sketch_part, int64_t tile, int lane) {
-  for (int rr = 0; rr < kTileRows; ++rr) {
-    const int64_t r = tile * kTileRows + rr;
-    if (r >= a.rows) return;
-    if (a.sketch_out) {
-      float s = 0.f;
-      const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
+// Row r's record from its segments' partials, by one warp: lane l folds segments l, l + 32, ... (then a
+// butterfly over the lanes: a fixed order) and sums sketch lane l over the segments in order. Reads bypass L1
+// (other SMs wrote the partials in this launch, when the tile's last warp folds).
+__device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
+                         const float* sketch_part, int64_t r, int lane) {
+  if (a.sketch_out) {
+    float s = 0.f;
+    const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
 #pragma unroll 8
-      for (int64_t k = 0; k < g.segs; ++k) s += __ldcg(p + k * kSketchLanes);
-      a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
-    }
-    RowAcc t;
-    for (int64_t k = lane; k < g.segs; k += 32) {
-      const RowPartial* p = part + r * g.segs + k;
-      t.sum += __ldcg(&p->sum);
-      t.sumsq += __ldcg(&p->sumsq);
-      t.amax = fmax(t.amax, static_cast<double>(__ldcg(&p->amax)));
-      t.nan += __ldcg(&p->nan);
-      t.inf += __ldcg(&p->inf);
-      t.check += __ldcg(&p->check);
-    }
-    warp_fold(t);
-    if (lane == 0) store_row(a, r, t);
+    for (int64_t k = 0; k < g.segs; ++k) s += __ldcg(p + k * kSketchLanes);
+    a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
   }
+  RowAcc t;
+  for (int64_t k = lane; k < g.segs; k += 32) {
+    const RowPartial* p = part + r * g.segs + k;
+    t.sum += __ldcg(&p->sum);
+    t.sumsq += __ldcg(&p->sumsq);
+    t.amax = fmax(t.amax, static_cast<double>(__ldcg(&p->amax)));
+    t.nan += __ldcg(&p->nan);
+    t.inf += __ldcg(&p->inf);
+    t.check += __ldcg(&p->check);
+  }
+  warp_fold(t);
+  if (lane == 0) store_row(a, r, t);
 }
 
 __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g,
@@ -387,16 +400,15 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
       double sq0 = 0, sq1 = 0;
       if (in && v0) sq0 = row0.chunk(w0, static_cast<uint64_t>(r0) * a.cols + col);
       if (in && v1) sq1 = row1.chunk(w1, static_cast<uint64_t>(r1) * a.cols + col);
-      if (sketch) {  // warp-uniform: every lane takes part in the mma; one without columns multiplies zeros
-        // Sign bits of this lane's 8 columns for sketch lanes gr + 8j: byte j of one word (0 past the end).
+      if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma; one without columns multiplies zeros
+        // Sign bits of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
         const uint32_t mh = m[half];
         // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
         const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint32_t mj = mh >> (8 * j);
-          mma::mma_bf16(c[j], A1, sign_pair(mj, 0), sign_pair(mj, 2));
-          mma::mma_bf16(c[j], A2, sign_pair(mj, 4), sign_pair(mj, 6));
+          mma::mma_bf16(c[j], A1, sign_pair(mh, j, 0), sign_pair(mh, j, 1));
+          mma::mma_bf16(c[j], A2, sign_pair(mh, j, 2), sign_pair(mh, j, 3));
         }
       }
       // Heads are whole halves, so `in` is the same on every lane here.
@@ -440,6 +452,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
       }
     }
   }
+  if (!g.fold_inline) return;
   // The last of the tile's segments to finish folds the tile (threadFenceReduction's pattern).
   __threadfence();
   __syncwarp();
@@ -451,11 +464,19 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     if (lane == 0) tile_done[tile] = 0;  // left at zero for the next launch
     __threadfence();
   }
-  fold_tile(a, g, part, sketch_part, tile, lane);
+  for (int64_t r = tile * kTileRows; r < min(tile * kTileRows + kTileRows, a.rows); ++r)
+    fold_row(a, g, part, sketch_part, r, lane);
 }
 
-// Word (colgroup, g) of the sign-bit table: byte j, bit i = 1 when the entry of column 8·colgroup + i, sketch
-// lane g + 8j is −1/sqrt(32).
+// Many segments per row (few rows: narrow segments keep the GPU busy): one warp per row.
+__global__ void fold_rows_kernel(const ProbeStatsArgs a, TileGeometry g, const RowPartial* part,
+                                 const float* sketch_part) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r < a.rows) fold_row(a, g, part, sketch_part, r, threadIdx.x & 31);
+}
+
+// Word (colgroup, g) of the sign-bit table: bit sign_bit(j, i) = 1 when the entry of column 8·colgroup + i,
+// sketch lane g + 8j is −1/sqrt(32).
 __global__ void sketch_sign_bits_kernel(uint64_t key, int64_t col0, int64_t cols, uint32_t* out) {
   const int64_t words = (cols + 7) / 8 * 8;
   for (int64_t w = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; w < words;
@@ -466,7 +487,7 @@ __global__ void sketch_sign_bits_kernel(uint64_t key, int64_t col0, int64_t cols
     for (int j = 0; j < 4; ++j)
       for (int i = 0; i < 8; ++i) {
         const int64_t col = group * 8 + i;
-        if (col < cols && !sketch_sign(key, col0 + col, g + 8 * j)) bits |= 1u << (8 * j + i);
+        if (col < cols && !sketch_sign(key, col0 + col, g + 8 * j)) bits |= 1u << sign_bit(j, i);
       }
     out[w] = bits;
   }
@@ -484,7 +505,7 @@ size_t sketch_sign_bits_words(int64_t cols) { return static_cast<size_t>((cols +
 
 size_t probe_stats_counter_bytes(const ProbeStatsArgs& a) {
   const TileGeometry g = tile_geometry(a);
-  return g.segs > 1 ? align_up(static_cast<size_t>(g.row_tiles) * sizeof(unsigned), 16) : 0;
+  return g.segs > 1 && g.fold_inline ? align_up(static_cast<size_t>(g.row_tiles) * sizeof(unsigned), 16) : 0;
 }
 
 size_t probe_stats_workspace(const ProbeStatsArgs& a) {
@@ -506,6 +527,10 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
     probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
         a, g, part, sketch_part, counters);
     CUDA_CHECK_LAUNCH();
+    if (!g.fold_inline) {
+      fold_rows_kernel<<<static_cast<unsigned>((a.rows + 7) / 8), 256, 0, stream>>>(a, g, part, sketch_part);
+      CUDA_CHECK_LAUNCH();
+    }
     return;
   }
   const auto blocks = static_cast<unsigned>((a.rows + kThreads / 32 - 1) / (kThreads / 32));
@@ -537,7 +562,7 @@ std::vector<float> device_sketch_coeffs(uint64_t key, int64_t col0, int64_t cols
   std::vector<float> coeffs(static_cast<size_t>(cols) * kSketchLanes);
   for (int64_t c = 0; c < cols; ++c)
     for (int k = 0; k < kSketchLanes; ++k) {
-      const bool negative = (bits[(c / 8) * 8 + k % 8] >> (8 * (k / 8) + c % 8)) & 1u;
+      const bool negative = (bits[(c / 8) * 8 + k % 8] >> sign_bit(k / 8, c % 8)) & 1u;
       coeffs[c * kSketchLanes + k] = negative ? -kSketchScale : kSketchScale;
     }
   return coeffs;

@@ -39,8 +39,9 @@ size_t probe_stats_counter_bytes(const ProbeStatsArgs& a);
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream);
 
 // The sign-bit table of the sketch for global columns col0 .. col0 + cols - 1 of the probe keyed `key`:
-// sketch_sign_bits_words(cols) words; word 8·(c / 8) + (k % 8), bit 8·(k / 8) + c % 8 is set when the entry of
-// local column c, sketch lane k is −1/sqrt(32) (the layout lets one word give a tensor-core lane its fragment).
+// sketch_sign_bits_words(cols) words; word 8·(c / 8) + (k % 8), bit 16·(i % 2) + 4·(k / 8) + i / 2 (i = c % 8)
+// is set when the entry of local column c, sketch lane k is −1/sqrt(32) (the layout lets one word give a
+// tensor-core lane its fragments, two instructions per register).
 size_t sketch_sign_bits_words(int64_t cols);
 void launch_sketch_sign_bits(uint64_t key, int64_t col0, int64_t cols, uint32_t* bits, cudaStream_t stream);
 

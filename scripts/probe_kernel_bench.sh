@@ -3,7 +3,10 @@
 # tuning macros, each timed on the DeepSeek-V3 probe shapes against a device copy in the same run; the digest
 # column must agree between variants that keep the same segment geometry. Log: $OUT/probe_kernel_bench.log.
 #
-#   MLA_PROBE_VARIANTS='1:4 5:4 6:3'   min-blocks:stages pairs (default as shown)
+#   MLA_PROBE_VARIANTS='1:4 5:4 1:4:1'   min-blocks:stages[:ablate] (default 1:4 1:3 1:4:1 1:4:2 1:4:4); ablate is
+#                                        MLA_PROBE_ABLATE: 1 no checksum, 2 no float stats, 4 no sketch mma
+#                                        (wrong records: timing only)
+#   MLA_PROBE_SASS=1                    also write each variant's SASS to $OUT/<variant>.sass
 #   MLA_PROBE_BASELINE=FILE.cu         also time another probe_stats.cu (an earlier version) as "baseline"
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +32,15 @@ if [[ -n "${MLA_PROBE_BASELINE:-}" ]]; then
   build baseline "$MLA_PROBE_BASELINE" | tee -a "$log"
   run baseline
 fi
-for v in ${MLA_PROBE_VARIANTS:-1:4 5:4 6:3}; do
-  name="blocks${v%%:*}_stages${v##*:}"
-  build "$name" kernels/probe_stats.cu -DMLA_PROBE_TILE_MIN_BLOCKS="${v%%:*}" -DMLA_PROBE_TILE_STAGES="${v##*:}" | tee -a "$log"
+for v in ${MLA_PROBE_VARIANTS:-1:4 1:3 1:4:1 1:4:2 1:4:4}; do
+  IFS=: read -r blocks stages ablate <<<"$v"
+  ablate="${ablate:-0}"
+  name="blocks${blocks}_stages${stages}$([[ "$ablate" != 0 ]] && echo "_ablate$ablate")"
+  build "$name" kernels/probe_stats.cu -DMLA_PROBE_TILE_MIN_BLOCKS="$blocks" -DMLA_PROBE_TILE_STAGES="$stages" \
+    -DMLA_PROBE_ABLATE="$ablate" | tee -a "$log"
+  if [[ "${MLA_PROBE_SASS:-0}" == 1 ]] && command -v cuobjdump >/dev/null; then
+    cuobjdump -sass "build-gpu/probe_bench/$name" >"$out/$name.sass" 2>&1
+  fi
   run "$name"
 done
 exit $status

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda_check.cuh"
@@ -23,6 +24,54 @@ __global__ void fill_kernel(uint16_t* x, size_t n, uint64_t seed) {
     const float u = static_cast<float>(mla::splitmix64(seed + i) >> 40) * (1.f / 16777216.f) - 0.5f;  // [-0.5, 0.5)
     x[i] = static_cast<uint16_t>(__float_as_uint(u * 3.f) >> 16);
   }
+}
+
+// Read-pattern experiments (argument "patterns"): how fast a [rows, cols] bf16 tensor can be read in the probe
+// kernel's order (one warp per 16-row tile, 64 columns per step: 16 rows x 128 bytes) against a linear read, and
+// with a block's warps interleaved step by step so that the block reads `warps` x 128 bytes of a row together.
+__global__ void read_linear(const uint4* x, size_t n16, unsigned* out) {
+  unsigned acc = 0;
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    const uint4 a = x[i], b = x[i + stride], c = x[i + 2 * stride], d = x[i + 3 * stride];
+    acc += a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n16; i += stride) acc += x[i].x;
+  if (acc == 0x12345678u) out[0] = acc;
+}
+
+// Block of `warps` warps: block task = (tile, block segment of warps x seg_steps x 64 columns); warp w takes steps
+// w, w + warps, ... (interleaved) or its own contiguous seg_steps (interleave = false).
+__global__ void read_tiles(const uint16_t* x, int64_t rows, int64_t cols, int seg_steps, bool interleave,
+                           unsigned* out) {
+  const int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t block_cols = int64_t{warps} * seg_steps * 64;
+  const int64_t segs = (cols + block_cols - 1) / block_cols;
+  const int64_t tile = blockIdx.x / segs, seg = blockIdx.x % segs;
+  const int gr = lane >> 2, t = lane & 3;
+  const int64_t r0 = tile * 16 + gr, r1 = r0 + 8;
+  unsigned acc = 0;
+  for (int k = 0; k < seg_steps; k += 2) {
+    uint4 v[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int step = k + u;
+      const int64_t c0 = seg * block_cols + (interleave ? (int64_t{step} * warps + warp) * 64 : (int64_t{warp} * seg_steps + step) * 64);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t col = c0 + 32 * half + 8 * t;
+        const bool ok = col < cols;
+        v[u][2 * half] = ok && r0 < rows ? *reinterpret_cast<const uint4*>(x + r0 * cols + col) : make_uint4(0, 0, 0, 0);
+        v[u][2 * half + 1] = ok && r1 < rows ? *reinterpret_cast<const uint4*>(x + r1 * cols + col) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc += v[u][q].x ^ v[u][q].w;
+  }
+  if (acc == 0x12345678u) out[0] = acc;
 }
 
 struct Shape {
@@ -46,8 +95,50 @@ uint64_t digest(const void* dev, size_t bytes) {
 }
 }  // namespace
 
+int patterns(int repeats) {
+  const int64_t rows = 4096, cols = 16384;
+  const size_t n = rows * cols, bytes = n * 2;
+  void* x = nullptr;
+  unsigned* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&x, bytes));
+  CUDA_CHECK(cudaMalloc(&out, 64));
+  fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(x), n, 1);
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  const auto time = [&](const char* what, auto&& launch) {
+    std::vector<float> ts;
+    for (int i = 0; i < repeats + 3; ++i) {
+      CUDA_CHECK(cudaEventRecord(e0));
+      launch();
+      CUDA_CHECK(cudaEventRecord(e1));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (i >= 3) ts.push_back(ms);
+    }
+    const float us = median(ts) * 1e3f;
+    std::printf("pattern %-52s %8.1f us %6.0f GB/s\n", what, us, bytes / (us * 1e3f));
+  };
+  time("linear, 4 loads in flight per lane", [&] { read_linear<<<132 * 16, 256>>>(static_cast<const uint4*>(x), n / 8, out); });
+  for (int warps : {4, 8, 16})
+    for (int seg_steps : {4, 8, 32})
+      for (bool il : {false, true}) {
+        const int64_t block_cols = int64_t{warps} * seg_steps * 64;
+        const int64_t blocks = (rows / 16) * ((cols + block_cols - 1) / block_cols);
+        char what[96];
+        std::snprintf(what, sizeof what, "tiles: %2d warps, %2d steps each, %s", warps, seg_steps,
+                      il ? "interleaved" : "contiguous");
+        time(what, [&] {
+          read_tiles<<<static_cast<unsigned>(blocks), warps * 32>>>(static_cast<const uint16_t*>(x), rows, cols, seg_steps, il, out);
+        });
+      }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 30;
+  if (argc > 2 && std::string(argv[2]) == "patterns") return patterns(repeats);
   const Shape shapes[] = {
       {"q_nope T=4096 [4096,16384] h128", 4096, 16384, 128}, {"(stats) [4096,16384] h128", 4096, 16384, 128, false},
       {"q_b T=4096 [4096,24576] h128", 4096, 24576, 128},

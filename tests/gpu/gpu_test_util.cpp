@@ -232,7 +232,8 @@ void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host,
         << at << " token " << t << ": " << rec.token_l2[t] << " vs host " << host.token_l2[t];
     const size_t H = host.token_l2.empty() ? 0 : host.head_l2.size() / host.token_l2.size();
     for (size_t h = 0; h < H; ++h)
-      ASSERT_TRUE(near(rec.head_l2[t * H + h], host.head_l2[t * H + h], host.token_l2[t]))
+      ASSERT_TRUE(near(rec.head_l2[t * H + h], host.head_l2[t * H + h],
+                       std::isfinite(host.token_l2[t]) ? host.token_l2[t] : std::fabs(host.head_l2[t * H + h])))
           << at << " token " << t << " head " << h << ": " << rec.head_l2[t * H + h] << " vs host "
           << host.head_l2[t * H + h];
     for (int k = 0; k < (host.sketch.empty() ? 0 : kSketchDim); ++k) {

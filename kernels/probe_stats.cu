@@ -223,11 +223,11 @@ struct LaneRow {
   unsigned nan = 0, inf = 0;
   unsigned long long check = 0;  // Σ m0 · Σ(2b + 1) over the chunks
   unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 128 per lane and row)
+  float step_sum = 0, step_sq = 0;  // this step's fast chunks, added in double by end_step
 
-  // i0: the row-major index of the chunk's first element, a multiple of 8 (one multiplier hash per chunk).
-  // Returns the chunk's sum of squares (non-finite values included).
-  __device__ double chunk(uint4 w, uint64_t i0) {
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  // q: the chunk's first row-major index / 8 (one multiplier hash per chunk). Returns the chunk's sum of squares
+  // (non-finite values included).
+  __device__ __forceinline__ double chunk(uint4 w, uint64_t q) {
 #if !(MLA_PROBE_ABLATE & 1)
     // Σ(2b_j + 1) = Σ 2b_j + 8 and Σ j(2b_j + 1) = Σ 2j·b_j + 28, two 16-bit lanes per word (dp2a: lo·byte0 +
     // hi·byte1).
@@ -239,7 +239,7 @@ struct LaneRow {
     j2 = __dp2a_lo(w.y, 0x0604u, j2);
     j2 = __dp2a_lo(w.z, 0x0A08u, j2);
     jsum = __dp2a_lo(w.w, 0x0E0Cu, j2);
-    check += (splitmix64(i0 >> 3) | 1ull) * b2;
+    check += (splitmix64(q) | 1ull) * b2;
 #endif
 #if MLA_PROBE_ABLATE & 2
     return 0;
@@ -248,22 +248,25 @@ struct LaneRow {
     const uint32_t bad = ((a0 + 0x00800080u) | (a1 + 0x00800080u) | (a2 + 0x00800080u) | (a3 + 0x00800080u)) & 0x80008000u;
     const uint32_t mx = __vmaxu2(__vmaxu2(a0, a1), __vmaxu2(a2, a3));
     const float cmax = __uint_as_float(max(mx & 0xFFFFu, mx >> 16) << 16);
-    if (bad == 0 && cmax < 1e18f) {  // every value finite, and no square overflows fp32
-      float s2[2] = {0.f, 0.f}, sq2[2] = {0.f, 0.f};  // even and odd elements, then added: shorter chains
+    if (bad != 0 || cmax >= 1e18f) return slow_chunk(w);  // a non-finite value, or a square past fp32
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    float s2[2] = {0.f, 0.f}, sq2[2] = {0.f, 0.f};  // even and odd elements, then added: shorter chains
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float v = (j & 1) ? __uint_as_float(words[j >> 1] & 0xFFFF0000u) : __uint_as_float(words[j >> 1] << 16);
-        s2[j & 1] += v;
-        sq2[j & 1] = fmaf(v, v, sq2[j & 1]);
-      }
-      const double sq = sq2[0] + sq2[1];
-      sum += s2[0] + s2[1];
-      sumsq += sq;
-      amax = fmaxf(amax, cmax);
-      return sq;
+    for (int j = 0; j < 8; ++j) {
+      const float v = (j & 1) ? __uint_as_float(words[j >> 1] & 0xFFFF0000u) : __uint_as_float(words[j >> 1] << 16);
+      s2[j & 1] += v;
+      sq2[j & 1] = fmaf(v, v, sq2[j & 1]);
     }
+    const float sq = sq2[0] + sq2[1];
+    step_sum += s2[0] + s2[1];
+    step_sq += sq;
+    amax = fmaxf(amax, cmax);
+    return sq;
+  }
+  // Element by element in double, the host's way (rare: kept out of the loop's code).
+  __device__ __noinline__ double slow_chunk(uint4 w) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
     double all = 0;
-#pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
       const float v = bf16_bits_to_float(b);
@@ -278,6 +281,11 @@ struct LaneRow {
       }
     }
     return all;
+  }
+  __device__ __forceinline__ void end_step() {
+    sum += step_sum;
+    sumsq += step_sq;
+    step_sum = step_sq = 0.f;
   }
   // Folds the four lanes of a row (lane bits 0 and 1) into every one of them; the checksum gets its
   // kChecksumStep · Σ j(2b + 1) part.
@@ -334,9 +342,8 @@ __device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const R
   if (lane == 0) store_row(a, r, t);
 }
 
-__global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g,
-                                                                     RowPartial* part, float* sketch_part,
-                                                                     unsigned* tile_done) {
+__global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) probe_tiles_kernel(
+    const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part, unsigned* tile_done) {
   __shared__ TileStage ring[kTileWarps][kStages];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTileWarps + warp;
@@ -345,25 +352,29 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   const int gr = lane >> 2, t = lane & 3;
   const int64_t r0 = tile * kTileRows + gr, r1 = r0 + 8;
   const bool v0 = r0 < a.rows, v1 = r1 < a.rows;
-  const int64_t c_begin = seg * g.seg_width, c_end = min(c_begin + g.seg_width, a.cols);
-  const int steps = static_cast<int>((c_end - c_begin + 63) / 64);
+  const int64_t c_begin = seg * g.seg_width;
+  const int width = static_cast<int>(min(g.seg_width, a.cols - c_begin));  // <= kSegCols
+  const int steps = (width + 63) / 64;
   const bf16* x = static_cast<const bf16*>(a.data);
   const bool sketch = a.sketch_bits != nullptr;
   TileStage* my = ring[warp];
+  // This lane's first column of the segment (8t) in rows r0, r1 and in the sign table; a step adds 64 columns, a
+  // half 32 (sign words: 8 per column group of 8).
+  const int64_t i0 = r0 * a.cols + c_begin + 8 * t, i1 = i0 + 8 * a.cols;  // row-major indices (multiples of 8)
+  const bf16* p0 = x + (v0 ? i0 : 0);
+  const bf16* p1 = x + (v1 ? i1 : 0);
+  const uint32_t* sg = sketch ? a.sketch_bits + (c_begin / 8 + t) * 8 + gr : nullptr;
 
   // Step s's copies into slot s % kStages; lanes past the segment's end (or rows past the tensor's) write zeros.
   const auto issue = [&](int s) {
     TileStage& slot = my[s % kStages];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int64_t col = c_begin + 64 * s + 32 * half + 8 * t;
-      const bool ok = col < c_end;
-      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half][lane]), ok && v0 ? x + r0 * a.cols + col : x, ok && v0);
-      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half + 1][lane]), ok && v1 ? x + r1 * a.cols + col : x,
-                       ok && v1);
-      if (sketch)
-        mma::cp_async_4(mma::smem_u32(&slot.signs[half][lane]), ok ? a.sketch_bits + (col / 8) * 8 + gr : a.sketch_bits,
-                        ok);
+      const int off = 64 * s + 32 * half;  // columns from the lane's first
+      const bool ok = off + 8 * t < width;
+      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half][lane]), ok && v0 ? p0 + off : x, ok && v0);
+      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half + 1][lane]), ok && v1 ? p1 + off : x, ok && v1);
+      if (sketch) mma::cp_async_4(mma::smem_u32(&slot.signs[half][lane]), ok ? sg + off : a.sketch_bits, ok);
     }
   };
 #pragma unroll
@@ -378,6 +389,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   int head_left = halves_per_head;
   int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
   double head_sq0 = 0, head_sq1 = 0;
+  const uint64_t q0 = static_cast<uint64_t>(i0) >> 3, q1 = static_cast<uint64_t>(i1) >> 3;
   for (int s = 0; s < steps; ++s) {
     mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
     const TileStage& slot = my[s % kStages];
@@ -394,13 +406,14 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     mma::cp_async_commit();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int64_t col = c_begin + 64 * s + 32 * half + 8 * t;
-      const bool in = col < c_end;
+      const int off = 64 * s + 32 * half;
+      const bool in = off + 8 * t < width;
       const uint4 w0 = w[half][0], w1 = w[half][1];
       double sq0 = 0, sq1 = 0;
-      if (in && v0) sq0 = row0.chunk(w0, static_cast<uint64_t>(r0) * a.cols + col);
-      if (in && v1) sq1 = row1.chunk(w1, static_cast<uint64_t>(r1) * a.cols + col);
-      if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma; one without columns multiplies zeros
+      if (in && v0) sq0 = row0.chunk(w0, q0 + off / 8);
+      if (in && v1) sq1 = row1.chunk(w1, q1 + off / 8);
+      if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma; one without
+                                                // columns multiplies zeros
         // Sign bits of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
         const uint32_t mh = m[half];
         // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
@@ -411,8 +424,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
           mma::mma_bf16(c[j], A2, sign_pair(mh, j, 2), sign_pair(mh, j, 3));
         }
       }
-      // Heads are whole halves, so `in` is the same on every lane here.
-      if (halves_per_head > 0 && col - 8 * t < c_end) {
+      // Heads are whole halves, so a half is in or out on every lane alike here.
+      if (halves_per_head > 0 && off < width) {
         head_sq0 += sq0;
         head_sq1 += sq1;
         if (--head_left == 0) {
@@ -425,6 +438,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
         }
       }
     }
+    row0.end_step();
+    row1.end_step();
   }
   mma::cp_async_wait<0>();
   row0.fold_lanes();
@@ -464,8 +479,33 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     if (lane == 0) tile_done[tile] = 0;  // left at zero for the next launch
     __threadfence();
   }
-  for (int64_t r = tile * kTileRows; r < min(tile * kTileRows + kTileRows, a.rows); ++r)
-    fold_row(a, g, part, sketch_part, r, lane);
+  // Lane rr folds row tile·16 + rr's stats over the segments in order; every lane sums its sketch lane.
+  const int64_t rows_here = min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows);
+  if (lane < rows_here) {
+    const int64_t r = tile * kTileRows + lane;
+    RowAcc acc;
+    for (int64_t k = 0; k < g.segs; ++k) {
+      const RowPartial* p = part + r * g.segs + k;
+      acc.sum += __ldcg(&p->sum);
+      acc.sumsq += __ldcg(&p->sumsq);
+      acc.amax = fmax(acc.amax, static_cast<double>(__ldcg(&p->amax)));
+      acc.nan += __ldcg(&p->nan);
+      acc.inf += __ldcg(&p->inf);
+      acc.check += __ldcg(&p->check);
+    }
+    store_row(a, r, acc);
+  }
+  if (sketch) {
+#pragma unroll 4
+    for (int rr = 0; rr < kTileRows; ++rr) {
+      if (rr >= rows_here) break;
+      const int64_t r = tile * kTileRows + rr;
+      const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
+      float sum = 0.f;
+      for (int64_t k = 0; k < g.segs; ++k) sum += __ldcg(p + k * kSketchLanes);
+      a.sketch_out[r * kSketchLanes + lane] = sum * kSketchScale;
+    }
+  }
 }
 
 // Many segments per row (few rows: narrow segments keep the GPU busy): one warp per row.

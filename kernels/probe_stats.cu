@@ -248,7 +248,7 @@ struct LaneRow {
     const uint32_t bad = ((a0 + 0x00800080u) | (a1 + 0x00800080u) | (a2 + 0x00800080u) | (a3 + 0x00800080u)) & 0x80008000u;
     const uint32_t mx = __vmaxu2(__vmaxu2(a0, a1), __vmaxu2(a2, a3));
     const float cmax = __uint_as_float(max(mx & 0xFFFFu, mx >> 16) << 16);
-    if (bad != 0 || cmax >= 1e18f) return slow_chunk(w);  // a non-finite value, or a square past fp32
+    if (bad != 0 || cmax >= 1e18f) return slow_chunk(w);  // a non-finite value, or a square past fp32 (rare)
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
     float s2[2] = {0.f, 0.f}, sq2[2] = {0.f, 0.f};  // even and odd elements, then added: shorter chains
 #pragma unroll
@@ -263,8 +263,8 @@ struct LaneRow {
     amax = fmaxf(amax, cmax);
     return sq;
   }
-  // Element by element in double, the host's way (rare: kept out of the loop's code).
-  __device__ __noinline__ double slow_chunk(uint4 w) {
+  // Element by element in double, the host's way.
+  __device__ __forceinline__ double slow_chunk(uint4 w) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
     double all = 0;
     for (int j = 0; j < 8; ++j) {
@@ -344,7 +344,7 @@ __device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const R
 
 __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) probe_tiles_kernel(
     const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part, unsigned* tile_done) {
-  __shared__ TileStage ring[kTileWarps][kStages];
+  extern __shared__ TileStage ring[];  // [kTileWarps][kStages]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kTileWarps + warp;
   if (task >= g.row_tiles * g.segs) return;
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   const int steps = (width + 63) / 64;
   const bf16* x = static_cast<const bf16*>(a.data);
   const bool sketch = a.sketch_bits != nullptr;
-  TileStage* my = ring[warp];
+  TileStage* my = ring + warp * kStages;
   // This lane's first column of the segment (8t) in rows r0, r1 and in the sign table; a step adds 64 columns, a
   // half 32 (sign words: 8 per column group of 8).
   const int64_t i0 = r0 * a.cols + c_begin + 8 * t, i1 = i0 + 8 * a.cols;  // row-major indices (multiples of 8)
@@ -420,8 +420,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
         const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          mma::mma_bf16(c[j], A1, sign_pair(mh, j, 0), sign_pair(mh, j, 1));
-          mma::mma_bf16(c[j], A2, sign_pair(mh, j, 2), sign_pair(mh, j, 3));
+          mma::mma_bf16_pure(c[j], A1, sign_pair(mh, j, 0), sign_pair(mh, j, 1));
+          mma::mma_bf16_pure(c[j], A2, sign_pair(mh, j, 2), sign_pair(mh, j, 3));
         }
       }
       // Heads are whole halves, so a half is in or out on every lane alike here.
@@ -564,7 +564,10 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
     auto* counters = static_cast<unsigned*>(a.workspace);
     auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + probe_stats_counter_bytes(a));
     auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
-    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, 0, stream>>>(
+    constexpr size_t smem = sizeof(TileStage) * kTileWarps * kStages;
+    if (smem > 48 * 1024)  // a per-device attribute: set every time (cheap)
+      CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, smem, stream>>>(
         a, g, part, sketch_part, counters);
     CUDA_CHECK_LAUNCH();
     if (!g.fold_inline) {

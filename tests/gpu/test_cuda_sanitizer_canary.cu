@@ -21,12 +21,14 @@ bool canary_on() {
 
 __global__ void write_one_past_the_end(float* p, int n) { p[n] = 1.0f; }
 
-// Every thread writes the same shared word with no barrier between the writes and the read: a write-write and
-// read-after-write hazard between warps.
+// Each thread writes its shared slot and, with no barrier, reads the slot a warp further on: a read-after-write
+// hazard between warps. Volatile, so that the compiler keeps both accesses (a plain shared word written and read
+// back by the same thread was folded into a register, and racecheck saw no race).
 __global__ void racing_shared_writes(int* out) {
-  __shared__ int word;
-  word = static_cast<int>(threadIdx.x);
-  out[threadIdx.x] = word;
+  __shared__ int slots[256];
+  volatile int* s = slots;
+  s[threadIdx.x] = static_cast<int>(threadIdx.x);
+  out[threadIdx.x] = s[(threadIdx.x + 32) % 256];
 }
 
 TEST(CudaSanitizerCanary, OutOfBoundsWrite) {

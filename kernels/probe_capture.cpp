@@ -53,18 +53,18 @@ struct ProbeCapture::Slot {
   const void* zeroed_at = nullptr;  // the stats kernel's counters last zeroed here (probe_stats_counter_bytes)
   size_t zeroed_bytes = 0;
   PinnedBuffer host;
-  PinnedBuffer flag_mem;  // mapped: one unsigned, set to `seq` by the device when the copies are done (the
-                          // slot's "done": read without a CUDA call, and still readable after a device fault)
+  PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
   volatile unsigned* flag = nullptr;
   unsigned* flag_dev = nullptr;
   cudaEvent_t computed = nullptr;  // on the rank's stream: the tensor is complete (side stream) or the results are
                                    // in the slot's device scratch (rank stream)
-  std::string scratch_name;        // of its device scratch (RankContext::scratch)
+  cudaEvent_t done = nullptr;      // on the copy stream: they are in pinned host memory
   int device = 0;
 
   ~Slot() {
     DeviceGuard g(device);
     if (computed) cudaEventDestroy(computed);
+    if (done) cudaEventDestroy(done);
   }
 };
 
@@ -100,10 +100,10 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     auto s = std::make_unique<Slot>();
     s->device = rc_.device();
     CUDA_CHECK(cudaEventCreateWithFlags(&s->computed, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
     s->flag = reinterpret_cast<volatile unsigned*>(s->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s->flag_dev), const_cast<unsigned*>(s->flag), 0));
     id = static_cast<int>(slots_.size());
-    s->scratch_name = "probe.slot" + std::to_string(id);
     mine.push_back(id);
     slots_.push_back(std::move(s));
   }
@@ -147,7 +147,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     a.heads = static_cast<int>(s.heads);
     a.sketch_bits = s.sketch ? sign_bits(req.probe_key, req.col_offset, cols) : nullptr;
     const size_t work = probe_stats_workspace(a);
-    auto* dev = static_cast<unsigned char*>(rc_.scratch(s.scratch_name, s.bytes + work));
+    auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), s.bytes + work));
     a.row_stats = reinterpret_cast<double*>(dev + s.off_stats);
     a.row_checksum = reinterpret_cast<unsigned long long*>(dev + s.off_check);
     a.token_l2 = reinterpret_cast<float*>(dev + s.off_tok);
@@ -174,25 +174,23 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     CUDA_CHECK(cudaMemcpyAsync(host, dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
   }
   launch_set_flag(s.flag_dev, s.seq, copy_);
+  CUDA_CHECK(cudaEventRecord(s.done, copy_));
   return id;
 }
 
 bool ProbeCapture::ready(int slot) const {
-  if (*slots_.at(slot)->flag == slots_[slot]->seq) return true;
   DeviceGuard g(rc_.device());
-  return cudaStreamQuery(copy_) != cudaErrorNotReady;  // not yet; or failed (finish() says so)
+  const cudaError_t err = cudaEventQuery(slots_.at(slot)->done);
+  if (err == cudaErrorNotReady) return false;
+  return true;  // done, or failed: finish() says which
 }
 
 ProbeRecord ProbeCapture::finish(int slot) {
   Slot& s = *slots_.at(slot);
   DeviceGuard g(rc_.device());
-  if (*s.flag != s.seq) {  // waits for the copy stream (this probe's copies and any queued after them)
-    const cudaError_t err = cudaStreamSynchronize(copy_);
-    if (*s.flag != s.seq) {
-      CUDA_CHECK(err);  // the device failed before this probe's copies were done
-      throw EngineError("probe " + s.scratch_name + ": the copy stream finished without setting the probe's flag");
-    }
-  }
+  const cudaError_t err = cudaEventSynchronize(s.done);
+  if (err != cudaSuccess && *s.flag != s.seq)
+    CUDA_CHECK(err);  // the device failed before this probe's copies were done
   s.busy = false;
   ProbeRecord rec = std::move(s.rec);
   const int64_t rows = s.rows;

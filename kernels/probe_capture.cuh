@@ -1,11 +1,10 @@
 // Probe records of one rank without a host sync per probe (Engine::probe_async / collect_probes). start()
 // queues, on the rank's stream, the stats-and-sketch kernel (and, at full level, a device copy of
-// the tensor); a copy stream then waits for them and brings the results into pinned host memory and sets the
-// slot's flag in mapped host memory, so the rank's stream never waits for PCIe. ready() reads the flag (no CUDA
-// call while it is set); finish() waits for the copy stream when it is not, and folds. Stream order makes it
-// copy-on-capture: a later kernel cannot change what a probe saw. The flag also lets a probe whose copies
-// completed before a device fault be recovered after it (the CUDA API then only reports the fault), so probes
-// recorded before a crash survive it. Per probe: the kernel, an event and a wait, the copy, the flag.
+// the tensor); a copy stream then waits for them and brings the results into pinned host memory, sets a flag
+// in mapped host memory and records the slot's event, so the rank's stream never waits for PCIe. finish()
+// waits for the event and folds. Stream order makes it copy-on-capture: a later kernel cannot change what a
+// probe saw. The flag lets a probe whose copies completed before a device fault be recovered after it (the
+// CUDA API then only reports the fault), so probes recorded before a crash survive it.
 #pragma once
 #include <map>
 #include <memory>

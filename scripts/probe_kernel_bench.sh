@@ -8,6 +8,10 @@
 #                                        (wrong records: timing only)
 #   MLA_PROBE_SASS=1                    also write each variant's SASS to $OUT/<variant>.sass
 #   MLA_PROBE_BASELINE=FILE.cu         also time another probe_stats.cu (an earlier version) as "baseline"
+#
+# The default build (CMake, with CUDA) also makes build-gpu/probe_kernel_bench: `probe_kernel_bench [repeats]`
+# times the default kernel; `probe_kernel_bench [repeats] patterns` times read orders alone (a linear read, the
+# kernel's 16-row tiles with a block's warps contiguous or interleaved), the bandwidth the kernel could reach.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-build-gpu/probe_bench}"

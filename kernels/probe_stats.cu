@@ -146,9 +146,12 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // ends (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers m0 + s·j is
 // m0·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit multiply-add, the
 // second sum kept in 32 bits and multiplied by s once per segment — the same value as the per-element terms.
-// Up to kInlineFoldSegs segments per row, the last warp to finish a tile's segments folds the tile's rows (a
-// counter per tile, left at zero), so there is no fold kernel; segments are as wide as kWantTasks warps allow. Version 4 (session 3: a register prefetch one step ahead, head sums through shared memory,
-// 64-bit multiply per element, a fold kernel) ran at ~1 TB/s on the widest probe.
+// A B fragment of the signs is one shift and one LOP3 (the table's bit layout, sign_bit). Finite chunks are
+// summed in fp32 (8 values), a step's in fp32, then added in double. Up to kInlineFoldSegs segments per row, the
+// last warp to finish a tile's segments folds the tile's rows, one lane per row (a counter per tile, left at
+// zero), so there is no fold kernel; segments are as wide as kWantTasks warps allow. Version 4 (session 3: a
+// register prefetch one step ahead, head sums through shared memory, a 64-bit multiply per element, a fold
+// kernel) ran at 0.92 TB/s on [4096, 16384]; this one at 1.35 TB/s (docs/perf-notes.md, session 4).
 constexpr int kTileRows = 16;
 constexpr int kSegCols = 4096;        // per warp task at most, whole heads
 constexpr int kMaxHeadCols = 1024;

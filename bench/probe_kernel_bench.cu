@@ -2,12 +2,13 @@
 // scripts/probe_kernel_bench.sh): time per launch on the DeepSeek-V3 probe shapes against a device copy of the
 // same bytes in the same run, and a digest of every output so that variants can be checked against each other.
 //
-//   probe_kernel_bench [repeats]
+//   probe_kernel_bench [repeats] [patterns]     (--help)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -136,9 +137,45 @@ int patterns(int repeats) {
   return 0;
 }
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
-  const int repeats = argc > 1 ? std::atoi(argv[1]) : 30;
-  if (argc > 2 && std::string(argv[2]) == "patterns") return patterns(repeats);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::printf(
+          "Usage: probe_kernel_bench [repeats] [patterns]\n\n"
+          "Times the probe kernel (kernels/probe_stats.cu: stats, checksum, head L2 and sketch in one pass) on the\n"
+          "DeepSeek-V3 probe shapes against a device-to-device copy of the same bytes, median of `repeats` launches\n"
+          "(default 30) after 3 warm-up, inputs rotated past L2; prints time, GB/s read, the copy's GB/s (read +\n"
+          "written), the ratio, and a digest of the records (equal between builds that keep the segment geometry).\n"
+          "`patterns`: times read orders alone (linear; the kernel's 16-row tiles, warps contiguous or interleaved).\n"
+          "scripts/probe_kernel_bench.sh builds tuning and ablation variants of the kernel and runs them.\n");
+      return 0;
+    }
+    if (arg != "patterns" && std::atoi(arg.c_str()) <= 0) {
+      std::fprintf(stderr, "probe_kernel_bench: unknown argument '%s' (see --help)\n", arg.c_str());
+      return 2;
+    }
+  }
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "probe_kernel_bench: %s\n", e.what());
+    return 2;
+  }
+}
+
+int run(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    std::fprintf(stderr, "probe_kernel_bench: no CUDA device is available; run it on a GPU machine\n");
+    return 2;
+  }
+  const int repeats = argc > 1 && std::string(argv[1]) != "patterns" ? std::atoi(argv[1]) : 30;
+  if ((argc > 1 && std::string(argv[1]) == "patterns") || (argc > 2 && std::string(argv[2]) == "patterns"))
+    return patterns(repeats);
   const Shape shapes[] = {
       {"q_nope T=4096 [4096,16384] h128", 4096, 16384, 128}, {"(stats) [4096,16384] h128", 4096, 16384, 128, false},
       {"q_b T=4096 [4096,24576] h128", 4096, 24576, 128},

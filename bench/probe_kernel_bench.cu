@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.cuh"
+#include "harness/report/bench.h"
 #include "kernels/probe_stats.cuh"
 #include "probes/probe_hash.h"
 
@@ -82,10 +83,7 @@ struct Shape {
   bool sketch = true;
 };
 
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+float median(const std::vector<float>& v) { return static_cast<float>(mla::Timing::of({v.begin(), v.end()}).median); }
 
 uint64_t digest(const void* dev, size_t bytes) {
   std::vector<unsigned char> h(bytes);

@@ -26,9 +26,26 @@ constexpr int kThreads = 256;
 
 size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+struct RowPartial {  // a row's stats over one segment (probe_tiles_kernel), folded by RowAcc::add_partial
+  double sum, sumsq;
+  float amax;
+  unsigned nan, inf, unused;
+  unsigned long long check;
+};
+
 struct RowAcc {
   double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;  // sum, sumsq and absmax of the finite values
   unsigned long long check = 0;
+
+  // Adds a segment's partial written by another warp of this launch (read past L1, which is not coherent).
+  __device__ void add_partial(const RowPartial* p) {
+    sum += __ldcg(&p->sum);
+    sumsq += __ldcg(&p->sumsq);
+    amax = fmax(amax, static_cast<double>(__ldcg(&p->amax)));
+    nan += __ldcg(&p->nan);
+    inf += __ldcg(&p->inf);
+    check += __ldcg(&p->check);
+  }
 
   __device__ void add(float v, uint32_t bits, uint64_t index) {
     add_value(v);
@@ -180,13 +197,6 @@ struct TileGeometry {
   bool fold_inline = false;  // the tile's last warp folds its rows; else fold_rows_kernel after the launch
 };
 
-struct RowPartial {
-  double sum, sumsq;
-  float amax;
-  unsigned nan, inf, unused;
-  unsigned long long check;
-};
-
 // One warp's slot of the ring: a step's four 16-byte chunks per lane ([half][row g, row g + 8]) and the sign
 // words of its two halves. Each lane reads back only what it copied itself.
 struct TileStage {
@@ -319,9 +329,9 @@ __device__ __forceinline__ uint32_t sign_pair(uint32_t m, int j, int u) {
   return 0x3F803F80u | ((m << (15 - 4 * j - u)) & 0x80008000u);
 }
 
-// Row r's record from its segments' partials, by one warp: lane l folds segments l, l + 32, ... (then a
-// butterfly over the lanes: a fixed order) and sums sketch lane l over the segments in order. Reads bypass L1
-// (other SMs wrote the partials in this launch, when the tile's last warp folds).
+// Row r's record from its segments' partials, by one warp (fold_rows_kernel, for many segments): lane l folds
+// segments l, l + 32, ... (then a butterfly over the lanes: a fixed order) and sums sketch lane l over the
+// segments in order.
 __device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
                          const float* sketch_part, int64_t r, int lane) {
   if (a.sketch_out) {
@@ -332,15 +342,7 @@ __device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const R
     a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
   }
   RowAcc t;
-  for (int64_t k = lane; k < g.segs; k += 32) {
-    const RowPartial* p = part + r * g.segs + k;
-    t.sum += __ldcg(&p->sum);
-    t.sumsq += __ldcg(&p->sumsq);
-    t.amax = fmax(t.amax, static_cast<double>(__ldcg(&p->amax)));
-    t.nan += __ldcg(&p->nan);
-    t.inf += __ldcg(&p->inf);
-    t.check += __ldcg(&p->check);
-  }
+  for (int64_t k = lane; k < g.segs; k += 32) t.add_partial(part + r * g.segs + k);
   warp_fold(t);
   if (lane == 0) store_row(a, r, t);
 }
@@ -487,15 +489,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   if (lane < rows_here) {
     const int64_t r = tile * kTileRows + lane;
     RowAcc acc;
-    for (int64_t k = 0; k < g.segs; ++k) {
-      const RowPartial* p = part + r * g.segs + k;
-      acc.sum += __ldcg(&p->sum);
-      acc.sumsq += __ldcg(&p->sumsq);
-      acc.amax = fmax(acc.amax, static_cast<double>(__ldcg(&p->amax)));
-      acc.nan += __ldcg(&p->nan);
-      acc.inf += __ldcg(&p->inf);
-      acc.check += __ldcg(&p->check);
-    }
+    for (int64_t k = 0; k < g.segs; ++k) acc.add_partial(part + r * g.segs + k);
     store_row(a, r, acc);
   }
   if (sketch) {

@@ -29,11 +29,9 @@ TEST(CudaProbe, SketchHashMatchesHost) {
   }
 }
 
-TEST(CudaProbe, DeviceRecordsMatchHost) {
-  MLA_REQUIRE_GPU();
-  // Every probe of a tp-2 chunked layer and a tp-8 decode (heads, partial and replicated contracts, fp32 lse).
-  for (const Case& c : {make_case("probe_chunked_tp2", "tiny", kChunked, kMha, 2, 3, 2, {5, 70}),
-                        make_case("probe_decode_tp8", "tiny", kDecode, kAbsorbed, 8, 2, 2, {64, 1})}) {
+// Every record of each case's run, computed on the device, against the host's on the same (downloaded) data.
+void expect_cases_match_host(std::initializer_list<Case> cases) {
+  for (const Case& c : cases) {
     const GpuRun run = make_run(c);
     auto cuda = cuda_engine();
     const Capture got = capture(*cuda, run);
@@ -42,18 +40,20 @@ TEST(CudaProbe, DeviceRecordsMatchHost) {
   }
 }
 
+TEST(CudaProbe, DeviceRecordsMatchHost) {
+  MLA_REQUIRE_GPU();
+  // Every probe of a tp-2 chunked layer and a tp-8 decode (heads, partial and replicated contracts, fp32 lse).
+  expect_cases_match_host({make_case("probe_chunked_tp2", "tiny", kChunked, kMha, 2, 3, 2, {5, 70}),
+                           make_case("probe_decode_tp8", "tiny", kDecode, kAbsorbed, 8, 2, 2, {64, 1})});
+}
+
 TEST(CudaProbe, WideTensorsMatchHost) {
   MLA_REQUIRE_GPU();
-  // Real widths: DeepSeek-V3 (q_nope 16384 columns in 32 segments, heads of 128 and 64, 7168-wide rows) and
-  // GLM-5 (heads of 192 and 256); token counts that leave a partial 16-row tile; tp 2 (column offsets).
-  for (const Case& c : {make_case("probe_dsv3_tp1", "deepseek-v3", kPrefill, kMha, 1, 19),
-                        make_case("probe_glm5_tp2", "glm-5", kPrefill, kMha, 2, 21)}) {
-    const GpuRun run = make_run(c);
-    auto cuda = cuda_engine();
-    const Capture got = capture(*cuda, run);
-    SCOPED_TRACE(c.describe());
-    expect_device_probes_match_host(run, got);
-  }
+  // Real widths: DeepSeek-V3 (q_nope 16384 columns in 128 one-head segments, so the fold kernel's path; heads of
+  // 128 and 64, 7168-wide rows) and GLM-5 (heads of 192 and 256); token counts that leave a partial 16-row tile;
+  // tp 2 (column offsets).
+  expect_cases_match_host({make_case("probe_dsv3_tp1", "deepseek-v3", kPrefill, kMha, 1, 19),
+                           make_case("probe_glm5_tp2", "glm-5", kPrefill, kMha, 2, 21)});
 }
 
 // Shapes chosen for the tile kernel's edges: partial 16-row tiles, one segment and many (the last warp of a tile

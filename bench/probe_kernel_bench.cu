@@ -81,6 +81,7 @@ struct Shape {
   int64_t rows, cols;
   int heads;
   bool sketch = true;
+  int in_layer = 0;  // how many of the DeepSeek-V3 T = 4096 layer's bf16 probes have this shape (sketch level)
 };
 
 float median(const std::vector<float>& v) { return static_cast<float>(mla::Timing::of({v.begin(), v.end()}).median); }
@@ -174,18 +175,30 @@ int run(int argc, char** argv) {
   const int repeats = argc > 1 && std::string(argv[1]) != "patterns" ? std::atoi(argv[1]) : 30;
   if ((argc > 1 && std::string(argv[1]) == "patterns") || (argc > 2 && std::string(argv[2]) == "patterns"))
     return patterns(repeats);
+  // The layer's 16 bf16 probes at T = 4096 (lse, fp32, takes the row kernel and is left out): q_nope, k_nope, v,
+  // attn_out [T,16384] h128; q_pe, q_pe_rope [T,8192] h128; x, o_partial, o [T,7168]; q_a, q_c [T,1536]; kv_c,
+  // kv_c_norm [T,512]; kv_cache [T,576]; k_pe, k_pe_rope [T,64].
   const Shape shapes[] = {
-      {"q_nope T=4096 [4096,16384] h128", 4096, 16384, 128}, {"(stats) [4096,16384] h128", 4096, 16384, 128, false},
+      {"q_nope T=4096 [4096,16384] h128", 4096, 16384, 128, true, 4},
+      {"(stats) [4096,16384] h128", 4096, 16384, 128, false},
+      {"q_pe T=4096 [4096,8192] h128", 4096, 8192, 128, true, 2},
       {"q_b T=4096 [4096,24576] h128", 4096, 24576, 128},
-      {"kv_b T=4096 [4096,32768] h128", 4096, 32768, 128},   {"hidden T=4096 [4096,7168]", 4096, 7168, 0},
-      {"q_a T=4096 [4096,1536]", 4096, 1536, 0},             {"q_nope T=512 [512,16384] h128", 512, 16384, 128},
-      {"hidden T=512 [512,7168]", 512, 7168, 0},             {"q_nope B=64 [64,16384] h128", 64, 16384, 128},
+      {"kv_b T=4096 [4096,32768] h128", 4096, 32768, 128},
+      {"hidden T=4096 [4096,7168]", 4096, 7168, 0, true, 3},
+      {"q_a T=4096 [4096,1536]", 4096, 1536, 0, true, 2},
+      {"kv_c T=4096 [4096,512]", 4096, 512, 0, true, 2},
+      {"kv_cache T=4096 [4096,576]", 4096, 576, 0, true, 1},
+      {"k_pe T=4096 [4096,64]", 4096, 64, 0, true, 2},
+      {"q_nope T=512 [512,16384] h128", 512, 16384, 128},
+      {"hidden T=512 [512,7168]", 512, 7168, 0},
+      {"q_nope B=64 [64,16384] h128", 64, 16384, 128},
   };
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   std::printf("%-34s %10s %9s %10s %9s %7s  %s\n", "shape", "probe us", "GB/s", "copy us", "copy GB/s", "ratio",
               "digest");
+  double layer_us = 0, layer_bytes = 0, layer_copy_us = 0;
   for (const Shape& s : shapes) {
     const size_t n = static_cast<size_t>(s.rows * s.cols), bytes = n * 2;
     // Two inputs, used in turn, so that a tensor smaller than L2 is not read from it.
@@ -242,10 +255,16 @@ int run(int argc, char** argv) {
     // The copy reads and writes the bytes; the probe reads them once: rates are bytes read (and written) per second.
     std::printf("%-34s %10.1f %9.0f %10.1f %9.0f %6.2fx  %016llx\n", s.name, mp, bytes / (mp * 1e3f), mc,
                 2.0 * bytes / (mc * 1e3f), mp / mc, static_cast<unsigned long long>(digest(dev, out)));
+    layer_us += s.in_layer * mp;
+    layer_copy_us += s.in_layer * mc;
+    layer_bytes += s.in_layer * static_cast<double>(bytes);
     for (auto q : x) CUDA_CHECK(cudaFree(q));
     CUDA_CHECK(cudaFree(y));
     CUDA_CHECK(cudaFree(bits));
     CUDA_CHECK(cudaFree(dev));
   }
+  std::printf("%-34s %10.1f %9.0f %10.1f %9.0f %6.2fx  (sum over the 16 bf16 probes of a DeepSeek-V3 layer, T = 4096)\n",
+              "layer T=4096 sketch", layer_us, layer_bytes / (layer_us * 1e3), layer_copy_us,
+              2.0 * layer_bytes / (layer_copy_us * 1e3), layer_us / layer_copy_us);
   return 0;
 }

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace mla::cuda {
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // A B fragment of the signs is one shift and one LOP3 (the table's bit layout, sign_bit). Finite chunks are
 // summed in fp32 (8 values), a step's in fp32, then added in double. Up to kInlineFoldSegs segments per row, the
 // last warp to finish a tile's segments folds the tile's rows, one lane per row (a counter per tile, left at
-// zero), so there is no fold kernel; segments are as wide as kWantTasks warps allow. Version 4 (session 3: a
+// zero), so there is no fold kernel; segments are as narrow as one wave of warps allows. Version 4 (session 3: a
 // register prefetch one step ahead, head sums through shared memory, a 64-bit multiply per element, a fold
 // kernel) ran at 0.92 TB/s on [4096, 16384]; this one at 1.35 TB/s (docs/perf-notes.md, session 4).
 constexpr int kTileRows = 16;
@@ -186,7 +188,6 @@ constexpr int kMaxHeadCols = 1024;
 #endif
 constexpr int kTileWarps = 4;
 constexpr int kStages = MLA_PROBE_TILE_STAGES;
-constexpr int64_t kWantTasks = 2048;  // warps per launch that keep an H200 busy (132 SMs x 16 resident)
 constexpr int64_t kInlineFoldSegs = 16;  // up to this many segments per row the tile's last warp folds them
 
 struct TileGeometry {
@@ -204,6 +205,26 @@ struct TileStage {
   uint32_t signs[2][32];
 };
 
+__global__ void probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
+                                   unsigned* tile_done);
+constexpr size_t kTileSmem = sizeof(TileStage) * kTileWarps * kStages;
+
+// Warps of probe_tiles_kernel resident at once on the current device (one wave), asked once per device.
+int64_t wave_warps() {
+  static std::mutex mutex;
+  static std::map<int, int64_t> by_device;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = by_device.find(dev); it != by_device.end()) return it->second;
+  int sms = 0, blocks = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (kTileSmem > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTileSmem)));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, probe_tiles_kernel, kTileWarps * 32, kTileSmem));
+  return by_device[dev] = std::max<int64_t>(1, int64_t{sms} * blocks * kTileWarps);
+}
+
 TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   TileGeometry g;
   if (a.dtype != DType::DType_bf16 || a.cols <= 0 || a.cols % 8 != 0 ||
@@ -216,12 +237,16 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
     g.head_cols = unit = X;
   }
   g.row_tiles = (a.rows + kTileRows - 1) / kTileRows;
-  // Narrower segments while there are too few warps to fill the GPU (few rows, or narrow tensors), down to one
-  // unit; each segment adds a partial per row that the fold reads back.
+  // Segments as narrow as one wave of warps allows (down to one unit): more warps while they fit at once, but not
+  // a second wave, whose warps would wait for the first's (each segment also adds a partial per row to fold).
   g.seg_width = unit * std::max<int64_t>(1, kSegCols / unit);
   const auto segs_of = [&](int64_t width) { return (a.cols + width - 1) / width; };
-  while (g.seg_width > unit && g.row_tiles * segs_of(g.seg_width) < kWantTasks)
-    g.seg_width = std::max<int64_t>(unit, g.seg_width / 2 / unit * unit);
+  const int64_t wave = wave_warps();
+  while (g.seg_width > unit) {
+    const int64_t narrower = std::max<int64_t>(unit, g.seg_width / 2 / unit * unit);
+    if (g.row_tiles * segs_of(narrower) > wave) break;
+    g.seg_width = narrower;
+  }
   g.segs = segs_of(g.seg_width);
   g.fold_inline = g.segs <= kInlineFoldSegs;
   return g;
@@ -484,24 +509,27 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     if (lane == 0) tile_done[tile] = 0;  // left at zero for the next launch
     __threadfence();
   }
-  // Lane rr folds row tile·16 + rr's stats over the segments in order; every lane sums its sketch lane.
-  const int64_t rows_here = min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows);
+  // Lane rr folds row tile·16 + rr's stats over the segments in order; every lane sums its sketch lane over the
+  // tile's rows, segment by segment, so that a segment's 16 loads (and the next ones) are in flight together (a
+  // row at a time they were a chain of L2 round trips that took ~15 µs per tile).
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows));
   if (lane < rows_here) {
     const int64_t r = tile * kTileRows + lane;
     RowAcc acc;
+#pragma unroll 4
     for (int64_t k = 0; k < g.segs; ++k) acc.add_partial(part + r * g.segs + k);
     store_row(a, r, acc);
   }
   if (sketch) {
-#pragma unroll 4
-    for (int rr = 0; rr < kTileRows; ++rr) {
-      if (rr >= rows_here) break;
-      const int64_t r = tile * kTileRows + rr;
-      const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
-      float sum = 0.f;
-      for (int64_t k = 0; k < g.segs; ++k) sum += __ldcg(p + k * kSketchLanes);
-      a.sketch_out[r * kSketchLanes + lane] = sum * kSketchScale;
-    }
+    const float* p = sketch_part + tile * kTileRows * g.segs * kSketchLanes + lane;  // row rr, segment k: + (rr·segs + k)·32
+    float sum[kTileRows] = {};
+    for (int64_t k = 0; k < g.segs; ++k)
+#pragma unroll
+      for (int rr = 0; rr < kTileRows; ++rr)
+        if (rr < rows_here) sum[rr] += __ldcg(p + (rr * g.segs + k) * kSketchLanes);
+#pragma unroll
+    for (int rr = 0; rr < kTileRows; ++rr)
+      if (rr < rows_here) a.sketch_out[(tile * kTileRows + rr) * kSketchLanes + lane] = sum[rr] * kSketchScale;
   }
 }
 
@@ -561,10 +589,7 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
     auto* counters = static_cast<unsigned*>(a.workspace);
     auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + probe_stats_counter_bytes(a));
     auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
-    constexpr size_t smem = sizeof(TileStage) * kTileWarps * kStages;
-    if (smem > 48 * 1024)  // a per-device attribute: set every time (cheap)
-      CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, smem, stream>>>(
+    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, kTileSmem, stream>>>(
         a, g, part, sketch_part, counters);
     CUDA_CHECK_LAUNCH();
     if (!g.fold_inline) {

@@ -23,13 +23,18 @@ core=build-gpu/libmla_core.a
 build() {  # name, probe_stats.cu, extra flags...
   local name=$1 src=$2
   shift 2
-  nvcc -std=c++20 -O3 -arch=sm_90 -I. "$@" bench/probe_kernel_bench.cu "$src" "$core" -o "build-gpu/probe_bench/$name" \
-    -Xptxas -v 2>&1 | grep -A1 "probe_tiles_kernel" | grep -E "registers|spill" | sed "s/^/  $name: /"
+  if ! nvcc -std=c++20 -O3 -arch=sm_90 -I. "$@" bench/probe_kernel_bench.cu "$src" "$core" \
+      -o "build-gpu/probe_bench/$name" -Xptxas -v >"build-gpu/probe_bench/$name.build.log" 2>&1; then
+    echo "  $name: build FAILED:"; grep -E "error|fatal" "build-gpu/probe_bench/$name.build.log" | head -n 5
+    return 1
+  fi
+  grep -A1 "probe_tiles_kernel" "build-gpu/probe_bench/$name.build.log" | grep -E "registers|spill" | sed "s/^/  $name: /"
 }
 status=0
 run() {
   local name=$1
   echo "=== probe_kernel_bench: $name" | tee -a "$log"
+  [[ -x "build-gpu/probe_bench/$name" ]] || { echo "  not built" | tee -a "$log"; status=1; return; }
   "build-gpu/probe_bench/$name" "${MLA_PROBE_REPEATS:-30}" 2>&1 | tee -a "$log" || status=1
 }
 if [[ -n "${MLA_PROBE_BASELINE:-}" ]]; then

@@ -252,20 +252,21 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   return g;
 }
 
-// Per row, one lane's accumulators. A chunk of 8 bf16 values: absmax and "any non-finite" on the raw bits (bf16
-// magnitudes order as integers; |h| >= 0x7F80 is Inf or NaN), sums in fp32 (8 terms), added in double; a chunk
-// with a non-finite or huge value goes element by element in double (the host's way).
+// Per row, one lane's accumulators. The finite sum and sum of squares of a half step (the row's 32 columns) come
+// from the tensor cores (half_sums below) and are added here by the one lane that holds them; a half with a
+// non-finite value or a huge square goes element by element in double, every lane its own chunk (the host's way).
+// The checksum and the absmax are per lane and chunk of 8 values.
 struct LaneRow {
   double sum = 0, sumsq = 0;  // finite values
-  float amax = 0;             // of the finite values (bf16: exact in fp32)
+  float amax = 0;             // of the finite values of the slow halves (bf16: exact in fp32)
+  uint32_t amax_bits = 0;     // two bf16 magnitudes: the largest |value| bits of the fast halves, per 16-bit lane
   unsigned nan = 0, inf = 0;
   unsigned long long check = 0;  // Σ m0 · Σ(2b + 1) over the chunks
   unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 128 per lane and row)
-  float step_sum = 0, step_sq = 0;  // this step's fast chunks, added in double by end_step
+  float step_sum = 0, step_sq = 0;  // this step's fast halves, added in double by end_step
 
-  // q: the chunk's first row-major index / 8 (one multiplier hash per chunk). Returns the chunk's sum of squares
-  // (non-finite values included).
-  __device__ __forceinline__ double chunk(uint4 w, uint64_t q) {
+  // The checksum's part of a chunk; q: the chunk's first row-major index / 8 (one multiplier hash per chunk).
+  __device__ __forceinline__ void checksum(uint4 w, uint64_t q) {
 #if !(MLA_PROBE_ABLATE & 1)
     // Σ(2b_j + 1) = Σ 2b_j + 8 and Σ j(2b_j + 1) = Σ 2j·b_j + 28, two 16-bit lanes per word (dp2a: lo·byte0 +
     // hi·byte1).
@@ -279,29 +280,17 @@ struct LaneRow {
     jsum = __dp2a_lo(w.w, 0x0E0Cu, j2);
     check += (splitmix64(q) | 1ull) * b2;
 #endif
-#if MLA_PROBE_ABLATE & 2
-    return 0;
-#endif
-    const uint32_t a0 = w.x & 0x7FFF7FFFu, a1 = w.y & 0x7FFF7FFFu, a2 = w.z & 0x7FFF7FFFu, a3 = w.w & 0x7FFF7FFFu;
-    const uint32_t bad = ((a0 + 0x00800080u) | (a1 + 0x00800080u) | (a2 + 0x00800080u) | (a3 + 0x00800080u)) & 0x80008000u;
-    const uint32_t mx = __vmaxu2(__vmaxu2(a0, a1), __vmaxu2(a2, a3));
-    const float cmax = __uint_as_float(max(mx & 0xFFFFu, mx >> 16) << 16);
-    if (bad != 0 || cmax >= 1e18f) return slow_chunk(w);  // a non-finite value, or a square past fp32 (rare)
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    float s2[2] = {0.f, 0.f}, sq2[2] = {0.f, 0.f};  // even and odd elements, then added: shorter chains
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float v = (j & 1) ? __uint_as_float(words[j >> 1] & 0xFFFF0000u) : __uint_as_float(words[j >> 1] << 16);
-      s2[j & 1] += v;
-      sq2[j & 1] = fmaf(v, v, sq2[j & 1]);
-    }
-    const float sq = sq2[0] + sq2[1];
-    step_sum += s2[0] + s2[1];
-    step_sq += sq;
-    amax = fmaxf(amax, cmax);
-    return sq;
   }
-  // Element by element in double, the host's way.
+  // A fast half: `sum` and `sq` are the row's (added by the lane that holds them, `holder`); `mx` the lane's
+  // chunk's largest magnitude bits. Returns what the half adds to the row's head sum of squares in this lane.
+  __device__ __forceinline__ double fast_half(bool holder, float sum, float sq, uint32_t mx) {
+    step_sum += holder ? sum : 0.f;
+    step_sq += holder ? sq : 0.f;
+    amax_bits = __vmaxu2(amax_bits, mx);
+    return holder ? sq : 0.f;
+  }
+  // Element by element in double, the host's way. Returns the chunk's sum of squares (non-finite values
+  // included).
   __device__ __forceinline__ double slow_chunk(uint4 w) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
     double all = 0;
@@ -326,9 +315,10 @@ struct LaneRow {
     step_sum = step_sq = 0.f;
   }
   // Folds the four lanes of a row (lane bits 0 and 1) into every one of them; the checksum gets its
-  // kChecksumStep · Σ j(2b + 1) part.
+  // kChecksumStep · Σ j(2b + 1) part, the absmax the fast halves' bits.
   __device__ void fold_lanes() {
     check += kChecksumStep * jsum;
+    amax = fmaxf(amax, __uint_as_float(max(amax_bits & 0xFFFFu, amax_bits >> 16) << 16));
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -340,6 +330,35 @@ struct LaneRow {
     }
   }
 };
+
+// The largest magnitude bits of a chunk of 8 bf16 values, per 16-bit lane (bf16 magnitudes order as integers).
+__device__ __forceinline__ uint32_t chunk_absmax_bits(uint4 w) {
+  return __vmaxu2(__vmaxu2(w.x & 0x7FFF7FFFu, w.y & 0x7FFF7FFFu), __vmaxu2(w.z & 0x7FFF7FFFu, w.w & 0x7FFF7FFFu));
+}
+
+// A half step's row sums and sums of squares on the tensor cores. A1, A2: the warp's two k-steps of the 16 x 32
+// tile (the lanes' own loads, as for the sketch). The sum is A times a column of ones: every lane gets its rows'
+// sums. The sum of squares is the diagonal of the Gram matrix A·Aᵀ, whose B fragment for rows 0-7 (8-15) is the
+// lane's own A registers a0, a2 (a1, a3): row g's lands in the lane with t = g / 2, which shuffles it to the
+// row's other lanes (each needs it to tell a non-finite half). bf16 products are exact in fp32; the tensor cores
+// add them in fp32. Up to kFastSq, two halves' sums of squares still fit fp32 (step_sq); NaN compares false.
+constexpr float kFastSq = 1e37f;
+struct HalfSums {
+  float sum0, sum1, sq0, sq1;  // rows g and g + 8
+};
+__device__ __forceinline__ HalfSums half_sums(const uint32_t (&A1)[4], const uint32_t (&A2)[4], int lane) {
+  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16 1.0, twice
+  float cs[4] = {0.f, 0.f, 0.f, 0.f}, lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
+  mma::mma_bf16_pure(cs, A1, kOnes, kOnes);
+  mma::mma_bf16_pure(cs, A2, kOnes, kOnes);
+  mma::mma_bf16_pure(lo, A1, A1[0], A1[2]);
+  mma::mma_bf16_pure(lo, A2, A2[0], A2[2]);
+  mma::mma_bf16_pure(hi, A1, A1[1], A1[3]);
+  mma::mma_bf16_pure(hi, A2, A2[1], A2[3]);
+  const int gr = lane >> 2, from = (lane & ~3) | (gr >> 1);
+  const float sq0 = (gr & 1) ? lo[1] : lo[0], sq1 = (gr & 1) ? hi[3] : hi[2];
+  return {cs[0], cs[2], __shfl_sync(0xffffffffu, sq0, from), __shfl_sync(0xffffffffu, sq1, from)};
+}
 
 // Sum over the four lanes of a row (lane bits 0 and 1), every one of them gets it.
 __device__ inline double row_lanes_sum(double v) {
@@ -437,27 +456,34 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = 64 * s + 32 * half;
-      const bool in = off + 8 * t < width;
+      const bool in = off + 8 * t < width;  // lanes past the segment's end (and rows past the tensor's) hold zeros
       const uint4 w0 = w[half][0], w1 = w[half][1];
-      double sq0 = 0, sq1 = 0;
-      if (in && v0) sq0 = row0.chunk(w0, q0 + off / 8);
-      if (in && v1) sq1 = row1.chunk(w1, q1 + off / 8);
-      if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma; one without
-                                                // columns multiplies zeros
+      if (in && v0) row0.checksum(w0, q0 + off / 8);
+      if (in && v1) row1.checksum(w1, q1 + off / 8);
+      // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
+      const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
+      if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma
         // Sign bits of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
         const uint32_t mh = m[half];
-        // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
-        const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           mma::mma_bf16_pure(c[j], A1, sign_pair(mh, j, 0), sign_pair(mh, j, 1));
           mma::mma_bf16_pure(c[j], A2, sign_pair(mh, j, 2), sign_pair(mh, j, 3));
         }
       }
+      double hsq0 = 0, hsq1 = 0;  // this lane's part of the half's sum of squares, rows g and g + 8
+#if !(MLA_PROBE_ABLATE & 2)
+      const HalfSums hs = half_sums(A1, A2, lane);
+      const bool holder = t == (gr >> 1);
+      if (hs.sq0 <= kFastSq) hsq0 = row0.fast_half(holder, hs.sum0, hs.sq0, chunk_absmax_bits(w0));
+      else if (in && v0) hsq0 = row0.slow_chunk(w0);
+      if (hs.sq1 <= kFastSq) hsq1 = row1.fast_half(holder, hs.sum1, hs.sq1, chunk_absmax_bits(w1));
+      else if (in && v1) hsq1 = row1.slow_chunk(w1);
+#endif
       // Heads are whole halves, so a half is in or out on every lane alike here.
       if (halves_per_head > 0 && off < width) {
-        head_sq0 += sq0;
-        head_sq1 += sq1;
+        head_sq0 += hsq0;
+        head_sq1 += hsq1;
         if (--head_left == 0) {
           const double h0 = row_lanes_sum(head_sq0), h1 = row_lanes_sum(head_sq1);
           if (t == 0 && v0) a.head_l2[r0 * a.heads + head] = static_cast<float>(sqrt(h0));

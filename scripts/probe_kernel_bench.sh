@@ -7,7 +7,7 @@
 #                                        MLA_PROBE_ABLATE: 1 no checksum, 2 no float stats, 4 no sketch mma
 #                                        (wrong records: timing only)
 #   MLA_PROBE_SASS=1                    also write each variant's SASS to $OUT/<variant>.sass
-#   MLA_PROBE_BASELINE=FILE.cu         also time another probe_stats.cu (an earlier version) as "baseline"
+#   MLA_PROBE_BASELINE='A.cu B.cu'     also time other probe_stats.cu files (earlier versions) as "baseline_A", ...
 #
 # The default build (CMake, with CUDA) also makes build-gpu/probe_kernel_bench: `probe_kernel_bench [repeats]`
 # times the default kernel; `probe_kernel_bench [repeats] patterns` times read orders alone (a linear read, the
@@ -37,10 +37,11 @@ run() {
   [[ -x "build-gpu/probe_bench/$name" ]] || { echo "  not built" | tee -a "$log"; status=1; return; }
   "build-gpu/probe_bench/$name" "${MLA_PROBE_REPEATS:-30}" 2>&1 | tee -a "$log" || status=1
 }
-if [[ -n "${MLA_PROBE_BASELINE:-}" ]]; then
-  build baseline "$MLA_PROBE_BASELINE" | tee -a "$log"
-  run baseline
-fi
+for base in ${MLA_PROBE_BASELINE:-}; do
+  name="baseline_$(basename "$base" .cu)"
+  build "$name" "$base" | tee -a "$log"
+  run "$name"
+done
 for v in ${MLA_PROBE_VARIANTS:-1:4 1:3 1:4:1 1:4:2 1:4:4}; do
   IFS=: read -r blocks stages ablate <<<"$v"
   ablate="${ablate:-0}"

@@ -18,12 +18,10 @@ out="${OUT:-build-gpu/probe_bench}"
 mkdir -p "$out" build-gpu/probe_bench
 log="$out/probe_kernel_bench.log"
 : >"$log"
-core=build-gpu/libmla_core.a
-[[ -f "$core" ]] || { echo "probe_kernel_bench: $core not built (run scripts/gpu_check.sh first)" | tee -a "$log"; exit 1; }
 build() {  # name, probe_stats.cu, extra flags...
   local name=$1 src=$2
   shift 2
-  if ! nvcc -std=c++20 -O3 -arch=sm_90 -I. "$@" bench/probe_kernel_bench.cu "$src" "$core" \
+  if ! nvcc -std=c++20 -O3 -arch=sm_90 -I. "$@" bench/probe_kernel_bench.cu "$src" \
       -o "build-gpu/probe_bench/$name" -Xptxas -v >"build-gpu/probe_bench/$name.build.log" 2>&1; then
     echo "  $name: build FAILED:"; grep -E "error|fatal" "build-gpu/probe_bench/$name.build.log" | head -n 5
     return 1

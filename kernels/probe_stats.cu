@@ -182,6 +182,10 @@ constexpr int kMaxHeadCols = 1024;
 #ifndef MLA_PROBE_TILE_STAGES
 #define MLA_PROBE_TILE_STAGES 4
 #endif
+// The narrowest segment without heads, in columns (a multiple of 64): fewer, longer warps for narrow tensors.
+#ifndef MLA_PROBE_MIN_SEG_COLS
+#define MLA_PROBE_MIN_SEG_COLS 64
+#endif
 // Timing only (wrong records): 1 leaves out the checksum, 2 the float stats, 4 the sketch's mma.
 #ifndef MLA_PROBE_ABLATE
 #define MLA_PROBE_ABLATE 0
@@ -230,7 +234,7 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   if (a.dtype != DType::DType_bf16 || a.cols <= 0 || a.cols % 8 != 0 ||
       (reinterpret_cast<uintptr_t>(a.data) & 15u) != 0)
     return g;
-  int64_t unit = 64;  // a segment is whole heads, or whole 64-column steps
+  int64_t unit = MLA_PROBE_MIN_SEG_COLS;  // a segment is whole heads, or whole 64-column steps
   if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
     if (X % 32 != 0 || X > kMaxHeadCols) return g;
@@ -258,12 +262,10 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
 // The checksum and the absmax are per lane and chunk of 8 values.
 struct LaneRow {
   double sum = 0, sumsq = 0;  // finite values
-  float amax = 0;             // of the finite values of the slow halves (bf16: exact in fp32)
-  uint32_t amax_bits = 0;     // two bf16 magnitudes: the largest |value| bits of the fast halves, per 16-bit lane
-  unsigned nan = 0, inf = 0;
+  uint32_t amax_bits = 0;     // two bf16 magnitudes: the largest |finite value| bits, per 16-bit lane
+  uint32_t nan_inf = 0;       // NaN count + 2^16 · Inf count (a lane holds at most kSegCols / 4 values of a row)
   unsigned long long check = 0;  // Σ m0 · Σ(2b + 1) over the chunks
   unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 128 per lane and row)
-  float step_sum = 0, step_sq = 0;  // this step's fast halves, added in double by end_step
 
   // The checksum's part of a chunk; q: the chunk's first row-major index / 8 (one multiplier hash per chunk).
   __device__ __forceinline__ void checksum(uint4 w, uint64_t q) {
@@ -284,8 +286,10 @@ struct LaneRow {
   // A fast half: `sum` and `sq` are the row's (added by the lane that holds them, `holder`); `mx` the lane's
   // chunk's largest magnitude bits. Returns what the half adds to the row's head sum of squares in this lane.
   __device__ __forceinline__ double fast_half(bool holder, float sum, float sq, uint32_t mx) {
-    step_sum += holder ? sum : 0.f;
-    step_sq += holder ? sq : 0.f;
+    if (holder) {
+      this->sum += sum;
+      sumsq += sq;
+    }
     amax_bits = __vmaxu2(amax_bits, mx);
     return holder ? sq : 0.f;
   }
@@ -299,36 +303,32 @@ struct LaneRow {
       const float v = bf16_bits_to_float(b);
       const double d = v;
       all += d * d;
-      if (isnan(v)) ++nan;
-      else if (isinf(v)) ++inf;
+      if (isnan(v)) nan_inf += 1u;
+      else if (isinf(v)) nan_inf += 1u << 16;
       else {
         sum += d;
         sumsq += d * d;
-        amax = fmaxf(amax, fabsf(v));
+        amax_bits = __vmaxu2(amax_bits, b & 0x7FFFu);  // into the low lane
       }
     }
     return all;
   }
-  __device__ __forceinline__ void end_step() {
-    sum += step_sum;
-    sumsq += step_sq;
-    step_sum = step_sq = 0.f;
-  }
   // Folds the four lanes of a row (lane bits 0 and 1) into every one of them; the checksum gets its
-  // kChecksumStep · Σ j(2b + 1) part, the absmax the fast halves' bits.
+  // kChecksumStep · Σ j(2b + 1) part.
   __device__ void fold_lanes() {
     check += kChecksumStep * jsum;
-    amax = fmaxf(amax, __uint_as_float(max(amax_bits & 0xFFFFu, amax_bits >> 16) << 16));
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
       sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      nan += __shfl_xor_sync(0xffffffffu, nan, o);
-      inf += __shfl_xor_sync(0xffffffffu, inf, o);
+      amax_bits = __vmaxu2(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
+      nan_inf += __shfl_xor_sync(0xffffffffu, nan_inf, o);
       check += __shfl_xor_sync(0xffffffffu, check, o);
     }
   }
+  __device__ float amax() const { return __uint_as_float(max(amax_bits & 0xFFFFu, amax_bits >> 16) << 16); }
+  __device__ unsigned nan() const { return nan_inf & 0xFFFFu; }
+  __device__ unsigned inf() const { return nan_inf >> 16; }
 };
 
 // The largest magnitude bits of a chunk of 8 bf16 values, per 16-bit lane (bf16 magnitudes order as integers).
@@ -341,8 +341,8 @@ __device__ __forceinline__ uint32_t chunk_absmax_bits(uint4 w) {
 // sums. The sum of squares is the diagonal of the Gram matrix A·Aᵀ, whose B fragment for rows 0-7 (8-15) is the
 // lane's own A registers a0, a2 (a1, a3): row g's lands in the lane with t = g / 2, which shuffles it to the
 // row's other lanes (each needs it to tell a non-finite half). bf16 products are exact in fp32; the tensor cores
-// add them in fp32. Up to kFastSq, two halves' sums of squares still fit fp32 (step_sq); NaN compares false.
-constexpr float kFastSq = 1e37f;
+// add them in fp32. A half is fast when its sum of squares is finite (NaN compares false).
+constexpr float kFastSq = 3.40282347e38f;  // FLT_MAX
 struct HalfSums {
   float sum0, sum1, sq0, sq1;  // rows g and g + 8
 };
@@ -358,6 +358,12 @@ __device__ __forceinline__ HalfSums half_sums(const uint32_t (&A1)[4], const uin
   const int gr = lane >> 2, from = (lane & ~3) | (gr >> 1);
   const float sq0 = (gr & 1) ? lo[1] : lo[0], sq1 = (gr & 1) ? hi[3] : hi[2];
   return {cs[0], cs[2], __shfl_sync(0xffffffffu, sq0, from), __shfl_sync(0xffffffffu, sq1, from)};
+}
+
+// sqrt of a head's sum of squares as a float: in fp32 where the sum fits it (within an ulp of the double's
+// rounded root; a double sqrt is ~40 instructions), else in double; NaN and Inf pass through.
+__device__ __forceinline__ float head_norm(double sq) {
+  return sq < 1e38 ? sqrtf(static_cast<float>(sq)) : static_cast<float>(sqrt(sq));
 }
 
 // Sum over the four lanes of a row (lane bits 0 and 1), every one of them gets it.
@@ -438,33 +444,26 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   int head_left = halves_per_head;
   int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
   double head_sq0 = 0, head_sq1 = 0;
-  const uint64_t q0 = static_cast<uint64_t>(i0) >> 3, q1 = static_cast<uint64_t>(i1) >> 3;
+  const uint64_t q0 = static_cast<uint64_t>(i0) >> 3;  // row r1's is q0 + cols (8 rows on)
   for (int s = 0; s < steps; ++s) {
     mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
     const TileStage& slot = my[s % kStages];
-    uint4 w[2][2];
-    uint32_t m[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      w[half][0] = slot.data[2 * half][lane];
-      w[half][1] = slot.data[2 * half + 1][lane];
-      m[half] = sketch ? slot.signs[half][lane] : 0u;
-    }
-    // The slot consumed by the previous step is free (its values are in registers and used).
+    // The slot consumed by the previous step is free (this step's slot is read below, its turn comes again
+    // kStages steps on).
     if (s + kStages - 1 < steps) issue(s + kStages - 1);
     mma::cp_async_commit();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = 64 * s + 32 * half;
       const bool in = off + 8 * t < width;  // lanes past the segment's end (and rows past the tensor's) hold zeros
-      const uint4 w0 = w[half][0], w1 = w[half][1];
+      const uint4 w0 = slot.data[2 * half][lane], w1 = slot.data[2 * half + 1][lane];
       if (in && v0) row0.checksum(w0, q0 + off / 8);
-      if (in && v1) row1.checksum(w1, q1 + off / 8);
+      if (in && v1) row1.checksum(w1, q0 + a.cols + off / 8);
       // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
       const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
       if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma
         // Sign bits of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
-        const uint32_t mh = m[half];
+        const uint32_t mh = slot.signs[half][lane];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           mma::mma_bf16_pure(c[j], A1, sign_pair(mh, j, 0), sign_pair(mh, j, 1));
@@ -486,23 +485,21 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
         head_sq1 += hsq1;
         if (--head_left == 0) {
           const double h0 = row_lanes_sum(head_sq0), h1 = row_lanes_sum(head_sq1);
-          if (t == 0 && v0) a.head_l2[r0 * a.heads + head] = static_cast<float>(sqrt(h0));
-          if (t == 0 && v1) a.head_l2[r1 * a.heads + head] = static_cast<float>(sqrt(h1));
+          if (t == 0 && v0) a.head_l2[r0 * a.heads + head] = head_norm(h0);
+          if (t == 0 && v1) a.head_l2[r1 * a.heads + head] = head_norm(h1);
           head_sq0 = head_sq1 = 0;
           head_left = halves_per_head;
           ++head;
         }
       }
     }
-    row0.end_step();
-    row1.end_step();
   }
   mma::cp_async_wait<0>();
   row0.fold_lanes();
   row1.fold_lanes();
   if (t == 0) {
     const auto put = [&](const LaneRow& q, int64_t r) {
-      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.amax, q.nan, q.inf, 0u, q.check};
+      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.amax(), q.nan(), q.inf(), 0u, q.check};
     };
     if (v0) put(row0, r0);
     if (v1) put(row1, r1);

@@ -3,9 +3,10 @@
 # tuning macros, each timed on the DeepSeek-V3 probe shapes against a device copy in the same run; the digest
 # column must agree between variants that keep the same segment geometry. Log: $OUT/probe_kernel_bench.log.
 #
-#   MLA_PROBE_VARIANTS='1:4 5:4 1:4:1'   min-blocks:stages[:ablate] (default 1:4 1:3 1:4:1 1:4:2 1:4:4); ablate is
-#                                        MLA_PROBE_ABLATE: 1 no checksum, 2 no float stats, 4 no sketch mma
-#                                        (wrong records: timing only)
+#   MLA_PROBE_VARIANTS='1:4 5:4 1:4:1'   min-blocks:stages[:ablate[:-DMACRO=V]] (default 1:4 1:3 1:4:1 1:4:2 1:4:4);
+#                                        ablate is MLA_PROBE_ABLATE: 1 no checksum, 2 no float stats, 4 no sketch
+#                                        mma (wrong records: timing only); the last field adds a -D flag, e.g.
+#                                        -DMLA_PROBE_MIN_SEG_COLS=256
 #   MLA_PROBE_SASS=1                    also write each variant's SASS to $OUT/<variant>.sass
 #   MLA_PROBE_BASELINE='A.cu B.cu'     also time other probe_stats.cu files (earlier versions) as "baseline_A", ...
 #
@@ -41,11 +42,12 @@ for base in ${MLA_PROBE_BASELINE:-}; do
   run "$name"
 done
 for v in ${MLA_PROBE_VARIANTS:-1:4 1:3 1:4:1 1:4:2 1:4:4}; do
-  IFS=: read -r blocks stages ablate <<<"$v"
+  IFS=: read -r blocks stages ablate extra <<<"$v"
   ablate="${ablate:-0}"
-  name="blocks${blocks}_stages${stages}$([[ "$ablate" != 0 ]] && echo "_ablate$ablate")"
+  name="blocks${blocks}_stages${stages}$([[ "$ablate" != 0 ]] && echo "_ablate$ablate")$([[ -n "${extra:-}" ]] && echo "_${extra//[^A-Za-z0-9]/_}")"
+  # shellcheck disable=SC2086
   build "$name" kernels/probe_stats.cu -DMLA_PROBE_TILE_MIN_BLOCKS="$blocks" -DMLA_PROBE_TILE_STAGES="$stages" \
-    -DMLA_PROBE_ABLATE="$ablate" | tee -a "$log"
+    -DMLA_PROBE_ABLATE="$ablate" ${extra:-} | tee -a "$log"
   if [[ "${MLA_PROBE_SASS:-0}" == 1 ]] && command -v cuobjdump >/dev/null; then
     cuobjdump -sass "build-gpu/probe_bench/$name" >"$out/$name.sass" 2>&1
   fi

@@ -1,12 +1,12 @@
-// Device probe statistics. Every bf16 probe of the real models takes version 5 (probe_tiles_kernel below: one
-// pass for the stats, the head L2 and the sketch, the sketch on the tensor cores, the fold by the tile's last
-// warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2: one warp per
+// Device probe statistics. Every bf16 probe of the real models takes version 6 (probe_tiles_kernel below: one
+// pass for the stats, the head L2 and the sketch, the sums and the sketch on the tensor cores, the fold by the
+// tile's last warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2: one warp per
 // token row, one pass over the row for the finite sum, sum of squares, absmax, NaN/Inf counts, the checksum's
 // partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. The token L2 is NaN when
 // the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so records are
 // bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer at
 // T = 4096); 3 took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the
-// sketch as a separate cuBLAS GEMM; 4 is described beside version 5.
+// sketch as a separate cuBLAS GEMM; 4 and 5 are described beside version 6.
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
@@ -152,25 +152,28 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
-// Version 5 (session 4), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a
+// Version 6 (session 5), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a
 // multiple of 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One
 // warp per (tile of 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the
 // tile: each lane copies 16 bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4,
 // t = lane % 4: the mma fragment's row and column group) into its own slots of a kStages-deep shared-memory
 // ring with cp.async, so several steps are in flight per warp without holding registers; the same 16 bytes are
-// then the A fragments of mma.m16n8k16 against the ±1 sketch signs (the columns of a k-step are taken in the
-// order the lanes hold them, and the sign fragment is built for those columns), so the sketch costs
-// tensor-core instructions and no second read. Per row: the four lanes of a row fold their partials by
-// shuffles; per head: each lane sums its chunks of the head in a register and the four lanes fold when the head
-// ends (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers m0 + s·j is
-// m0·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit multiply-add, the
-// second sum kept in 32 bits and multiplied by s once per segment — the same value as the per-element terms.
-// A B fragment of the signs is one shift and one LOP3 (the table's bit layout, sign_bit). Finite chunks are
-// summed in fp32 (8 values), a step's in fp32, then added in double. Up to kInlineFoldSegs segments per row, the
-// last warp to finish a tile's segments folds the tile's rows, one lane per row (a counter per tile, left at
-// zero), so there is no fold kernel; segments are as narrow as one wave of warps allows. Version 4 (session 3: a
-// register prefetch one step ahead, head sums through shared memory, a 64-bit multiply per element, a fold
-// kernel) ran at 0.92 TB/s on [4096, 16384]; this one at 1.35 TB/s (docs/perf-notes.md, session 4).
+// then the A fragments of mma.m16n8k16 (the columns of a k-step are taken in the order the lanes hold them) for
+// three products: against the ±1 sketch signs (the sign fragment built for those columns: one shift and one
+// LOP3 per register, the table's bit layout sign_bit), against a column of ones (the rows' sums), and against
+// the A registers themselves (the Gram diagonal: the rows' sums of squares; half_sums). A half step whose sum of
+// squares is not finite (a NaN, an Inf, a square past fp32) goes element by element in double instead. Per row:
+// the four lanes of a row fold their partials by shuffles; per head: the sums of squares of its halves, folded
+// when the head ends (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers
+// m0 + s·j is m0·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit
+// multiply-add, the second sum kept in 32 bits and multiplied by s once per segment — the same value as the
+// per-element terms. Up to kInlineFoldSegs segments per row, the last warp to finish a tile's segments folds the
+// tile's rows (a counter per tile, left at zero), its loads in flight together, so there is no fold kernel;
+// segments are as narrow as one wave of warps allows. Version 4 (session 3: a register prefetch, head sums
+// through shared memory, a fold kernel) ran at 0.92 TB/s on [4096, 16384] at sketch level; version 5 (session 4:
+// the cp.async ring, the dp2a checksum, float stats on the CUDA cores, a fold whose loads were a chain of L2 round
+// trips) at 1.35 TB/s, and the 16 bf16 probes of a DeepSeek-V3 layer at T = 4096 took 996 µs; this one 1.40 TB/s
+// and 843 µs (docs/perf-notes.md, session 5).
 constexpr int kTileRows = 16;
 constexpr int kSegCols = 4096;        // per warp task at most, whole heads
 constexpr int kMaxHeadCols = 1024;
@@ -182,9 +185,10 @@ constexpr int kMaxHeadCols = 1024;
 #ifndef MLA_PROBE_TILE_STAGES
 #define MLA_PROBE_TILE_STAGES 4
 #endif
-// The narrowest segment without heads, in columns (a multiple of 64): fewer, longer warps for narrow tensors.
+// The narrowest segment without heads, in columns (a multiple of 64): fewer, longer warps for narrow tensors
+// ([4096, 512]: 18 µs with 256, 27 µs with 64, whose one-step warps and 8-segment fold cost more than they gained).
 #ifndef MLA_PROBE_MIN_SEG_COLS
-#define MLA_PROBE_MIN_SEG_COLS 64
+#define MLA_PROBE_MIN_SEG_COLS 256
 #endif
 // Timing only (wrong records): 1 leaves out the checksum, 2 the float stats, 4 the sketch's mma.
 #ifndef MLA_PROBE_ABLATE
@@ -234,7 +238,7 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   if (a.dtype != DType::DType_bf16 || a.cols <= 0 || a.cols % 8 != 0 ||
       (reinterpret_cast<uintptr_t>(a.data) & 15u) != 0)
     return g;
-  int64_t unit = MLA_PROBE_MIN_SEG_COLS;  // a segment is whole heads, or whole 64-column steps
+  int64_t unit = MLA_PROBE_MIN_SEG_COLS;  // a segment is whole heads, or whole multiples of this
   if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
     if (X % 32 != 0 || X > kMaxHeadCols) return g;

@@ -206,53 +206,16 @@ struct TileGeometry {
   bool fold_inline = false;  // the tile's last warp folds its rows; else fold_rows_kernel after the launch
 };
 
-// Experiment (scripts/probe_kernel_bench.sh variant -DMLA_PROBE_BULK=1): a step's 16 row pieces and its sign
-// words brought by cp.async.bulk (one instruction per row, an mbarrier per slot) instead of six cp.async per lane.
-#ifndef MLA_PROBE_BULK
-#define MLA_PROBE_BULK 0
-#endif
-#if MLA_PROBE_BULK
-// One warp's slot: the tile's 16 rows of 64 columns at a 192-byte pitch (a quarter warp's 16-byte fragment loads
-// then hit distinct banks) and the step's 64 sign words.
-struct TileStage {
-  uint4 rows[16][12];
-  uint32_t signs[64];
-};
-constexpr size_t kTileSmem = (sizeof(TileStage) + sizeof(uint64_t)) * kTileWarps * kStages;
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-#else
 // One warp's slot of the ring: a step's four 16-byte chunks per lane ([half][row g, row g + 8]) and the sign
 // words of its two halves. Each lane reads back only what it copied itself.
 struct TileStage {
   uint4 data[4][32];
   uint32_t signs[2][32];
 };
-constexpr size_t kTileSmem = sizeof(TileStage) * kTileWarps * kStages;
-#endif
 
 __global__ void probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
                                    unsigned* tile_done);
+constexpr size_t kTileSmem = sizeof(TileStage) * kTileWarps * kStages;
 
 // Warps of probe_tiles_kernel resident at once on the current device (one wave), asked once per device.
 int64_t wave_warps() {
@@ -453,7 +416,6 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   const int steps = (width + 63) / 64;
   const bf16* x = static_cast<const bf16*>(a.data);
   const bool sketch = a.sketch_bits != nullptr;
-  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows));
   TileStage* my = ring + warp * kStages;
   // This lane's first column of the segment (8t) in rows r0, r1 and in the sign table; a step adds 64 columns, a
   // half 32 (sign words: 8 per column group of 8).
@@ -462,30 +424,6 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   const bf16* p1 = x + (v1 ? i1 : 0);
   const uint32_t* sg = sketch ? a.sketch_bits + (c_begin / 8 + t) * 8 + gr : nullptr;
 
-#if MLA_PROBE_BULK
-  uint64_t* bars = reinterpret_cast<uint64_t*>(ring + kTileWarps * kStages) + warp * kStages;
-  if (lane == 0)
-    for (int k = 0; k < kStages; ++k) mbar_init(mma::smem_u32(bars + k), 1);
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  __syncwarp();
-  // Step s: lane l < 16 copies row l's 64 columns, lane 16 the step's sign words; lane 0 tells the slot's barrier
-  // how many bytes to wait for. Columns past the segment's end and rows past the tensor's are not copied (their
-  // stale bytes are replaced by zeros where read).
-  const auto issue = [&](int s) {
-    TileStage& slot = my[s % kStages];
-    const int off = 64 * s;
-    const int ncols = min(64, width - off);
-    const uint32_t bar = mma::smem_u32(bars + s % kStages);
-    __syncwarp();  // every lane is done with the slot's previous step
-    if (lane == 0) mbar_expect_tx(bar, static_cast<uint32_t>((rows_here * 2 + (sketch ? 4 : 0)) * ncols));
-    __syncwarp();
-    if (lane < rows_here)
-      bulk_g2s(mma::smem_u32(&slot.rows[lane][0]), x + (tile * kTileRows + lane) * a.cols + c_begin + off, 2 * ncols, bar);
-    else if (lane == 16 && sketch)
-      bulk_g2s(mma::smem_u32(slot.signs), a.sketch_bits + (c_begin + off), 4 * ncols, bar);
-  };
-  for (int s = 0; s < kStages - 1 && s < steps; ++s) issue(s);
-#else
   // Step s's copies into slot s % kStages; lanes past the segment's end (or rows past the tensor's) write zeros.
   const auto issue = [&](int s) {
     TileStage& slot = my[s % kStages];
@@ -503,7 +441,6 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     if (s < steps) issue(s);
     mma::cp_async_commit();
   }
-#endif
 
   LaneRow row0, row1;
   float c[4][4] = {};  // sketch accumulators: n-tile j = lanes 8j..8j+7
@@ -513,40 +450,24 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   double head_sq0 = 0, head_sq1 = 0;
   const uint64_t q0 = static_cast<uint64_t>(i0) >> 3;  // row r1's is q0 + cols (8 rows on)
   for (int s = 0; s < steps; ++s) {
-#if MLA_PROBE_BULK
-    mbar_wait(mma::smem_u32(bars + s % kStages), static_cast<uint32_t>(s / kStages) & 1u);
-#else
     mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
-#endif
     const TileStage& slot = my[s % kStages];
     // The slot consumed by the previous step is free (this step's slot is read below, its turn comes again
     // kStages steps on).
     if (s + kStages - 1 < steps) issue(s + kStages - 1);
-#if !MLA_PROBE_BULK
     mma::cp_async_commit();
-#endif
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = 64 * s + 32 * half;
       const bool in = off + 8 * t < width;  // lanes past the segment's end (and rows past the tensor's) hold zeros
-#if MLA_PROBE_BULK
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      const uint4 w0 = in && v0 ? slot.rows[gr][4 * half + t] : zero;
-      const uint4 w1 = in && v1 ? slot.rows[gr + 8][4 * half + t] : zero;
-#else
       const uint4 w0 = slot.data[2 * half][lane], w1 = slot.data[2 * half + 1][lane];
-#endif
       if (in && v0) row0.checksum(w0, q0 + off / 8);
       if (in && v1) row1.checksum(w1, q0 + a.cols + off / 8);
       // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
       const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
       if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma
         // Sign bits of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
-#if MLA_PROBE_BULK
-        const uint32_t mh = slot.signs[(4 * half + t) * 8 + gr];
-#else
         const uint32_t mh = slot.signs[half][lane];
-#endif
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           mma::mma_bf16_pure(c[j], A1, sign_pair(mh, j, 0), sign_pair(mh, j, 1));
@@ -577,9 +498,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
       }
     }
   }
-#if !MLA_PROBE_BULK
   mma::cp_async_wait<0>();
-#endif
   row0.fold_lanes();
   row1.fold_lanes();
   if (t == 0) {
@@ -620,6 +539,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   // Lane rr folds row tile·16 + rr's stats over the segments in order; every lane sums its sketch lane over the
   // tile's rows, segment by segment, so that a segment's 16 loads (and the next ones) are in flight together (a
   // row at a time they were a chain of L2 round trips that took ~15 µs per tile).
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows));
   if (lane < rows_here) {
     const int64_t r = tile * kTileRows + lane;
     RowAcc acc;

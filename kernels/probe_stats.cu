@@ -1,11 +1,11 @@
 // Device probe statistics. Every bf16 probe of the real models takes version 6 (probe_tiles_kernel below: one
 // pass for the stats, the head L2 and the sketch, the sums and the sketch on the tensor cores, the fold by the
-// tile's last warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2: one warp per
-// token row, one pass over the row for the finite sum, sum of squares, absmax, NaN/Inf counts, the checksum's
-// partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. The token L2 is NaN when
-// the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so records are
-// bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer at
-// T = 4096); 3 took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the
+// tile's last warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2:
+// one warp per token row, one pass over the row for the finite sum, sum of squares, absmax, NaN/Inf counts, the
+// checksum's partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. The token L2 is
+// NaN when the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so
+// records are bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer
+// at T = 4096); 3 took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the
 // sketch as a separate cuBLAS GEMM; 4 and 5 are described beside version 6.
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
@@ -172,8 +172,9 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // segments are as narrow as one wave of warps allows. Version 4 (session 3: a register prefetch, head sums
 // through shared memory, a fold kernel) ran at 0.92 TB/s on [4096, 16384] at sketch level; version 5 (session 4:
 // the cp.async ring, the dp2a checksum, float stats on the CUDA cores, a fold whose loads were a chain of L2 round
-// trips) at 1.35 TB/s, and the 16 bf16 probes of a DeepSeek-V3 layer at T = 4096 took 996 µs; this one 1.40 TB/s
-// and 843 µs (docs/perf-notes.md, session 5).
+// trips) at 1.33-1.35 TB/s, and the 16 bf16 probes of a DeepSeek-V3 layer at T = 4096 took 996-1008 µs; this one
+// 1.33-1.40 TB/s on [4096, 16384] (the same: its loop is bound elsewhere) and 822-856 µs for the layer's probes
+// (docs/perf-notes.md, session 5).
 constexpr int kTileRows = 16;
 constexpr int kSegCols = 4096;        // per warp task at most, whole heads
 constexpr int kMaxHeadCols = 1024;
@@ -190,13 +191,15 @@ constexpr int kMaxHeadCols = 1024;
 #ifndef MLA_PROBE_MIN_SEG_COLS
 #define MLA_PROBE_MIN_SEG_COLS 256
 #endif
-// Timing only (wrong records): 1 leaves out the checksum, 2 the float stats, 4 the sketch's mma.
+// Timing only (wrong records): 1 leaves out the checksum, 2 the tensor-core sums (and the element-by-element
+// halves), 4 the sketch's mma.
 #ifndef MLA_PROBE_ABLATE
 #define MLA_PROBE_ABLATE 0
 #endif
 constexpr int kTileWarps = 4;
 constexpr int kStages = MLA_PROBE_TILE_STAGES;
 constexpr int64_t kInlineFoldSegs = 16;  // up to this many segments per row the tile's last warp folds them
+static_assert(kSegCols < 65536, "LaneRow::nan_inf counts a segment's NaN and Inf of a row in 16 bits each");
 
 struct TileGeometry {
   int64_t seg_width = 0;  // columns per segment (a multiple of 8; whole heads)
@@ -227,8 +230,9 @@ int64_t wave_warps() {
   if (const auto it = by_device.find(dev); it != by_device.end()) return it->second;
   int sms = 0, blocks = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (kTileSmem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTileSmem)));
+  if (kTileSmem > 48 * 1024)  // a deeper ring (MLA_PROBE_TILE_STAGES) needs the opt-in
+    CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kTileSmem)));
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, probe_tiles_kernel, kTileWarps * 32, kTileSmem));
   return by_device[dev] = std::max<int64_t>(1, int64_t{sms} * blocks * kTileWarps);
 }
@@ -287,11 +291,11 @@ struct LaneRow {
     check += (splitmix64(q) | 1ull) * b2;
 #endif
   }
-  // A fast half: `sum` and `sq` are the row's (added by the lane that holds them, `holder`); `mx` the lane's
+  // A fast half: `half_sum` and `sq` are the row's (added by the lane that holds them, `holder`); `mx` the lane's
   // chunk's largest magnitude bits. Returns what the half adds to the row's head sum of squares in this lane.
-  __device__ __forceinline__ double fast_half(bool holder, float sum, float sq, uint32_t mx) {
+  __device__ __forceinline__ double fast_half(bool holder, float half_sum, float sq, uint32_t mx) {
     if (holder) {
-      this->sum += sum;
+      sum += half_sum;
       sumsq += sq;
     }
     amax_bits = __vmaxu2(amax_bits, mx);
@@ -548,7 +552,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     store_row(a, r, acc);
   }
   if (sketch) {
-    const float* p = sketch_part + tile * kTileRows * g.segs * kSketchLanes + lane;  // row rr, segment k: + (rr·segs + k)·32
+    // Row rr, segment k of the tile: p + (rr·segs + k)·32.
+    const float* p = sketch_part + tile * kTileRows * g.segs * kSketchLanes + lane;
     float sum[kTileRows] = {};
     for (int64_t k = 0; k < g.segs; ++k)
 #pragma unroll

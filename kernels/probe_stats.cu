@@ -192,7 +192,8 @@ constexpr int kMaxHeadCols = 1024;
 #define MLA_PROBE_MIN_SEG_COLS 256
 #endif
 // Timing only (wrong records): 1 leaves out the checksum, 2 the tensor-core sums (and the element-by-element
-// halves), 4 the sketch's mma.
+// halves), 4 the sketch's mma, 8 the head L2, 16 the partials and the fold (with 1|2|4|8 the loop's reads are then
+// unused and what is left is the copies into the ring and their waits), 32 the sign words' copies.
 #ifndef MLA_PROBE_ABLATE
 #define MLA_PROBE_ABLATE 0
 #endif
@@ -218,7 +219,12 @@ struct TileStage {
 
 __global__ void probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
                                    unsigned* tile_done);
-constexpr size_t kTileSmem = sizeof(TileStage) * kTileWarps * kStages;
+// Timing only: extra shared memory per block, to hold an ablated variant (fewer registers) at the default's
+// blocks per SM.
+#ifndef MLA_PROBE_PAD_SMEM
+#define MLA_PROBE_PAD_SMEM 0
+#endif
+constexpr size_t kTileSmem = sizeof(TileStage) * kTileWarps * kStages + MLA_PROBE_PAD_SMEM;
 
 // Warps of probe_tiles_kernel resident at once on the current device (one wave), asked once per device.
 int64_t wave_warps() {
@@ -437,7 +443,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
       const bool ok = off + 8 * t < width;
       mma::cp_async_16(mma::smem_u32(&slot.data[2 * half][lane]), ok && v0 ? p0 + off : x, ok && v0);
       mma::cp_async_16(mma::smem_u32(&slot.data[2 * half + 1][lane]), ok && v1 ? p1 + off : x, ok && v1);
-      if (sketch) mma::cp_async_4(mma::smem_u32(&slot.signs[half][lane]), ok ? sg + off : a.sketch_bits, ok);
+      if (sketch && !(MLA_PROBE_ABLATE & 32))
+        mma::cp_async_4(mma::smem_u32(&slot.signs[half][lane]), ok ? sg + off : a.sketch_bits, ok);
     }
   };
 #pragma unroll
@@ -488,7 +495,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
       else if (in && v1) hsq1 = row1.slow_chunk(w1);
 #endif
       // Heads are whole halves, so a half is in or out on every lane alike here.
-      if (halves_per_head > 0 && off < width) {
+      if (halves_per_head > 0 && off < width && !(MLA_PROBE_ABLATE & 8)) {
         head_sq0 += hsq0;
         head_sq1 += hsq1;
         if (--head_left == 0) {
@@ -503,6 +510,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     }
   }
   mma::cp_async_wait<0>();
+  if (MLA_PROBE_ABLATE & 16) return;
   row0.fold_lanes();
   row1.fold_lanes();
   if (t == 0) {

@@ -4,9 +4,10 @@
 # column must agree between variants that keep the same segment geometry. Log: $OUT/probe_kernel_bench.log.
 #
 #   MLA_PROBE_VARIANTS='1:4 5:4 1:4:1'   min-blocks:stages[:ablate[:-DMACRO=V]] (default 1:4 1:3 1:4:1 1:4:2 1:4:4);
-#                                        ablate is MLA_PROBE_ABLATE: 1 no checksum, 2 no float stats, 4 no sketch
-#                                        mma (wrong records: timing only); the last field adds a -D flag, e.g.
-#                                        -DMLA_PROBE_MIN_SEG_COLS=256
+#                                        ablate is MLA_PROBE_ABLATE: 1 no checksum, 2 no tensor-core sums, 4 no
+#                                        sketch mma, 8 no head L2, 16 no partials or fold, 32 no sign-word copies
+#                                        (wrong records: timing only; 31 leaves the ring's copies and waits); the
+#                                        last field adds a -D flag, e.g. -DMLA_PROBE_MIN_SEG_COLS=256
 #   MLA_PROBE_SASS=1                    also write each variant's SASS to $OUT/<variant>.sass
 #   MLA_PROBE_BASELINE='A.cu B.cu'     also time other probe_stats.cu files (earlier versions) as "baseline_A", ...
 #

@@ -7,7 +7,9 @@
 #                                        ablate is MLA_PROBE_ABLATE: 1 no checksum, 2 no tensor-core sums, 4 no
 #                                        sketch mma, 8 no head L2, 16 no partials or fold, 32 no sign-word copies
 #                                        (wrong records: timing only; 31 leaves the ring's copies and waits); the
-#                                        last field adds a -D flag, e.g. -DMLA_PROBE_MIN_SEG_COLS=256
+#                                        last field adds -D flags, comma-separated (not the macros of the first
+#                                        three fields), e.g. 1:4:31:-DMLA_PROBE_PAD_SMEM=19000 (the bare loop held
+#                                        at the default's 4 blocks per SM) or 1:4:0:-DMLA_PROBE_MIN_SEG_COLS=64
 #   MLA_PROBE_SASS=1                    also write each variant's SASS to $OUT/<variant>.sass
 #   MLA_PROBE_BASELINE='A.cu B.cu'     also time other probe_stats.cu files (earlier versions) as "baseline_A", ...
 #
@@ -28,7 +30,7 @@ build() {  # name, probe_stats.cu, extra flags...
     echo "  $name: build FAILED:"; grep -E "error|fatal" "build-gpu/probe_bench/$name.build.log" | head -n 5
     return 1
   fi
-  grep -A1 "probe_tiles_kernel" "build-gpu/probe_bench/$name.build.log" | grep -E "registers|spill" | sed "s/^/  $name: /"
+  grep -A2 "probe_tiles_kernel" "build-gpu/probe_bench/$name.build.log" | grep -E "Used|spill" | sed "s/^/  $name: /"
 }
 status=0
 run() {
@@ -37,18 +39,26 @@ run() {
   [[ -x "build-gpu/probe_bench/$name" ]] || { echo "  not built" | tee -a "$log"; status=1; return; }
   "build-gpu/probe_bench/$name" "${MLA_PROBE_REPEATS:-30}" 2>&1 | tee -a "$log" || status=1
 }
+# Every build first, in parallel (each writes its own log), then the runs one at a time in the given order.
+names=()
 for base in ${MLA_PROBE_BASELINE:-}; do
   name="baseline_$(basename "$base" .cu)"
-  build "$name" "$base" | tee -a "$log"
-  run "$name"
+  names+=("$name")
+  build "$name" "$base" >"build-gpu/probe_bench/$name.summary" &
 done
 for v in ${MLA_PROBE_VARIANTS:-1:4 1:3 1:4:1 1:4:2 1:4:4}; do
   IFS=: read -r blocks stages ablate extra <<<"$v"
   ablate="${ablate:-0}"
-  name="blocks${blocks}_stages${stages}$([[ "$ablate" != 0 ]] && echo "_ablate$ablate")$([[ -n "${extra:-}" ]] && echo "_${extra//[^A-Za-z0-9]/_}")"
+  extra="${extra:-}"
+  name="blocks${blocks}_stages${stages}$([[ "$ablate" != 0 ]] && echo "_ablate$ablate")$([[ -n "$extra" ]] && echo "_${extra//[^A-Za-z0-9]/_}")"
+  names+=("$name")
   # shellcheck disable=SC2086
   build "$name" kernels/probe_stats.cu -DMLA_PROBE_TILE_MIN_BLOCKS="$blocks" -DMLA_PROBE_TILE_STAGES="$stages" \
-    -DMLA_PROBE_ABLATE="$ablate" ${extra:-} | tee -a "$log"
+    -DMLA_PROBE_ABLATE="$ablate" ${extra//,/ } >"build-gpu/probe_bench/$name.summary" &
+done
+wait
+for name in "${names[@]}"; do
+  tee -a "$log" <"build-gpu/probe_bench/$name.summary"
   if [[ "${MLA_PROBE_SASS:-0}" == 1 ]] && command -v cuobjdump >/dev/null; then
     cuobjdump -sass "build-gpu/probe_bench/$name" >"$out/$name.sass" 2>&1
   fi

@@ -74,6 +74,40 @@ struct FlashKernelArgs {
   bool vec;
 };
 
+// A block's place (head h, sequence b, its first query row q0 of BR) and key range, with its first tiles on the
+// way: Q as one cp.async group, then key/value tile 0 as the next (both kernel versions begin so). False when the
+// block has no query rows.
+struct FlashBlock {
+  int h, b, q0, k_len, q_rows, offset, n_keys, n_tiles;
+  int full_keys;  // every row sees the keys below this
+  int64_t q_row0, k_row0;
+};
+template <int THREADS, int BR, int DT, int VT>
+__device__ __forceinline__ bool flash_block_begin(const FlashParams& p, bool vec, bf16* sQ, bf16* sK, bf16* sV,
+                                                  FlashBlock& f) {
+  f.h = blockIdx.x;
+  f.b = blockIdx.z;
+  const int q_len = p.seq_q_len[f.b];
+  f.q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * BR;
+  if (f.q0 >= q_len) return false;
+  f.k_len = p.seq_k_len[f.b];
+  f.q_rows = min(BR, q_len - f.q0);
+  f.offset = f.k_len - q_len;  // causal: query i sees keys s < i + 1 + offset
+  f.n_keys = max(0, p.causal ? min(f.k_len, f.q0 + f.q_rows + f.offset) : f.k_len);
+  f.n_tiles = (f.n_keys + kBc - 1) / kBc;
+  f.full_keys = p.causal ? min(f.k_len, f.q0 + 1 + f.offset) : f.k_len;
+  f.q_row0 = p.seq_q_start[f.b] + f.q0;
+  f.k_row0 = p.seq_k_start[f.b];
+  load_tile<THREADS, BR, DT>(sQ, p.q_nope, p.q_pe, f.q_row0, f.q_rows, f.h, p.P, p.R, vec);
+  cp_async_commit();
+  if (f.n_tiles > 0) {
+    load_tile<THREADS, kBc, DT>(sK, p.k_nope, p.k_pe, f.k_row0, min(kBc, f.n_keys), f.h, p.P, p.R, vec);
+    load_tile<THREADS, kBc, VT>(sV, p.v, p.v, f.k_row0, min(kBc, f.n_keys), f.h, p.V, 0, vec);
+  }
+  cp_async_commit();
+  return true;
+}
+
 // BR query rows per block (BR / 16 warps); MIN_BLOCKS resident per SM.
 template <int BR, int DT, int VT, bool QREG, int MIN_BLOCKS>
 __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(const FlashKernelArgs args) {
@@ -88,26 +122,12 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
   bf16* sK = sQ + kBr * SQ;                      // [2][kBc][SQ]
   bf16* sV = sK + 2 * kBc * SQ;                  // [2][kBc][SV]
 
-  const int h = blockIdx.x, b = blockIdx.z;
-  const int q_len = p.seq_q_len[b];
-  const int q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBr;
-  if (q0 >= q_len) return;
-  const int k_len = p.seq_k_len[b];
-  const int q_rows = min(kBr, q_len - q0);
-  const int offset = k_len - q_len;  // causal: query i sees keys s < i + 1 + offset
-  const int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
-  const int n_tiles = (n_keys + kBc - 1) / kBc;
-  const int full_keys = p.causal ? min(k_len, q0 + 1 + offset) : k_len;  // every row sees keys below this
-  const int64_t q_row0 = p.seq_q_start[b] + q0;
-  const int64_t k_row0 = p.seq_k_start[b];
-
-  load_tile<kThreads, kBr, DT>(sQ, p.q_nope, p.q_pe, q_row0, q_rows, h, p.P, p.R, vec);
-  cp_async_commit();
-  if (n_tiles > 0) {
-    load_tile<kThreads, kBc, DT>(sK, p.k_nope, p.k_pe, k_row0, min(kBc, n_keys), h, p.P, p.R, vec);
-    load_tile<kThreads, kBc, VT>(sV, p.v, p.v, k_row0, min(kBc, n_keys), h, p.V, 0, vec);
-  }
-  cp_async_commit();
+  FlashBlock f;
+  if (!flash_block_begin<kThreads, kBr, DT, VT>(p, vec, sQ, sK, sV, f)) return;
+  const int h = f.h, q0 = f.q0, k_len = f.k_len, q_rows = f.q_rows, offset = f.offset, n_keys = f.n_keys,
+            n_tiles = f.n_tiles;
+  const int full_keys = f.full_keys;
+  const int64_t q_row0 = f.q_row0, k_row0 = f.k_row0;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -319,25 +339,11 @@ __global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const Fl
   bf16* sK = sQ + kBr3 * SQ;                     // [2][kBc][SQ]
   bf16* sV = sK + 2 * kBc * SQ;                  // [2][kBc][SV]
 
-  const int h = blockIdx.x, b = blockIdx.z;
-  const int q_len = p.seq_q_len[b];
-  const int q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBr3;
-  if (q0 >= q_len) return;
-  const int k_len = p.seq_k_len[b];
-  const int q_rows = min(kBr3, q_len - q0);
-  const int offset = k_len - q_len;  // causal: query i sees keys s < i + 1 + offset
-  const int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
-  const int n_tiles = (n_keys + kBc - 1) / kBc;
-  const int64_t q_row0 = p.seq_q_start[b] + q0;
-  const int64_t k_row0 = p.seq_k_start[b];
-
-  load_tile<kThreads3, kBr3, DT>(sQ, p.q_nope, p.q_pe, q_row0, q_rows, h, p.P, p.R, vec);
-  cp_async_commit();
-  if (n_tiles > 0) {
-    load_tile<kThreads3, kBc, DT>(sK, p.k_nope, p.k_pe, k_row0, min(kBc, n_keys), h, p.P, p.R, vec);
-    load_tile<kThreads3, kBc, VT>(sV, p.v, p.v, k_row0, min(kBc, n_keys), h, p.V, 0, vec);
-  }
-  cp_async_commit();
+  FlashBlock f;
+  if (!flash_block_begin<kThreads3, kBr3, DT, VT>(p, vec, sQ, sK, sV, f)) return;
+  const int h = f.h, q0 = f.q0, k_len = f.k_len, q_rows = f.q_rows, offset = f.offset, n_keys = f.n_keys,
+            n_tiles = f.n_tiles;
+  const int64_t q_row0 = f.q_row0, k_row0 = f.k_row0;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;

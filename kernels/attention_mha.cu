@@ -1,11 +1,11 @@
 // attention_mha: new tokens causal among themselves, the context (cache rows up-projected through kv_b,
 // rounded to bf16 like any GEMM output here) without a mask, then the LSE merge. D = P + R and V may
 // differ (192/128 DeepSeek, 256/256 GLM-5).
-//   version 2 (default, MhaArgs::kernel = 2): the flash kernel of attention_flash.cu (tensor cores); with no
+//   version 3 (default, MhaArgs::kernel = 3): version 2's flow with the 256-row, 32-rows-per-warp flash kernel
+//     for D ≤ 192 / V ≤ 128 (wider dims run version 2's kernel).
+//   version 2 (kernel = 2): the flash kernel of attention_flash.cu (tensor cores, 128-row blocks); with no
 //     context it writes bf16 attn_out and lse directly, with context both parts go through the merge.
 //   version 1 (kernel = 1, the fallback the tests also run): the simple core of attention_core.cuh twice.
-//   version 3 (kernel = 3, opt-in while it is measured): version 2's flow with the 256-row, 32-rows-per-warp
-//     flash kernel for D ≤ 192 / V ≤ 128 (wider dims run version 2's kernel).
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_merge.cuh"

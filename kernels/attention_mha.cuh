@@ -17,7 +17,7 @@ struct MhaArgs {
   float scale = 0.f;
   bool causal = true;        // false plants BUGS.md causal-off (no mask among the new tokens)
   bool lse_base2 = false;    // true plants BUGS.md lse-base2 (the context merge reads the LSEs as base 2)
-  int kernel = 2;            // 2: flash on the tensor cores (attention_flash.cu); 1: the simple core (fallback)
+  int kernel = 2;  // 3/2: flash on the tensor cores (attention_flash.cu; the engine passes 3); 1: the simple core
   bf16* attn_out = nullptr;  // [T, Nl, V]
   float* lse = nullptr;      // [T, Nl]
 };

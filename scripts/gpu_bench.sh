@@ -28,10 +28,10 @@ sed -e 's/"num_attention_heads": 128/"num_attention_heads": 16/' \
 
 E="cuda:poison=0"  # poisoning outputs with NaN is a debugging aid: its memsets are not part of the layer
 shapes=(
-  "prefill512|--engine $E --model deepseek-v3 --mode prefill --tokens 512 --probe-level sketch"
-  "prefill4096|--engine $E --model deepseek-v3 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 2"
+  "prefill512|--engine $E --model deepseek-v3 --mode prefill --tokens 512 --probe-level sketch --probe-repeats 10"
+  "prefill4096|--engine $E --model deepseek-v3 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 10"
   "v2prefill4096|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
-  "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 3"
+  "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 10"
   "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 4096 --probe-level stats --probe-repeats 1"
   "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
   "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/mma_util.cuh"
 #include "kernels/probe_stats.cuh"
 #include "probes/probe_hash.h"
 
@@ -72,6 +73,49 @@ __global__ void read_tiles(const uint16_t* x, int64_t rows, int64_t cols, int se
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc += v[u][q].x ^ v[u][q].w;
   }
+  if (acc == 0x12345678u) out[0] = acc;
+}
+
+// The probe kernel's data path alone: one warp per (16-row tile, segment of seg_steps steps of 64 columns), each
+// step's 16 rows x 128 B copied by cp.async into a STAGES-deep ring in shared memory (the probe kernel's slot
+// layout: [4][32] 16-byte pieces, each lane its own), then read back; blocks of 4 warps, their number per SM set
+// by the dynamic shared memory each asks for. Throughput against bytes in flight per SM says whether the probe
+// kernel's loop is bound by them (docs/perf-notes.md, session 5).
+template <int STAGES>
+__global__ void read_ring(const uint16_t* x, int64_t rows, int64_t cols, int seg_steps, unsigned* out) {
+  extern __shared__ uint4 ring_smem[];  // [4 warps][STAGES][4][32]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t segs = cols / (int64_t{seg_steps} * 64);
+  const int64_t task = int64_t{blockIdx.x} * 4 + warp;
+  if (task >= rows / 16 * segs) return;
+  const int64_t tile = task / segs, seg = task % segs;
+  const int gr = lane >> 2, t = lane & 3;
+  const uint16_t* p0 = x + (tile * 16 + gr) * cols + seg * seg_steps * 64 + 8 * t;
+  const uint16_t* p1 = p0 + 8 * cols;
+  uint4* my = ring_smem + warp * STAGES * 128;
+  const auto issue = [&](int s) {
+    uint4* slot = my + (s % STAGES) * 128;
+    for (int half = 0; half < 2; ++half) {
+      mla::cuda::mma::cp_async_16(mla::cuda::mma::smem_u32(slot + 64 * half + lane), p0 + 64 * s + 32 * half, true);
+      mla::cuda::mma::cp_async_16(mla::cuda::mma::smem_u32(slot + 64 * half + 32 + lane), p1 + 64 * s + 32 * half, true);
+    }
+  };
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < seg_steps) issue(s);
+    mla::cuda::mma::cp_async_commit();
+  }
+  unsigned acc = 0;
+  for (int s = 0; s < seg_steps; ++s) {
+    mla::cuda::mma::cp_async_wait<STAGES - 2>();
+    const uint4* slot = my + (s % STAGES) * 128;
+    if (s + STAGES - 1 < seg_steps) issue(s + STAGES - 1);  // the previous step's slot (each lane its own)
+    mla::cuda::mma::cp_async_commit();
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = slot[q * 32 + lane];
+      acc += v.x ^ v.w;
+    }
+  }
+  mla::cuda::mma::cp_async_wait<0>();
   if (acc == 0x12345678u) out[0] = acc;
 }
 
@@ -137,6 +181,34 @@ int patterns(int repeats) {
           read_tiles<<<static_cast<unsigned>(blocks), warps * 32>>>(static_cast<const uint16_t*>(x), rows, cols, seg_steps, il, out);
         });
       }
+  // The ring: blocks per SM B (segments of 128 / B steps, so that the launch is about one wave), ring depth S.
+  int dev = 0, smem_max = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  const auto ring = [&](auto kernel, int stages) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    for (int want : {2, 4, 8, 16}) {
+      const int ring_bytes = 4 * stages * 2048;
+      const int smem = std::max(ring_bytes, smem_max / want - 1024 - 1024);  // 1 KB per block the runtime keeps
+      if (smem > 200 * 1024) continue;
+      int per_sm = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem));
+      if (per_sm < want) continue;  // the ring does not fit this many blocks
+      const int seg_steps = 128 / want;
+      const int64_t blocks = (rows / 16) * (cols / (seg_steps * 64)) / 4;
+      char what[96];
+      std::snprintf(what, sizeof what, "ring: %d deep, %2d blocks/SM, %3d KB in flight/SM", stages, per_sm,
+                    per_sm * 4 * (stages - 1) * 2);
+      time(what, [&] {
+        kernel<<<static_cast<unsigned>(blocks), 128, smem>>>(static_cast<const uint16_t*>(x), rows, cols, seg_steps, out);
+      });
+    }
+  };
+  ring(read_ring<2>, 2);
+  ring(read_ring<3>, 3);
+  ring(read_ring<4>, 4);
+  ring(read_ring<6>, 6);
+  ring(read_ring<8>, 8);
   return 0;
 }
 
@@ -152,7 +224,8 @@ int main(int argc, char** argv) {
           "DeepSeek-V3 probe shapes against a device-to-device copy of the same bytes, median of `repeats` launches\n"
           "(default 30) after 3 warm-up, inputs rotated past L2; prints time, GB/s read, the copy's GB/s (read +\n"
           "written), the ratio, and a digest of the records (equal between builds that keep the segment geometry).\n"
-          "`patterns`: times read orders alone (linear; the kernel's 16-row tiles, warps contiguous or interleaved).\n"
+          "`patterns`: times read orders alone (linear; the kernel's 16-row tiles, warps contiguous or interleaved;\n"
+          "the kernel's cp.async ring alone at several depths and blocks per SM, with the bytes it keeps in flight).\n"
           "scripts/probe_kernel_bench.sh builds tuning and ablation variants of the kernel and runs them.\n");
       return 0;
     }

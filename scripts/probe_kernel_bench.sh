@@ -15,7 +15,8 @@
 #
 # The default build (CMake, with CUDA) also makes build-gpu/probe_kernel_bench: `probe_kernel_bench [repeats]`
 # times the default kernel; `probe_kernel_bench [repeats] patterns` times read orders alone (a linear read, the
-# kernel's 16-row tiles with a block's warps contiguous or interleaved), the bandwidth the kernel could reach.
+# kernel's 16-row tiles with a block's warps contiguous or interleaved, and the kernel's cp.async ring alone at
+# depths 2-8 and 2-16 blocks per SM, each with the bytes it keeps in flight), the bandwidth the kernel could reach.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-build-gpu/probe_bench}"

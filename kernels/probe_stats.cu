@@ -16,6 +16,7 @@
 #include <math_constants.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
 #include <map>
 #include <mutex>
@@ -355,8 +356,7 @@ __device__ __forceinline__ uint32_t chunk_absmax_bits(uint4 w) {
 // sums. The sum of squares is the diagonal of the Gram matrix A·Aᵀ, whose B fragment for rows 0-7 (8-15) is the
 // lane's own A registers a0, a2 (a1, a3): row g's lands in the lane with t = g / 2, which shuffles it to the
 // row's other lanes (each needs it to tell a non-finite half). bf16 products are exact in fp32; the tensor cores
-// add them in fp32. A half is fast when its sum of squares is finite (NaN compares false).
-constexpr float kFastSq = 3.40282347e38f;  // FLT_MAX
+// add them in fp32. A half is fast when its sum of squares is finite (NaN compares false with FLT_MAX).
 struct HalfSums {
   float sum0, sum1, sq0, sq1;  // rows g and g + 8
 };
@@ -489,9 +489,9 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
 #if !(MLA_PROBE_ABLATE & 2)
       const HalfSums hs = half_sums(A1, A2, lane);
       const bool holder = t == (gr >> 1);
-      if (hs.sq0 <= kFastSq) hsq0 = row0.fast_half(holder, hs.sum0, hs.sq0, chunk_absmax_bits(w0));
+      if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast_half(holder, hs.sum0, hs.sq0, chunk_absmax_bits(w0));
       else if (in && v0) hsq0 = row0.slow_chunk(w0);
-      if (hs.sq1 <= kFastSq) hsq1 = row1.fast_half(holder, hs.sum1, hs.sq1, chunk_absmax_bits(w1));
+      if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast_half(holder, hs.sum1, hs.sq1, chunk_absmax_bits(w1));
       else if (in && v1) hsq1 = row1.slow_chunk(w1);
 #endif
       // Heads are whole halves, so a half is in or out on every lane alike here.

@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 namespace mla::cuda {
 
@@ -40,14 +41,17 @@ struct RowAcc {
   double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;  // sum, sumsq and absmax of the finite values
   unsigned long long check = 0;
 
-  // Adds a segment's partial written by another warp of this launch (read past L1, which is not coherent).
+  // Adds a segment's partial written by another warp of this launch: in global memory read past L1, which is not
+  // coherent; in shared memory (kShared: a warp of this block, after a barrier) as it is.
+  template <bool kShared = false>
   __device__ void add_partial(const RowPartial* p) {
-    sum += __ldcg(&p->sum);
-    sumsq += __ldcg(&p->sumsq);
-    amax = fmax(amax, static_cast<double>(__ldcg(&p->amax)));
-    nan += __ldcg(&p->nan);
-    inf += __ldcg(&p->inf);
-    check += __ldcg(&p->check);
+    const auto ld = [](const auto* q) { return kShared ? *q : __ldcg(q); };
+    sum += ld(&p->sum);
+    sumsq += ld(&p->sumsq);
+    amax = fmax(amax, static_cast<double>(ld(&p->amax)));
+    nan += ld(&p->nan);
+    inf += ld(&p->inf);
+    check += ld(&p->check);
   }
 
   __device__ void add(float v, uint32_t bits, uint64_t index) {
@@ -198,7 +202,12 @@ constexpr int kMaxHeadCols = 1024;
 #ifndef MLA_PROBE_ABLATE
 #define MLA_PROBE_ABLATE 0
 #endif
-constexpr int kTileWarps = 4;
+// 0: never fold a tile in its block (version 6's way for every shape: A/B timing).
+#ifndef MLA_PROBE_BLOCK_FOLD
+#define MLA_PROBE_BLOCK_FOLD 1
+#endif
+constexpr int kTileWarps = 4;       // warps per block when the tile's last warp folds it (global partials)
+constexpr int kMaxBlockWarps = 16;  // warps per block when the block folds its tile (one segment each)
 constexpr int kStages = MLA_PROBE_TILE_STAGES;
 constexpr int64_t kInlineFoldSegs = 16;  // up to this many segments per row the tile's last warp folds them
 static_assert(kSegCols < 65536, "LaneRow::nan_inf counts a segment's NaN and Inf of a row in 16 bits each");
@@ -208,7 +217,11 @@ struct TileGeometry {
   int64_t segs = 0;       // segments per row
   int64_t head_cols = 0;  // X (0: no heads axis)
   int64_t row_tiles = 0;
-  bool fold_inline = false;  // the tile's last warp folds its rows; else fold_rows_kernel after the launch
+  // How a tile's segments are folded: by the block (one block per tile, a warp per segment, the partials in shared
+  // memory: enough tiles to fill the GPU); else by the tile's last warp to finish (partials in global memory, up to
+  // kInlineFoldSegs segments), else by fold_rows_kernel after the launch.
+  bool block_fold = false;
+  bool fold_inline = false;
 };
 
 // One warp's slot of the ring: a step's four 16-byte chunks per lane ([half][row g, row g + 8]) and the sign
@@ -218,6 +231,7 @@ struct TileStage {
   uint32_t signs[2][32];
 };
 
+template <bool kBlockFold>
 __global__ void probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
                                    unsigned* tile_done);
 // Timing only: extra shared memory per block, to hold an ablated variant (fewer registers) at the default's
@@ -225,23 +239,34 @@ __global__ void probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPa
 #ifndef MLA_PROBE_PAD_SMEM
 #define MLA_PROBE_PAD_SMEM 0
 #endif
-constexpr size_t kTileSmem = sizeof(TileStage) * kTileWarps * kStages + MLA_PROBE_PAD_SMEM;
+// Dynamic shared memory of a block of `warps` warps: their rings. A block that folds its tile reuses the ring for
+// the partials (16 rows x (a RowPartial and 32 sketch floats) per warp, less than its ring).
+constexpr size_t tile_smem(int warps) { return sizeof(TileStage) * warps * kStages + MLA_PROBE_PAD_SMEM; }
+static_assert(kTileRows * (sizeof(RowPartial) + kSketchLanes * sizeof(float)) <= sizeof(TileStage) * kStages,
+              "a block's fold reuses its rings");
 
-// Warps of probe_tiles_kernel resident at once on the current device (one wave), asked once per device.
-int64_t wave_warps() {
+// The current device's SM count and how many blocks of probe_tiles_kernel<kBlockFold> of `warps` warps are
+// resident per SM at once, asked once per (device, kernel, warps).
+struct Occupancy {
+  int sms = 0, blocks = 0;
+};
+Occupancy tile_occupancy(bool block_fold, int warps) {
   static std::mutex mutex;
-  static std::map<int, int64_t> by_device;
+  static std::map<std::tuple<int, bool, int>, Occupancy> known;
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = by_device.find(dev); it != by_device.end()) return it->second;
-  int sms = 0, blocks = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (kTileSmem > 48 * 1024)  // a deeper ring (MLA_PROBE_TILE_STAGES) needs the opt-in
-    CUDA_CHECK(cudaFuncSetAttribute(probe_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kTileSmem)));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, probe_tiles_kernel, kTileWarps * 32, kTileSmem));
-  return by_device[dev] = std::max<int64_t>(1, int64_t{sms} * blocks * kTileWarps);
+  const auto key = std::make_tuple(dev, block_fold, warps);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  Occupancy o;
+  CUDA_CHECK(cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, dev));
+  const void* kernel = block_fold ? reinterpret_cast<const void*>(probe_tiles_kernel<true>)
+                                  : reinterpret_cast<const void*>(probe_tiles_kernel<false>);
+  const size_t smem = tile_smem(warps);
+  if (smem > 48 * 1024)  // past 48 KB a block's dynamic shared memory needs the opt-in
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.blocks, kernel, warps * 32, smem));
+  return known[key] = o;
 }
 
 TileGeometry tile_geometry(const ProbeStatsArgs& a) {
@@ -256,11 +281,31 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
     g.head_cols = unit = X;
   }
   g.row_tiles = (a.rows + kTileRows - 1) / kTileRows;
-  // Segments as narrow as one wave of warps allows (down to one unit): more warps while they fit at once, but not
-  // a second wave, whose warps would wait for the first's (each segment also adds a partial per row to fold).
-  g.seg_width = unit * std::max<int64_t>(1, kSegCols / unit);
   const auto segs_of = [&](int64_t width) { return (a.cols + width - 1) / width; };
-  const int64_t wave = wave_warps();
+  const int64_t widest = unit * std::max<int64_t>(1, kSegCols / unit);
+  // Enough tiles for a block each on every SM: the block folds its tile. The narrowest segments (the most warps)
+  // whose blocks still fit in one wave; when none do, the widest (fewest warps per block, several waves).
+  if (MLA_PROBE_BLOCK_FOLD && g.row_tiles >= tile_occupancy(true, 1).sms && segs_of(widest) <= kMaxBlockWarps) {
+    g.block_fold = true;
+    g.seg_width = widest;
+    for (int64_t width = unit; width < widest; width += unit) {
+      const int64_t segs = segs_of(width);
+      if (segs > kMaxBlockWarps || (width > unit && segs_of(width - unit) == segs)) continue;  // the narrowest width of its count
+      const Occupancy o = tile_occupancy(true, static_cast<int>(segs));
+      if (int64_t{o.blocks} * o.sms >= g.row_tiles) {
+        g.seg_width = width;
+        break;
+      }
+    }
+    g.segs = segs_of(g.seg_width);
+    return g;
+  }
+  // Else blocks of kTileWarps warps, a warp per (tile, segment): segments as narrow as one wave of warps allows
+  // (down to one unit): more warps while they fit at once, but not a second wave, whose warps would wait for the
+  // first's (each segment also adds a partial per row to fold).
+  const Occupancy o = tile_occupancy(false, kTileWarps);
+  const int64_t wave = std::max<int64_t>(1, int64_t{o.sms} * o.blocks * kTileWarps);
+  g.seg_width = widest;
   while (g.seg_width > unit) {
     const int64_t narrower = std::max<int64_t>(unit, g.seg_width / 2 / unit * unit);
     if (g.row_tiles * segs_of(narrower) > wave) break;
@@ -411,13 +456,51 @@ __device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const R
   if (lane == 0) store_row(a, r, t);
 }
 
-__global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) probe_tiles_kernel(
-    const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part, unsigned* tile_done) {
-  extern __shared__ TileStage ring[];  // [kTileWarps][kStages]
+// The tile's rows from their segments' partials, by one warp, in a fixed order (the same for both folds, so a
+// record does not depend on which one ran): lane rr folds row tile·16 + rr's stats over the segments in order;
+// every lane sums its sketch lane over the tile's rows, segment by segment, so that a segment's 16 loads (and the
+// next ones) are in flight together (a row at a time they were a chain of L2 round trips, ~15 µs per tile).
+// part, sketch_part: the tile's first row's partials ([16 rows][segs], [16 rows][segs][32]); kShared: in this
+// block's shared memory, else in global memory written by other blocks.
+template <bool kShared>
+__device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, int64_t tile, const RowPartial* part,
+                          const float* sketch_part, int lane) {
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows));
+  if (lane < rows_here) {
+    RowAcc acc;
+#pragma unroll 4
+    for (int64_t k = 0; k < g.segs; ++k) acc.add_partial<kShared>(part + lane * g.segs + k);
+    store_row(a, tile * kTileRows + lane, acc);
+  }
+  if (a.sketch_out) {
+    const float* p = sketch_part + lane;  // row rr, segment k: p + (rr·segs + k)·32
+    float sum[kTileRows] = {};
+    for (int64_t k = 0; k < g.segs; ++k)
+#pragma unroll
+      for (int rr = 0; rr < kTileRows; ++rr)
+        if (rr < rows_here) sum[rr] += kShared ? p[(rr * g.segs + k) * kSketchLanes] : __ldcg(p + (rr * g.segs + k) * kSketchLanes);
+#pragma unroll
+    for (int rr = 0; rr < kTileRows; ++rr)
+      if (rr < rows_here) a.sketch_out[(tile * kTileRows + rr) * kSketchLanes + lane] = sum[rr] * kSketchScale;
+  }
+}
+
+// kBlockFold: one block per tile, warp w takes segment w, and the block folds the tile through shared memory at
+// the end (no partials in global memory, no counters, no fences); else blocks of kTileWarps warps, a warp per
+// (tile, segment) in turn, the partials in global memory, folded by the tile's last warp (or fold_rows_kernel).
+template <bool kBlockFold>
+__global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS)
+    probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
+                       unsigned* tile_done) {
+  extern __shared__ TileStage ring[];  // [warps][kStages]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t task = static_cast<int64_t>(blockIdx.x) * kTileWarps + warp;
-  if (task >= g.row_tiles * g.segs) return;
-  const int64_t tile = task / g.segs, seg = task % g.segs;
+  int64_t tile = blockIdx.x, seg = warp;
+  if constexpr (!kBlockFold) {
+    const int64_t task = static_cast<int64_t>(blockIdx.x) * kTileWarps + warp;
+    if (task >= g.row_tiles * g.segs) return;
+    tile = task / g.segs;
+    seg = task % g.segs;
+  }
   const int gr = lane >> 2, t = lane & 3;
   const int64_t r0 = tile * kTileRows + gr, r1 = r0 + 8;
   const bool v0 = r0 < a.rows, v1 = r1 < a.rows;
@@ -513,28 +596,42 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
   if (MLA_PROBE_ABLATE & 16) return;
   row0.fold_lanes();
   row1.fold_lanes();
+  // The partials of rows gr and gr + 8 of the tile: [16 rows][segs] stats, [16 rows][segs][32] sketch lanes.
+  if constexpr (kBlockFold) {
+    __syncthreads();  // every warp is done with its ring: the partials go there
+    part = reinterpret_cast<RowPartial*>(ring);
+    sketch_part = reinterpret_cast<float*>(part + kTileRows * g.segs);
+  } else {
+    part += tile * kTileRows * g.segs;
+    sketch_part += tile * kTileRows * g.segs * kSketchLanes;
+  }
   if (t == 0) {
-    const auto put = [&](const LaneRow& q, int64_t r) {
-      part[r * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.amax(), q.nan(), q.inf(), 0u, q.check};
+    const auto put = [&](const LaneRow& q, int rr) {
+      part[rr * g.segs + seg] = RowPartial{q.sum, q.sumsq, q.amax(), q.nan(), q.inf(), 0u, q.check};
     };
-    if (v0) put(row0, r0);
-    if (v1) put(row1, r1);
+    if (v0) put(row0, gr);
+    if (v1) put(row1, gr + 8);
   }
   if (sketch) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int k = 8 * j + 2 * t;
       if (v0) {
-        float* o = sketch_part + (r0 * g.segs + seg) * kSketchLanes + k;
+        float* o = sketch_part + (gr * g.segs + seg) * kSketchLanes + k;
         o[0] = c[j][0];
         o[1] = c[j][1];
       }
       if (v1) {
-        float* o = sketch_part + (r1 * g.segs + seg) * kSketchLanes + k;
+        float* o = sketch_part + ((gr + 8) * g.segs + seg) * kSketchLanes + k;
         o[0] = c[j][2];
         o[1] = c[j][3];
       }
     }
+  }
+  if constexpr (kBlockFold) {
+    __syncthreads();
+    if (warp == 0) fold_tile<true>(a, g, tile, part, sketch_part, lane);
+    return;
   }
   if (!g.fold_inline) return;
   // The last of the tile's segments to finish folds the tile (threadFenceReduction's pattern).
@@ -548,29 +645,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS) pr
     if (lane == 0) tile_done[tile] = 0;  // left at zero for the next launch
     __threadfence();
   }
-  // Lane rr folds row tile·16 + rr's stats over the segments in order; every lane sums its sketch lane over the
-  // tile's rows, segment by segment, so that a segment's 16 loads (and the next ones) are in flight together (a
-  // row at a time they were a chain of L2 round trips that took ~15 µs per tile).
-  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows));
-  if (lane < rows_here) {
-    const int64_t r = tile * kTileRows + lane;
-    RowAcc acc;
-#pragma unroll 4
-    for (int64_t k = 0; k < g.segs; ++k) acc.add_partial(part + r * g.segs + k);
-    store_row(a, r, acc);
-  }
-  if (sketch) {
-    // Row rr, segment k of the tile: p + (rr·segs + k)·32.
-    const float* p = sketch_part + tile * kTileRows * g.segs * kSketchLanes + lane;
-    float sum[kTileRows] = {};
-    for (int64_t k = 0; k < g.segs; ++k)
-#pragma unroll
-      for (int rr = 0; rr < kTileRows; ++rr)
-        if (rr < rows_here) sum[rr] += __ldcg(p + (rr * g.segs + k) * kSketchLanes);
-#pragma unroll
-    for (int rr = 0; rr < kTileRows; ++rr)
-      if (rr < rows_here) a.sketch_out[(tile * kTileRows + rr) * kSketchLanes + lane] = sum[rr] * kSketchScale;
-  }
+  fold_tile<false>(a, g, tile, part, sketch_part, lane);
 }
 
 // Many segments per row (few rows: narrow segments keep the GPU busy): one warp per row.
@@ -615,7 +690,7 @@ size_t probe_stats_counter_bytes(const ProbeStatsArgs& a) {
 
 size_t probe_stats_workspace(const ProbeStatsArgs& a) {
   const TileGeometry g = tile_geometry(a);
-  if (g.segs == 0) return 0;
+  if (g.segs == 0 || g.block_fold) return 0;
   const size_t n = static_cast<size_t>(a.rows * g.segs);
   return probe_stats_counter_bytes(a) + n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
 }
@@ -624,13 +699,20 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.rows > INT_MAX) throw EngineError("probe stats: " + std::to_string(a.rows) + " rows");
   const TileGeometry g = tile_geometry(a);
+  if (g.block_fold && g.row_tiles <= INT_MAX) {
+    const int warps = static_cast<int>(g.segs);
+    probe_tiles_kernel<true><<<static_cast<unsigned>(g.row_tiles), warps * 32, tile_smem(warps), stream>>>(
+        a, g, nullptr, nullptr, nullptr);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   const int64_t tasks = g.row_tiles * g.segs;
-  if (g.segs > 0 && a.workspace && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) {
+  if (g.segs > 0 && !g.block_fold && a.workspace && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) {
     auto* counters = static_cast<unsigned*>(a.workspace);
     auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + probe_stats_counter_bytes(a));
     auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
-    probe_tiles_kernel<<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32, kTileSmem, stream>>>(
-        a, g, part, sketch_part, counters);
+    probe_tiles_kernel<false><<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32,
+                                tile_smem(kTileWarps), stream>>>(a, g, part, sketch_part, counters);
     CUDA_CHECK_LAUNCH();
     if (!g.fold_inline) {
       fold_rows_kernel<<<static_cast<unsigned>((a.rows + 7) / 8), 256, 0, stream>>>(a, g, part, sketch_part);

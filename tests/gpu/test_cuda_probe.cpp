@@ -57,7 +57,7 @@ TEST(CudaProbe, WideTensorsMatchHost) {
 }
 
 // Shapes chosen for the tile kernel's edges: partial 16-row tiles, one segment and many (the last warp of a tile
-// folds it), steps past the row's end, heads of 32..1024 columns whose ends fall mid-step (96, 192) or that fill
+// folds it, or with enough tiles the tile's block), steps past the row's end, heads of 32..1024 columns whose ends fall mid-step (96, 192) or that fill
 // a segment alone (1024), column offsets (tp shards), heads too narrow for it (16: the row kernel), and rows with
 // NaN, ±Inf and values whose squares overflow fp32 (those chunks go element by element in double).
 TEST(CudaProbe, EveryShapeMatchesHostOnPlantedValues) {
@@ -68,7 +68,10 @@ TEST(CudaProbe, EveryShapeMatchesHostOnPlantedValues) {
   const Shape shapes[] = {{1, 64, 0, 0},        {15, 7168, 0, 0},     {17, 16384, 128, 0}, {33, 576, 0, 0},
                           {16, 24, 0, 0},       {40, 1000, 0, 0},     {21, 24576, 128, 8}, {19, 768, 8, 0},
                           {5, 2048, 2, 4096},   {3, 64, 4, 0},        {300, 512, 4, 0},    {64, 16384, 128, 0},
-                          {129, 4096, 64, 0}};
+                          {129, 4096, 64, 0},
+                          // Enough 16-row tiles for a block each on every SM of an H200 (132): the block folds its
+                          // tile in shared memory (partial last tile, heads, no heads, a column offset).
+                          {2117, 4096, 32, 0}, {4099, 576, 0, 0}, {2200, 1536, 0, 64}};
   const GpuRun run = make_run(make_case("probe_shapes", "tiny", kPrefill, kMha, 1, 4));
   auto cuda = cuda_engine();
   Capture ignored = capture(*cuda, run);  // prepares the engine's rank

@@ -77,11 +77,16 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
     EXPECT_GE(p.end_wait.median, 2e-3) << p.level;
     EXPECT_GT(p.host_calls.median, 0.0) << p.level;
     EXPECT_LE(p.host_calls.median + p.end_wait.median, p.layer_time.median) << p.level;
+    // The device span with probes comes from walks of its own with the stage events on: the fake device's
+    // stages take 1 ms each whatever is probed.
+    EXPECT_EQ(p.device_span.samples.size(), 2u) << p.level;
+    EXPECT_NEAR(p.device_span.median, r.layer_time.median, 1e-9) << p.level;
   }
   std::ostringstream os;
   print_bench(r, os);
   EXPECT_NE(os.str().find("probe overhead at sketch"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("waiting for probes at the end of the layer"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("on the device: the layer's span with these probes"), std::string::npos) << os.str();
   const auto j = bench_to_json(r);
   EXPECT_GE(j["probe_overhead"][1]["end_wait"]["median_s"].get<double>(), 2e-3) << j.dump();
 }

@@ -239,9 +239,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // time is the slowest device's.
   std::map<Stage, std::vector<double>> stage_s;
   std::vector<double> span_s;
-  engine.set_device_timing(true);
-  for (int i = 0; i < o.repeats; ++i) {
-    walk(nullptr);
+  // The last walk's device times (timing on): per stage and the layer's span, both per layer.
+  const auto take_spans = [&](std::map<Stage, double>& per) {
     std::map<std::tuple<int, Stage, int>, std::pair<double, double>> st_span;  // (layer, stage, device)
     std::map<std::pair<int, int>, std::pair<double, double>> layer_span;      // (layer, device)
     const auto widen = [](auto& m, const auto& key, double s, double e) {
@@ -258,14 +257,19 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
       double& v = slowest[{std::get<0>(key), std::get<1>(key)}];
       v = std::max(v, se.second - se.first);
     }
-    std::map<Stage, double> per;
-    for (const auto& [key, v] : slowest) per[key.second] += v;
-    for (const auto& st : graph.stages) stage_s[st.stage].push_back(per[st.stage] / spec.layers);
+    for (const auto& [key, v] : slowest) per[key.second] += v / spec.layers;
     std::map<int, double> layer_slowest;
     for (const auto& [key, se] : layer_span) layer_slowest[key.first] = std::max(layer_slowest[key.first], se.second - se.first);
     double span = 0;
     for (const auto& [l, v] : layer_slowest) span += v;
-    span_s.push_back(span / spec.layers);
+    return span / spec.layers;
+  };
+  engine.set_device_timing(true);
+  for (int i = 0; i < o.repeats; ++i) {
+    walk(nullptr);
+    std::map<Stage, double> per;
+    span_s.push_back(take_spans(per));
+    for (const auto& st : graph.stages) stage_s[st.stage].push_back(per[st.stage]);
   }
   engine.set_device_timing(false);
 
@@ -290,6 +294,19 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
       wait_s[k].push_back(end_wait_s / spec.layers);
     }
   }
+  // The device's side of it: the layer's span (first stage start to last stage end, the probes' kernels between
+  // the stages included) with probes at each level, from walks of their own (stage events on).
+  std::vector<std::vector<double>> dev_s(levels.size());
+  engine.set_device_timing(true);
+  for (int i = 0; i < probe_rounds; ++i)
+    for (size_t k = 0; k < levels.size(); ++k) {
+      engine.synchronize();
+      walk(&levels[k]);
+      engine.synchronize();
+      std::map<Stage, double> per;
+      dev_s[k].push_back(take_spans(per));
+    }
+  engine.set_device_timing(false);
 
   for (const auto& st : graph.stages) {
     StageBench sb;
@@ -306,7 +323,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   r.layer_wall = Timing::of(bare_s);
   for (size_t k = 0; k < levels.size(); ++k)
     r.probes.push_back(
-        {probe_level_name(levels[k].level), Timing::of(level_s[k]), Timing::of(calls_s[k]), Timing::of(wait_s[k])});
+        {probe_level_name(levels[k].level), Timing::of(level_s[k]), Timing::of(calls_s[k]), Timing::of(wait_s[k]),
+         Timing::of(dev_s[k])});
   return r;
 }
 
@@ -360,7 +378,11 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (p.layer_time.median / r.layer_wall.median - 1) : 0)
        << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds)\n"
        << "  of which host time in the probe calls beside the stages " << fmt("%.3f", p.host_calls.median * 1e3)
-       << " ms, waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n";
+       << " ms, waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n"
+       << "  on the device: the layer's span with these probes " << fmt("%.3f", p.device_span.median * 1e3)
+       << " ms vs " << fmt("%.3f", r.layer_time.median * 1e3) << " ms without (+"
+       << fmt("%.3f", (p.device_span.median - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
+       << "the stages; the rest of the wall's overhead is the host's and the last records' copies)\n";
   // The all-reduce as NCCL's tests report it: algbw = bytes / time, busbw = algbw · 2(n-1)/n (the rate each
   // link sustains in a ring), with the time of the stage's slowest device.
   for (const auto& s : r.stages)
@@ -663,6 +685,7 @@ nlohmann::json bench_to_json(const BenchResult& r) {
       e["ratio"] = r.layer_wall.median > 0 ? r.probes[i].layer_time.median / r.layer_wall.median : 0.0;
       e["host_calls"] = timing_json(r.probes[i].host_calls);
       e["end_wait"] = timing_json(r.probes[i].end_wait);
+      e["device_span"] = timing_json(r.probes[i].device_span);
     }
   }
   return j;

@@ -69,6 +69,8 @@ struct ProbeOverhead {
   // Device engines: of that, host time per layer in the probe calls made beside the stages (probe_async and the
   // collect after each stage), and the wait for the rest at the end of the layer (device work not yet done).
   Timing host_calls, end_wait;
+  // Device engines: the layer's span on the device with these probes (first stage start to last stage end).
+  Timing device_span;
 };
 
 struct BenchResult {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cuda_check.cuh"
@@ -70,7 +71,12 @@ struct ProbeCapture::Slot {
 
 ProbeCapture::ProbeCapture(RankContext& rc, bool side_stream) : rc_(rc), side_stream_(side_stream) {
   DeviceGuard g(rc_.device());
-  CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  // The copy stream at the device's greatest priority: its few operations (a stream wait, a copy, the flag) go
+  // first when the rank's stream has work queued, so the records reach the host while the layer runs.
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const char* prio = std::getenv("MLA_PROBE_COPY_PRIORITY");
+  CUDA_CHECK(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, prio && prio[0] == '0' ? least : greatest));
 }
 
 ProbeCapture::~ProbeCapture() {

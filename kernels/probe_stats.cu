@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <climits>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -189,12 +190,16 @@ constexpr int kMaxHeadCols = 1024;
 #define MLA_PROBE_TILE_MIN_BLOCKS 1
 #endif
 #ifndef MLA_PROBE_TILE_STAGES
-#define MLA_PROBE_TILE_STAGES 4
+#define MLA_PROBE_TILE_STAGES 3
 #endif
 // The narrowest segment without heads, in columns (a multiple of 64): fewer, longer warps for narrow tensors
 // ([4096, 512]: 18 µs with 256, 27 µs with 64, whose one-step warps and 8-segment fold cost more than they gained).
 #ifndef MLA_PROBE_MIN_SEG_COLS
 #define MLA_PROBE_MIN_SEG_COLS 256
+#endif
+// The same when the block folds its tile (no global partials to fold: [4096, 512] 12.1 µs with 128, 13.8 with 256).
+#ifndef MLA_PROBE_BLOCK_MIN_SEG_COLS
+#define MLA_PROBE_BLOCK_MIN_SEG_COLS 128
 #endif
 // Timing only (wrong records): 1 leaves out the checksum, 2 the tensor-core sums (and the element-by-element
 // halves), 4 the sketch's mma, 8 the head L2, 16 the partials and the fold (with 1|2|4|8 the loop's reads are then
@@ -288,9 +293,10 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   if (MLA_PROBE_BLOCK_FOLD && g.row_tiles >= tile_occupancy(true, 1).sms && segs_of(widest) <= kMaxBlockWarps) {
     g.block_fold = true;
     g.seg_width = widest;
-    for (int64_t width = unit; width < widest; width += unit) {
+    const int64_t step = a.heads > 0 ? unit : MLA_PROBE_BLOCK_MIN_SEG_COLS;
+    for (int64_t width = step; width < widest; width += step) {
       const int64_t segs = segs_of(width);
-      if (segs > kMaxBlockWarps || (width > unit && segs_of(width - unit) == segs)) continue;  // the narrowest width of its count
+      if (segs > kMaxBlockWarps || (width > step && segs_of(width - step) == segs)) continue;  // the narrowest of its count
       const Occupancy o = tile_occupancy(true, static_cast<int>(segs));
       if (int64_t{o.blocks} * o.sms >= g.row_tiles) {
         g.seg_width = width;
@@ -734,7 +740,33 @@ void launch_sketch_sign_bits(uint64_t key, int64_t col0, int64_t cols, uint32_t*
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+// cuStreamWriteValue32 (a stream memory operation: the copy engine's front end writes the value once the stream's
+// earlier work is done, no SM needed), looked up once through the runtime (no link to the driver library);
+// nullptr where the driver or the device lacks it.
+using WriteValue32 = int (*)(cudaStream_t, unsigned long long, unsigned, unsigned);
+WriteValue32 stream_write_value32() {
+  static const WriteValue32 fn = [] {
+    if (const char* v = std::getenv("MLA_PROBE_FLAG"); v && std::string(v) == "kernel") return WriteValue32{};
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return WriteValue32{};
+    }
+    return reinterpret_cast<WriteValue32>(p);
+  }();
+  return fn;
+}
+}  // namespace
+
 void launch_set_flag(unsigned* flag, unsigned value, cudaStream_t stream) {
+  // A kernel needs a free block slot, which a GEMM filling every SM's registers gives up only between its CTAs;
+  // the memory operation does not (and a device whose driver refuses it gets the kernel).
+  if (const WriteValue32 write = stream_write_value32();
+      write && write(stream, reinterpret_cast<unsigned long long>(flag), value, 0) == 0)
+    return;
   set_flag_kernel<<<1, 1, 0, stream>>>(flag, value);
   CUDA_CHECK_LAUNCH();
 }

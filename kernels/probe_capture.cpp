@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cuda_check.cuh"
@@ -75,8 +74,7 @@ ProbeCapture::ProbeCapture(RankContext& rc, bool side_stream) : rc_(rc), side_st
   // first when the rank's stream has work queued, so the records reach the host while the layer runs.
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  const char* prio = std::getenv("MLA_PROBE_COPY_PRIORITY");
-  CUDA_CHECK(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, prio && prio[0] == '0' ? least : greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, greatest));
 }
 
 ProbeCapture::~ProbeCapture() {

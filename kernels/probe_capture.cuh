@@ -4,7 +4,9 @@
 // in mapped host memory and records the slot's event, so the rank's stream never waits for PCIe. finish()
 // waits for the event and folds. Stream order makes it copy-on-capture: a later kernel cannot change what a
 // probe saw. The flag lets a probe whose copies completed before a device fault be recovered after it (the
-// CUDA API then only reports the fault), so probes recorded before a crash survive it.
+// CUDA API then only reports the fault), so probes recorded before a crash survive it. The flag is written by a
+// stream memory operation (cuStreamWriteValue32, no SM needed); MLA_PROBE_FLAG=kernel (or a driver without
+// it) writes it with a one-thread kernel instead. The copy stream has the device's greatest priority.
 #pragma once
 #include <map>
 #include <memory>

@@ -56,28 +56,19 @@ TEST(CudaProbe, WideTensorsMatchHost) {
                            make_case("probe_glm5_tp2", "glm-5", kPrefill, kMha, 2, 21)});
 }
 
-// Shapes chosen for the tile kernel's edges: partial 16-row tiles, one segment and many (the last warp of a tile
-// folds it, or with enough tiles the tile's block), steps past the row's end, heads of 32..1024 columns whose ends fall mid-step (96, 192) or that fill
-// a segment alone (1024), column offsets (tp shards), heads too narrow for it (16: the row kernel), and rows with
-// NaN, ±Inf and values whose squares overflow fp32 (those chunks go element by element in double).
-TEST(CudaProbe, EveryShapeMatchesHostOnPlantedValues) {
-  MLA_REQUIRE_GPU();
-  struct Shape {
-    int64_t rows, cols, heads, col_offset;
-  };
-  const Shape shapes[] = {{1, 64, 0, 0},        {15, 7168, 0, 0},     {17, 16384, 128, 0}, {33, 576, 0, 0},
-                          {16, 24, 0, 0},       {40, 1000, 0, 0},     {21, 24576, 128, 8}, {19, 768, 8, 0},
-                          {5, 2048, 2, 4096},   {3, 64, 4, 0},        {300, 512, 4, 0},    {64, 16384, 128, 0},
-                          {129, 4096, 64, 0},
-                          // Enough 16-row tiles for a block each on every SM of an H200 (132): the block folds its
-                          // tile in shared memory (partial last tile, heads, no heads, a column offset).
-                          {2117, 4096, 32, 0}, {4099, 576, 0, 0}, {2200, 1536, 0, 64}};
+struct SyntheticShape {
+  int64_t rows, cols, heads, col_offset;
+};
+
+// Each shape's device records (stats and sketch levels, uniform values and then planted NaN, ±Inf and a value whose
+// square overflows fp32) against the host's on the same bf16 data, and again bit for bit.
+void expect_synthetic_shapes_match_host(std::initializer_list<SyntheticShape> shapes) {
   const GpuRun run = make_run(make_case("probe_shapes", "tiny", kPrefill, kMha, 1, 4));
   auto cuda = cuda_engine();
   Capture ignored = capture(*cuda, run);  // prepares the engine's rank
   uint64_t state = 7;
   const auto uniform = [&] { return static_cast<double>(splitmix64(state++) >> 11) * 0x1.0p-53; };
-  for (const Shape& sh : shapes) {
+  for (const SyntheticShape& sh : shapes) {
     for (const bool planted : {false, true}) {
       Tensor t({sh.rows, sh.cols});
       for (int64_t i = 0; i < t.numel(); ++i) t.data[i] = static_cast<float>((uniform() - 0.5) * 6.0);
@@ -119,6 +110,41 @@ TEST(CudaProbe, EveryShapeMatchesHostOnPlantedValues) {
       }
     }
   }
+}
+
+// Shapes chosen for the tile kernel's edges: partial 16-row tiles, one segment and many (the last warp of a tile
+// folds it, or with enough tiles the tile's block), steps past the row's end, heads of 32..1024 columns whose ends
+// fall mid-step (96, 192) or that fill a segment alone (1024), column offsets (tp shards), heads too narrow for it
+// (16: the row kernel), and rows with NaN, ±Inf and values whose squares overflow fp32 (those chunks go element by
+// element in double).
+TEST(CudaProbe, EveryShapeMatchesHostOnPlantedValues) {
+  MLA_REQUIRE_GPU();
+  expect_synthetic_shapes_match_host({{1, 64, 0, 0},
+                                      {15, 7168, 0, 0},
+                                      {17, 16384, 128, 0},
+                                      {33, 576, 0, 0},
+                                      {16, 24, 0, 0},
+                                      {40, 1000, 0, 0},
+                                      {21, 24576, 128, 8},
+                                      {19, 768, 8, 0},
+                                      {5, 2048, 2, 4096},
+                                      {3, 64, 4, 0},
+                                      {300, 512, 4, 0},
+                                      {64, 16384, 128, 0},
+                                      {129, 4096, 64, 0},
+                                      // Enough 16-row tiles for a block each on every SM of an H200 (132): the
+                                      // block folds its tile in shared memory (partial last tile, heads, no
+                                      // heads, a column offset).
+                                      {2117, 4096, 32, 0},
+                                      {4099, 576, 0, 0},
+                                      {2200, 1536, 0, 64}});
+}
+
+// The block fold on small rows (one to several segments a block), small enough for compute-sanitizer's racecheck
+// (scripts/gpu_check.sh): 16-row tiles for every SM of the GPUs here (an H200 has 132; 4500 rows = 282 tiles).
+TEST(CudaProbe, ManyTilesFoldInTheirBlock) {
+  MLA_REQUIRE_GPU();
+  expect_synthetic_shapes_match_host({{4500, 64, 0, 0}, {4500, 384, 0, 0}, {4497, 512, 4, 0}, {4500, 1024, 8, 32}});
 }
 
 TEST(CudaProbe, NonFiniteValuesAreCountedLikeTheHost) {

@@ -9,7 +9,8 @@
 #                                        (wrong records: timing only; 31 leaves the ring's copies and waits); the
 #                                        last field adds -D flags, comma-separated (not the macros of the first
 #                                        three fields), e.g. 1:4:31:-DMLA_PROBE_PAD_SMEM=19000 (the bare loop held
-#                                        at the default's 4 blocks per SM) or 1:4:0:-DMLA_PROBE_MIN_SEG_COLS=64
+#                                        at the default's 4 blocks per SM) or 1:4:0:-DMLA_PROBE_MIN_SEG_COLS=64, or
+#                                        1:3:0:-DMLA_PROBE_BLOCK_FOLD=0 (version 6's last-warp fold for every shape)
 #   MLA_PROBE_SASS=1                    also write each variant's SASS to $OUT/<variant>.sass
 #   MLA_PROBE_BASELINE='A.cu B.cu'     also time other probe_stats.cu files (earlier versions) as "baseline_A", ...
 #

@@ -55,9 +55,10 @@ struct RowAcc {
     check += ld(&p->check);
   }
 
-  __device__ void add(float v, uint32_t bits, uint64_t index) {
+  // `multiplier`: the element's checksum multiplier (checksum_multiplier of probes/probe_hash.h).
+  __device__ void add(float v, uint32_t bits, uint64_t multiplier) {
     add_value(v);
-    check += checksum_term(index, bits);
+    check += multiplier * (2ull * bits + 1ull);
   }
   __device__ void add_value(float v) {
     const double d = v;
@@ -107,7 +108,10 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   const int64_t r = blockIdx.x * static_cast<int64_t>(kThreads / 32) + (threadIdx.x >> 5);
   if (r >= a.rows) return;
   const T* x = static_cast<const T*>(a.data) + r * a.cols;
-  const uint64_t base = static_cast<uint64_t>(r) * a.cols;
+  // Column c's checksum multiplier is H(r)·A^(c >> 3) + step·(c & 7); a lane's columns step by 32, its power by A^4.
+  const uint64_t row_hash = checksum_row_hash(static_cast<uint64_t>(r));
+  uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(lane >> 3));
+  constexpr uint64_t kA4 = kChecksumBase * kChecksumBase * kChecksumBase * kChecksumBase;
   const auto value = [&](int64_t c) {
     if constexpr (sizeof(T) == 2) return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[c]);
     else return x[c];
@@ -121,7 +125,8 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
     uint32_t bits;
     if constexpr (sizeof(T) == 2) bits = reinterpret_cast<const uint16_t*>(x)[c];
     else bits = __float_as_uint(v);
-    acc.add(v, bits, base + c);
+    acc.add(v, bits, row_hash * power + kChecksumStep * static_cast<uint64_t>(c & 7));
+    power *= kA4;
     if (a.sketch_bits) {
       const double d = v;
       const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit sign_bit(k / 8, c % 8)
@@ -171,9 +176,10 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // squares is not finite (a NaN, an Inf, a square past fp32) goes element by element in double instead. Per row:
 // the four lanes of a row fold their partials by shuffles; per head: the sums of squares of its halves, folded
 // when the head ends (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers
-// m0 + s·j is m0·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit
-// multiply-add, the second sum kept in 32 bits and multiplied by s once per segment — the same value as the
-// per-element terms. With at least a tile per SM (T >= 2112 rows on an H200) one block takes a tile, a warp per
+// H·A^q + s·j is H·A^q·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit
+// multiply-add by the lane's running power A^q (times A^8 per step), the row's hash H and the step s applied once
+// per segment (the second sum kept in 32 bits) — the same value as the per-element terms. (Version 6 hashed
+// every chunk's flat index with a splitmix64, ~20 dependent 64-bit instructions, 4 per lane and step.) With at least a tile per SM (T >= 2112 rows on an H200) one block takes a tile, a warp per
 // segment, and folds it through shared memory at the end (the ring's memory; no partials in global memory, no
 // fences, no counters); its segments are the narrowest whose blocks still fit in one wave. With fewer tiles,
 // blocks of four warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to
@@ -336,11 +342,12 @@ struct LaneRow {
   double sum = 0, sumsq = 0;  // finite values
   uint32_t amax_bits = 0;     // two bf16 magnitudes: the largest |finite value| bits, per 16-bit lane
   uint32_t nan_inf = 0;       // NaN count + 2^16 · Inf count (a lane holds at most kSegCols / 4 values of a row)
-  unsigned long long check = 0;  // Σ m0 · Σ(2b + 1) over the chunks
+  unsigned long long check = 0;  // Σ A^q · Σ(2b + 1) over the chunks (q: the chunk's first column / 8)
   unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 128 per lane and row)
 
-  // The checksum's part of a chunk; q: the chunk's first row-major index / 8 (one multiplier hash per chunk).
-  __device__ __forceinline__ void checksum(uint4 w, uint64_t q) {
+  // The checksum's part of a chunk; power: A^q for its first column c = 8q (the row's hash multiplies the sum
+  // once, in fold_lanes).
+  __device__ __forceinline__ void checksum(uint4 w, uint64_t power) {
 #if !(MLA_PROBE_ABLATE & 1)
     // Σ(2b_j + 1) = Σ 2b_j + 8 and Σ j(2b_j + 1) = Σ 2j·b_j + 28, two 16-bit lanes per word (dp2a: lo·byte0 +
     // hi·byte1).
@@ -352,7 +359,7 @@ struct LaneRow {
     j2 = __dp2a_lo(w.y, 0x0604u, j2);
     j2 = __dp2a_lo(w.z, 0x0A08u, j2);
     jsum = __dp2a_lo(w.w, 0x0E0Cu, j2);
-    check += (splitmix64(q) | 1ull) * b2;
+    check += power * b2;
 #endif
   }
   // A fast half: `half_sum` and `sq` are the row's (added by the lane that holds them, `holder`); `mx` the lane's
@@ -385,10 +392,10 @@ struct LaneRow {
     }
     return all;
   }
-  // Folds the four lanes of a row (lane bits 0 and 1) into every one of them; the checksum gets its
-  // kChecksumStep · Σ j(2b + 1) part.
-  __device__ void fold_lanes() {
-    check += kChecksumStep * jsum;
+  // Folds the four lanes of a row (lane bits 0 and 1) into every one of them; the checksum gets the row's hash
+  // and its kChecksumStep · Σ j(2b + 1) part.
+  __device__ void fold_lanes(uint64_t row_hash) {
+    check = row_hash * check + kChecksumStep * jsum;
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -554,8 +561,11 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   int head_left = halves_per_head;
   int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
   double head_sq0 = 0, head_sq1 = 0;
-  const uint64_t q0 = static_cast<uint64_t>(i0) >> 3;  // row r1's is q0 + cols (8 rows on)
-  for (int s = 0; s < steps; ++s) {
+  // The checksum multiplier's power of A for this lane's chunk of the step's first half (the second's is A^4 on):
+  // A^((c_begin + 8t + 64s) / 8), the same in both rows.
+  constexpr uint64_t kA4 = kChecksumBase * kChecksumBase * kChecksumBase * kChecksumBase, kA8 = kA4 * kA4;
+  uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(c_begin / 8 + t));
+  for (int s = 0; s < steps; ++s, power *= kA8) {
     mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
     const TileStage& slot = my[s % kStages];
     // The slot consumed by the previous step is free (this step's slot is read below, its turn comes again
@@ -567,8 +577,9 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       const int off = 64 * s + 32 * half;
       const bool in = off + 8 * t < width;  // lanes past the segment's end (and rows past the tensor's) hold zeros
       const uint4 w0 = slot.data[2 * half][lane], w1 = slot.data[2 * half + 1][lane];
-      if (in && v0) row0.checksum(w0, q0 + off / 8);
-      if (in && v1) row1.checksum(w1, q0 + a.cols + off / 8);
+      const uint64_t chunk_power = half ? power * kA4 : power;
+      if (in && v0) row0.checksum(w0, chunk_power);
+      if (in && v1) row1.checksum(w1, chunk_power);
       // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
       const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
       if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma
@@ -606,8 +617,8 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   }
   mma::cp_async_wait<0>();
   if (MLA_PROBE_ABLATE & 16) return;
-  row0.fold_lanes();
-  row1.fold_lanes();
+  row0.fold_lanes(checksum_row_hash(static_cast<uint64_t>(r0)));
+  row1.fold_lanes(checksum_row_hash(static_cast<uint64_t>(r1)));
   // The partials of rows gr and gr + 8 of the tile: [16 rows][segs] stats, [16 rows][segs][32] sketch lanes.
   if constexpr (kBlockFold) {
     __syncthreads();  // every warp is done with its ring: the partials go there

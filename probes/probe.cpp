@@ -64,7 +64,17 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
   const int64_t C = n / T;
   double sum = 0, sumsq = 0, amax = 0;
   uint64_t h = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  // The checksum walks each row with its multiplier's power of A (probes/probe_hash.h): row hash · A^(c >> 3).
+  uint64_t row_hash = 0, power = 1;
+  for (int64_t i = 0, r = 0, c = 0; i < n; ++i, ++c) {
+    if (c == C) {
+      ++r;
+      c = 0;
+    }
+    if (c == 0) {
+      row_hash = checksum_row_hash(static_cast<uint64_t>(r));
+      power = 1;
+    }
     const float v = t.data[i];
     if (std::isnan(v)) { ++rec.nan; }
     else if (std::isinf(v)) { ++rec.inf; }
@@ -77,7 +87,8 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
     if (dtype == "bf16") bits = to_bf16_bits(v);
     else if (dtype == "fp16") bits = to_fp16_bits(v);
     else std::memcpy(&bits, &v, 4);
-    h += checksum_term(static_cast<uint64_t>(i), bits);
+    h += (row_hash * power + kChecksumStep * static_cast<uint64_t>(c & 7)) * (2ull * bits + 1ull);
+    if ((c & 7) == 7) power *= kChecksumBase;
   }
   const int64_t finite = n - rec.nan - rec.inf;
   rec.l2 = std::sqrt(sumsq);

@@ -2,7 +2,7 @@
 // records on the GPU; tests/gpu checks bit-equality with the host). Two uses:
 //   sketch_coeff_at   the sketch matrix entry ±1/sqrt(32) for (probe, global column, lane): never stored;
 //   checksum_term     one element's term of the checksum. The checksum is the sum, modulo 2^64, of
-//                     checksum_term(i, bits_i) over the rank's elements (i: row-major index, bits: the raw
+//                     checksum_term(row, col, bits) over the rank's elements viewed as [tokens, cols] (bits: the raw
 //                     16-bit pattern for bf16/fp16, 32-bit for fp32). A sum of mixed terms rather than a
 //                     sequential hash (FNV) so that a GPU computes it in parallel, in any order, bit-exactly:
 //                     equal checksums mean equal bytes (up to ~2^-63 chance); a changed element always
@@ -38,18 +38,32 @@ MLA_HD inline float sketch_coeff_at(uint64_t key, int64_t column, int lane) {
   return sketch_sign(key, column, lane) ? kSketchScale : -kSketchScale;
 }
 
-// The checksum's multiplier of element `index`: odd, one splitmix64 per aligned group of 8 elements, stepped by
-// an even constant inside the group (a kernel hashes once per 16-byte load of bf16).
+// The checksum's multiplier of the element at (row, col) of the rank's tensor viewed as [tokens, cols]: the row's
+// odd hash times a power of an odd base, one power per aligned group of 8 columns, stepped by an even constant
+// inside the group:  H(row) · A^(col >> 3) + kChecksumStep · (col & 7)  (mod 2^64), H(row) = splitmix64(row) | 1.
+// A kernel walking a row keeps A^q and multiplies it by A^8 per 64 columns, and takes H(row) out of the row's sum
+// (one multiply per row), instead of a hash per 16-byte load.
 constexpr uint64_t kChecksumStep = 0x9e3779b97f4a7c16ull;  // even
-MLA_HD inline uint64_t checksum_multiplier(uint64_t index) {
-  return (splitmix64(index >> 3) | 1ull) + kChecksumStep * (index & 7ull);
+constexpr uint64_t kChecksumBase = 0xd1b54a32d192ed03ull;  // A: odd
+MLA_HD inline uint64_t checksum_row_hash(uint64_t row) { return splitmix64(row) | 1ull; }
+// base^e mod 2^64.
+MLA_HD inline uint64_t pow_mod64(uint64_t base, uint64_t e) {
+  uint64_t r = 1;
+  for (; e; e >>= 1, base *= base)
+    if (e & 1) r *= base;
+  return r;
+}
+MLA_HD inline uint64_t checksum_multiplier(uint64_t row, uint64_t col) {
+  return checksum_row_hash(row) * pow_mod64(kChecksumBase, col >> 3) + kChecksumStep * (col & 7ull);
 }
 
-// term = multiplier(index) · (2·bits + 1) mod 2^64. Changing one element's bits changes the sum, always (the
-// multiplier is odd, so it is invertible mod 2^64, and 2·Δbits is not 0 mod 2^64); swapping two different
-// elements changes it unless their multipliers agree to ~31 low bits (within a group of 8: never).
-MLA_HD inline uint64_t checksum_term(uint64_t index, uint32_t bits) {
-  return checksum_multiplier(index) * (2ull * bits + 1ull);
+// term = multiplier · (2·bits + 1) mod 2^64. Changing one element's bits changes the sum, always (the multiplier
+// is odd, so it is invertible mod 2^64, and 2·Δbits is not 0 mod 2^64). Swapping two different elements changes
+// it unless their multipliers agree in their ~33 low bits: never inside a group of 8, never at the same place of
+// two groups of one row fewer than 2^30 groups apart (H·A^q·(A^d − 1) has its lowest set bit at v2(d) + 2 at most), a
+// ~2^-32 chance otherwise.
+MLA_HD inline uint64_t checksum_term(uint64_t row, uint64_t col, uint32_t bits) {
+  return checksum_multiplier(row, col) * (2ull * bits + 1ull);
 }
 
 }  // namespace mla

@@ -9,6 +9,7 @@
 #include "harness/model/weights.h"
 #include "harness/run/runner.h"
 #include "probes/probe.h"
+#include "probes/probe_hash.h"
 #include "reference/reference_engine.h"
 #include "tests/stage_test_util.h"
 
@@ -52,6 +53,31 @@ TEST(ProbeChecksum, EveryFlippedBitAndEverySwapChangesIt) {
       EXPECT_NE(compute_probe_record(u, dtype, request(4)).checksum, base) << dtype << " swap " << i;
     }
   }
+}
+
+// The record's checksum (a row walk with a running power, as the kernels do it) against the definition term by
+// term, with the power taken afresh for every element: widths that are and are not multiples of 8.
+TEST(ProbeChecksum, RowWalkEqualsTheDefinition) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{3, 24}, {5, 13}, {2, 200}, {1, 7}}) {
+    const Tensor t = random_tensor({rows, cols}, 3);
+    for (const char* dtype : {"fp32", "bf16"}) {
+      uint64_t want = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const float v = t.data[r * cols + c];
+          uint32_t bits;
+          if (std::strcmp(dtype, "bf16") == 0) bits = to_bf16_bits(v);
+          else std::memcpy(&bits, &v, 4);
+          want += checksum_term(static_cast<uint64_t>(r), static_cast<uint64_t>(c), bits);
+        }
+      EXPECT_EQ(compute_probe_record(t, dtype, request(rows)).checksum, want) << dtype << " " << rows << "x" << cols;
+    }
+  }
+  // The multiplier's pieces: odd, the power of A, the step inside a group of 8.
+  EXPECT_EQ(checksum_multiplier(2, 17), checksum_row_hash(2) * kChecksumBase * kChecksumBase + 1 * kChecksumStep);
+  EXPECT_EQ(pow_mod64(kChecksumBase, 0), 1u);
+  EXPECT_EQ(pow_mod64(kChecksumBase, 5), kChecksumBase * kChecksumBase * kChecksumBase * kChecksumBase * kChecksumBase);
+  for (uint64_t r = 0; r < 50; ++r) EXPECT_EQ(checksum_multiplier(r, 3 * r) & 1u, 1u) << r;
 }
 
 TEST(ProbeSketch, ColumnShardsAddUpToTheWhole) {

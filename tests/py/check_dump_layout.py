@@ -25,13 +25,30 @@ def splitmix64(x):
     return x ^ (x >> np.uint64(31))
 
 
-def checksum_fp32(data):
-    """probes/probe_hash.h, written again: the sum mod 2^64 of multiplier(i) * (2 * bits + 1) per element, with
-    multiplier(i) = (splitmix64(i >> 3) | 1) + 0x9e3779b97f4a7c16 * (i & 7)."""
-    bits = np.ascontiguousarray(data, dtype=np.float32).reshape(-1).view(np.uint32).astype(np.uint64)
-    i = np.arange(bits.size, dtype=np.uint64)
+def pow_mod64(base, e):
+    """base ** e mod 2^64, elementwise over the uint64 array e (square and multiply)."""
+    r = np.ones_like(e)
+    b = np.full_like(e, base)
+    e = e.copy()
     with np.errstate(over="ignore"):
-        m = (splitmix64(i >> np.uint64(3)) | np.uint64(1)) + np.uint64(0x9E3779B97F4A7C16) * (i & np.uint64(7))
+        while e.any():
+            r = np.where(e & np.uint64(1), r * b, r)
+            b = b * b
+            e >>= np.uint64(1)
+    return r
+
+
+def checksum_fp32(data):
+    """probes/probe_hash.h, written again: over the tensor viewed as [tokens, cols] (tokens: its first axis), the
+    sum mod 2^64 of multiplier(r, c) * (2 * bits + 1), with multiplier(r, c) = (splitmix64(r) | 1) * A^(c >> 3) +
+    0x9e3779b97f4a7c16 * (c & 7), A = 0xd1b54a32d192ed03."""
+    rows = data.shape[0] if data.ndim > 0 else 1
+    bits = np.ascontiguousarray(data, dtype=np.float32).reshape(rows, -1).view(np.uint32).astype(np.uint64)
+    r = np.arange(rows, dtype=np.uint64)[:, None]
+    c = np.arange(bits.shape[1], dtype=np.uint64)[None, :]
+    with np.errstate(over="ignore"):
+        power = pow_mod64(np.uint64(0xD1B54A32D192ED03), c >> np.uint64(3))
+        m = (splitmix64(r) | np.uint64(1)) * power + np.uint64(0x9E3779B97F4A7C16) * (c & np.uint64(7))
         return int((m * (np.uint64(2) * bits + np.uint64(1))).sum(dtype=np.uint64))
 
 

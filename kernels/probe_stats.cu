@@ -1,12 +1,12 @@
-// Device probe statistics. Every bf16 probe of the real models takes version 7 (probe_tiles_kernel below: one
-// pass for the stats, the head L2 and the sketch, the sums and the sketch on the tensor cores, the fold by the
-// tile's block or its last warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2:
+// Device probe statistics. Every bf16 probe of the real models takes version 7 (probe_tiles_kernel below: one pass
+// for the stats, the head L2 and the sketch, the sums and the sketch on the tensor cores, the fold by the tile's
+// block or its last warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2:
 // one warp per token row, one pass over the row for the finite sum, sum of squares, absmax, NaN/Inf counts, the
-// checksum's partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. The token L2 is
-// NaN when the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so
-// records are bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer
-// at T = 4096); 3 took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the
-// sketch as a separate cuBLAS GEMM; 4, 5 and 6 are described beside version 7.
+// checksum's partial sum and the sketch (in double); a second pass (from L1/L2) for the head L2. The token L2 is NaN
+// when the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so records are
+// bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer at T = 4096); 3
+// took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the sketch as a separate
+// cuBLAS GEMM; 4, 5 and 6 are described beside version 7.
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
@@ -163,36 +163,36 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
-// Version 7 (session 6), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a
-// multiple of 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One
-// warp per (tile of 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the
-// tile: each lane copies 16 bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4,
-// t = lane % 4: the mma fragment's row and column group) into its own slots of a kStages-deep shared-memory
-// ring with cp.async, so several steps are in flight per warp without holding registers; the same 16 bytes are
-// then the A fragments of mma.m16n8k16 (the columns of a k-step are taken in the order the lanes hold them) for
-// three products: against the ±1 sketch signs (the sign fragment built for those columns: one shift and one
-// LOP3 per register, the table's bit layout sign_bit), against a column of ones (the rows' sums), and against
-// the A registers themselves (the Gram diagonal: the rows' sums of squares; half_sums). A half step whose sum of
-// squares is not finite (a NaN, an Inf, a square past fp32) goes element by element in double instead. Per row:
-// the four lanes of a row fold their partials by shuffles; per head: the sums of squares of its halves, folded
-// when the head ends (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers
-// H·A^q + s·j is H·A^q·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit
-// multiply-add by the lane's running power A^q (times A^8 per step), the row's hash H and the step s applied once
-// per segment (the second sum kept in 32 bits) — the same value as the per-element terms. (Version 6 hashed
-// every chunk's flat index with a splitmix64, ~20 dependent 64-bit instructions, 4 per lane and step.) With at least a tile per SM (T >= 2112 rows on an H200) one block takes a tile, a warp per
-// segment, and folds it through shared memory at the end (the ring's memory; no partials in global memory, no
-// fences, no counters); its segments are the narrowest whose blocks still fit in one wave. With fewer tiles,
-// blocks of four warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to
-// finish a tile's segments folds the tile's rows (a counter per tile, left at zero), its loads in flight
-// together; segments as narrow as one wave of warps allows. Both folds add in the same order, so a record does
-// not depend on which one ran. Version 6 (session 5) folded every shape the second way: the fold at the end of
-// each launch (a fence, an atomic, L2 round trips) cost ~10-15 µs per probe, 847 -> 700 µs for the layer's
-// probes at T = 4096 with the block fold and a 3-deep ring (docs/perf-notes.md, session 6). Version 4 (session 3: a register prefetch, head sums
-// through shared memory, a fold kernel) ran at 0.92 TB/s on [4096, 16384] at sketch level; version 5 (session 4:
-// the cp.async ring, the dp2a checksum, float stats on the CUDA cores, a fold whose loads were a chain of L2 round
-// trips) at 1.33-1.35 TB/s, and the 16 bf16 probes of a DeepSeek-V3 layer at T = 4096 took 996-1008 µs; version 6
-// 1.33-1.40 TB/s on [4096, 16384] (the same: its loop is bound elsewhere) and 822-856 µs for the layer's probes
-// (docs/perf-notes.md, session 5).
+// Version 7 (session 6), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a multiple of
+// 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One warp per (tile of
+// 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the tile: each lane copies 16
+// bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4, t = lane % 4: the mma fragment's
+// row and column group) into its own slots of a kStages-deep shared-memory ring with cp.async, so several steps are
+// in flight per warp without holding registers; the same 16 bytes are then the A fragments of mma.m16n8k16 (the
+// columns of a k-step are taken in the order the lanes hold them) for three products: against the ±1 sketch signs
+// (the sign fragment built for those columns: one shift and one LOP3 per register, the table's bit layout sign_bit),
+// against a column of ones (the rows' sums), and against the A registers themselves (the Gram diagonal: the rows'
+// sums of squares; half_sums). A half step whose sum of squares is not finite (a NaN, an Inf, a square past fp32)
+// goes element by element in double instead. Per row: the four lanes of a row fold their partials by shuffles; per
+// head: the sums of squares of its halves, folded when the head ends (heads are whole 32-column halves). The checksum
+// of a chunk of 8 elements with multipliers H·A^q + s·j is H·A^q·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a
+// chains per chunk and one 64-bit multiply-add by the lane's running power A^q (times A^8 per step), the row's hash H
+// and the step s applied once per segment (the second sum kept in 32 bits) — the same value as the per-element terms.
+// (Version 6 hashed every chunk's flat index with a splitmix64, ~20 dependent 64-bit instructions, 4 per lane and
+// step.) With at least a tile per SM (T >= 2112 rows on an H200) one block takes a tile, a warp per segment, and
+// folds it through shared memory at the end (the ring's memory; no partials in global memory, no fences, no
+// counters); its segments are the narrowest whose blocks still fit in one wave. With fewer tiles, blocks of four
+// warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to finish a tile's
+// segments folds the tile's rows (a counter per tile, left at zero), its loads in flight together; segments as narrow
+// as one wave of warps allows. Both folds add in the same order, so a record does not depend on which one ran.
+// Version 6 (session 5) folded every shape the second way: the fold at the end of each launch (a fence, an atomic, L2
+// round trips) cost ~10-15 µs per probe, 847 -> 700 µs for the layer's probes at T = 4096 with the block fold and a
+// 3-deep ring (docs/perf-notes.md, session 6). Version 4 (session 3: a register prefetch, head sums through shared
+// memory, a fold kernel) ran at 0.92 TB/s on [4096, 16384] at sketch level; version 5 (session 4: the cp.async ring,
+// the dp2a checksum, float stats on the CUDA cores, a fold whose loads were a chain of L2 round trips) at 1.33-1.35
+// TB/s, and the 16 bf16 probes of a DeepSeek-V3 layer at T = 4096 took 996-1008 µs; version 6 1.33-1.40 TB/s on
+// [4096, 16384] (the same: its loop is bound elsewhere) and 822-856 µs for the layer's probes (docs/perf-notes.md,
+// session 5).
 constexpr int kTileRows = 16;
 constexpr int kSegCols = 4096;        // per warp task at most, whole heads
 constexpr int kMaxHeadCols = 1024;
@@ -308,7 +308,8 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
     const int64_t step = a.heads > 0 ? unit : MLA_PROBE_BLOCK_MIN_SEG_COLS;
     for (int64_t width = step; width < widest; width += step) {
       const int64_t segs = segs_of(width);
-      if (segs > kMaxBlockWarps || (width > step && segs_of(width - step) == segs)) continue;  // the narrowest of its count
+      // The narrowest width of each count only.
+      if (segs > kMaxBlockWarps || (width > step && segs_of(width - step) == segs)) continue;
       const Occupancy o = tile_occupancy(true, static_cast<int>(segs));
       if (int64_t{o.blocks} * o.sms >= g.row_tiles) {
         g.seg_width = width;
@@ -497,7 +498,10 @@ __device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, int64_
     for (int64_t k = 0; k < g.segs; ++k)
 #pragma unroll
       for (int rr = 0; rr < kTileRows; ++rr)
-        if (rr < rows_here) sum[rr] += kShared ? p[(rr * g.segs + k) * kSketchLanes] : __ldcg(p + (rr * g.segs + k) * kSketchLanes);
+        if (rr < rows_here) {
+          const float* q = p + (rr * g.segs + k) * kSketchLanes;
+          sum[rr] += kShared ? *q : __ldcg(q);
+        }
 #pragma unroll
     for (int rr = 0; rr < kTileRows; ++rr)
       if (rr < rows_here) a.sketch_out[(tile * kTileRows + rr) * kSketchLanes + lane] = sum[rr] * kSketchScale;

@@ -57,10 +57,10 @@ MLA_HD inline uint64_t checksum_multiplier(uint64_t row, uint64_t col) {
   return checksum_row_hash(row) * pow_mod64(kChecksumBase, col >> 3) + kChecksumStep * (col & 7ull);
 }
 
-// term = multiplier · (2·bits + 1) mod 2^64. Changing one element's bits changes the sum, always (the multiplier
-// is odd, so it is invertible mod 2^64, and 2·Δbits is not 0 mod 2^64). Swapping two different elements changes
-// it unless their multipliers agree in their ~33 low bits: never inside a group of 8, never at the same place of
-// two groups of one row fewer than 2^30 groups apart (H·A^q·(A^d − 1) has its lowest set bit at v2(d) + 2 at most), a
+// term = multiplier · (2·bits + 1) mod 2^64. Changing one element's bits changes the sum, always (the multiplier is
+// odd, so it is invertible mod 2^64, and 2·Δbits is not 0 mod 2^64). Swapping two different elements changes it
+// unless their multipliers agree in their ~33 low bits: never inside a group of 8, never at the same place of two
+// groups of one row fewer than 2^30 groups apart (H·A^q·(A^d − 1) has its lowest set bit at v2(d) + 2 at most), a
 // ~2^-32 chance otherwise.
 MLA_HD inline uint64_t checksum_term(uint64_t row, uint64_t col, uint32_t bits) {
   return checksum_multiplier(row, col) * (2ull * bits + 1ull);

@@ -81,12 +81,19 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
     // stages take 1 ms each whatever is probed.
     EXPECT_EQ(p.device_span.samples.size(), 2u) << p.level;
     EXPECT_NEAR(p.device_span.median, r.layer_time.median, 1e-9) << p.level;
+    // Starting the probes is part of the probe calls; the stages' own calls take host time with and without them.
+    EXPECT_EQ(p.host_starts.samples.size(), 2u) << p.level;
+    EXPECT_LE(p.host_starts.median, p.host_calls.median) << p.level;
+    EXPECT_GE(p.host_starts.median, 0.0) << p.level;
+    EXPECT_GT(p.stage_calls.median, 0.0) << p.level;
   }
   std::ostringstream os;
   print_bench(r, os);
   EXPECT_NE(os.str().find("probe overhead at sketch"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("waiting for probes at the end of the layer"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("on the device: the layer's span with these probes"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("host time in the stages' calls"), std::string::npos) << os.str();
+  EXPECT_GT(r.bare_stage_calls.median, 0.0);
   const auto j = bench_to_json(r);
   EXPECT_GE(j["probe_overhead"][1]["end_wait"]["median_s"].get<double>(), 2e-3) << j.dump();
 }

@@ -199,12 +199,16 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // As the Runner walks: a stage's probes are started after it, finished records taken after each stage,
   // the rest at the end of each layer.
   std::vector<ProbeRecord> recs;
-  double host_calls_s = 0, end_wait_s = 0;  // of the last walk: in the probe calls, in the end-of-layer waits
+  // Of the last walk, host seconds: in the stages' calls, in the probe calls (of which starting the probes), in
+  // the end-of-layer waits.
+  double stage_calls_s = 0, host_calls_s = 0, host_starts_s = 0, end_wait_s = 0;
   const auto walk = [&](const ProbePlan* plan) {
-    host_calls_s = end_wait_s = 0;
+    stage_calls_s = host_calls_s = host_starts_s = end_wait_s = 0;
     for (int layer = 0; layer < spec.layers; ++layer) {
       for (const auto& st : graph.stages) {
+        const auto ts = Clock::now();
         for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
+        stage_calls_s += seconds_since(ts);
         if (!plan) continue;
         const auto t0 = Clock::now();
         for (int rank = 0; rank < spec.tp; ++rank)
@@ -212,6 +216,7 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
             const ProbeSpec& p = *graph.find(name);
             engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
           }
+        host_starts_s += seconds_since(t0);
         engine.collect_probes(recs, false);
         host_calls_s += seconds_since(t0);
       }
@@ -284,14 +289,19 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   }
   for (const auto& plan : levels) walk(&plan);  // warm-up: probe scratch buffers
   std::vector<double> bare_s;
-  std::vector<std::vector<double>> level_s(levels.size()), calls_s(levels.size()), wait_s(levels.size());
+  std::vector<std::vector<double>> level_s(levels.size()), calls_s(levels.size()), wait_s(levels.size()),
+      starts_s(levels.size()), stages_s(levels.size());
+  std::vector<double> bare_stages_s;
   const int probe_rounds = std::max(1, std::min(o.repeats, o.probe_repeats));
   for (int i = 0; i < (levels.empty() ? std::min(o.repeats, 5) : probe_rounds); ++i) {
     bare_s.push_back(wall(nullptr));
+    bare_stages_s.push_back(stage_calls_s / spec.layers);
     for (size_t k = 0; k < levels.size(); ++k) {
       level_s[k].push_back(wall(&levels[k]));
       calls_s[k].push_back(host_calls_s / spec.layers);
       wait_s[k].push_back(end_wait_s / spec.layers);
+      starts_s[k].push_back(host_starts_s / spec.layers);
+      stages_s[k].push_back(stage_calls_s / spec.layers);
     }
   }
   // The device's side of it: the layer's span (first stage start to last stage end, the probes' kernels between
@@ -324,7 +334,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   for (size_t k = 0; k < levels.size(); ++k)
     r.probes.push_back(
         {probe_level_name(levels[k].level), Timing::of(level_s[k]), Timing::of(calls_s[k]), Timing::of(wait_s[k]),
-         Timing::of(dev_s[k])});
+         Timing::of(dev_s[k]), Timing::of(starts_s[k]), Timing::of(stages_s[k])});
+  r.bare_stage_calls = Timing::of(bare_stages_s);
   return r;
 }
 
@@ -378,7 +389,10 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (p.layer_time.median / r.layer_wall.median - 1) : 0)
        << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds)\n"
        << "  of which host time in the probe calls beside the stages " << fmt("%.3f", p.host_calls.median * 1e3)
-       << " ms, waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n"
+       << " ms (starting them " << fmt("%.3f", p.host_starts.median * 1e3) << " ms, the rest taking finished records)"
+       << ", waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n"
+       << "  host time in the stages' calls " << fmt("%.3f", p.stage_calls.median * 1e3) << " ms vs "
+       << fmt("%.3f", r.bare_stage_calls.median * 1e3) << " ms without probes\n"
        << "  on the device: the layer's span with these probes " << fmt("%.3f", p.device_span.median * 1e3)
        << " ms vs " << fmt("%.3f", r.layer_time.median * 1e3) << " ms without (+"
        << fmt("%.3f", (p.device_span.median - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
@@ -686,6 +700,8 @@ nlohmann::json bench_to_json(const BenchResult& r) {
       e["host_calls"] = timing_json(r.probes[i].host_calls);
       e["end_wait"] = timing_json(r.probes[i].end_wait);
       e["device_span"] = timing_json(r.probes[i].device_span);
+      e["host_starts"] = timing_json(r.probes[i].host_starts);
+      e["stage_calls"] = timing_json(r.probes[i].stage_calls);
     }
   }
   return j;

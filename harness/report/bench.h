@@ -71,6 +71,9 @@ struct ProbeOverhead {
   Timing host_calls, end_wait;
   // Device engines: the layer's span on the device with these probes (first stage start to last stage end).
   Timing device_span;
+  // Of host_calls, the probe_async calls alone (the rest is collect_probes after each stage); and host time per
+  // layer in the stages' own calls (run_stage) during these walks.
+  Timing host_starts, stage_calls;
 };
 
 struct BenchResult {
@@ -96,6 +99,7 @@ struct BenchResult {
   std::vector<CeilingBench> ceilings;  // [0] the GEMM, [1] the copy
   double layer_bytes = 0;
   Timing layer_wall;  // host wall clock per layer, synchronized, probes off
+  Timing bare_stage_calls;  // device engines: host time per layer in the stages' calls (run_stage), probes off
   double gemm_rate() const { return ceilings.size() > 0 ? ceilings[0].flops_per_s() : 0; }
   double copy_rate() const { return ceilings.size() > 1 ? ceilings[1].bytes_per_s() : 0; }
   double roofline_s(double flops, double bytes) const;  // max of the two floors at the measured ceilings

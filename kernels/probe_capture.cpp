@@ -71,10 +71,11 @@ struct ProbeCapture::Slot {
 ProbeCapture::ProbeCapture(RankContext& rc, bool side_stream) : rc_(rc), side_stream_(side_stream) {
   DeviceGuard g(rc_.device());
   // The copy stream at the device's greatest priority: its few operations (a stream wait, a copy, the flag) go
-  // first when the rank's stream has work queued, so the records reach the host while the layer runs.
+  // first when the rank's stream has work queued, so the records reach the host while the layer runs. Not with
+  // the side stream, where the probe kernels themselves run on it and would go before the rank's stages.
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  CUDA_CHECK(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, side_stream_ ? least : greatest));
 }
 
 ProbeCapture::~ProbeCapture() {

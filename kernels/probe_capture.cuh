@@ -6,7 +6,8 @@
 // probe saw. The flag lets a probe whose copies completed before a device fault be recovered after it (the
 // CUDA API then only reports the fault), so probes recorded before a crash survive it. The flag is written by a
 // stream memory operation (cuStreamWriteValue32, no SM needed); MLA_PROBE_FLAG=kernel (or a driver without
-// it) writes it with a one-thread kernel instead. The copy stream has the device's greatest priority.
+// it) writes it with a one-thread kernel instead. The copy stream has the device's greatest priority (with
+// probe_stream=side, where the probe kernels run on it, the least).
 #pragma once
 #include <map>
 #include <memory>

@@ -31,6 +31,14 @@ constexpr int kThreads = 256;
 
 size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// A partial written by another warp of this launch: in this block's shared memory (kShared: after a barrier) as
+// it is; in global memory past L1, which is not coherent.
+template <bool kShared, class T>
+__device__ __forceinline__ T load_partial(const T* p) {
+  if constexpr (kShared) return *p;
+  else return __ldcg(p);
+}
+
 struct RowPartial {  // a row's stats over one segment (probe_tiles_kernel), folded by RowAcc::add_partial
   double sum, sumsq;
   float amax;
@@ -42,17 +50,15 @@ struct RowAcc {
   double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;  // sum, sumsq and absmax of the finite values
   unsigned long long check = 0;
 
-  // Adds a segment's partial written by another warp of this launch: in global memory read past L1, which is not
-  // coherent; in shared memory (kShared: a warp of this block, after a barrier) as it is.
+  // Adds a segment's partial written by another warp of this launch (load_partial).
   template <bool kShared = false>
   __device__ void add_partial(const RowPartial* p) {
-    const auto ld = [](const auto* q) { return kShared ? *q : __ldcg(q); };
-    sum += ld(&p->sum);
-    sumsq += ld(&p->sumsq);
-    amax = fmax(amax, static_cast<double>(ld(&p->amax)));
-    nan += ld(&p->nan);
-    inf += ld(&p->inf);
-    check += ld(&p->check);
+    sum += load_partial<kShared>(&p->sum);
+    sumsq += load_partial<kShared>(&p->sumsq);
+    amax = fmax(amax, static_cast<double>(load_partial<kShared>(&p->amax)));
+    nan += load_partial<kShared>(&p->nan);
+    inf += load_partial<kShared>(&p->inf);
+    check += load_partial<kShared>(&p->check);
   }
 
   // `multiplier`: the element's checksum multiplier (checksum_multiplier of probes/probe_hash.h).
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   // Column c's checksum multiplier is H(r)·A^(c >> 3) + step·(c & 7); a lane's columns step by 32, its power by A^4.
   const uint64_t row_hash = checksum_row_hash(static_cast<uint64_t>(r));
   uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(lane >> 3));
-  constexpr uint64_t kA4 = kChecksumBase * kChecksumBase * kChecksumBase * kChecksumBase;
+  constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4);
   const auto value = [&](int64_t c) {
     if constexpr (sizeof(T) == 2) return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[c]);
     else return x[c];
@@ -498,10 +504,7 @@ __device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, int64_
     for (int64_t k = 0; k < g.segs; ++k)
 #pragma unroll
       for (int rr = 0; rr < kTileRows; ++rr)
-        if (rr < rows_here) {
-          const float* q = p + (rr * g.segs + k) * kSketchLanes;
-          sum[rr] += kShared ? *q : __ldcg(q);
-        }
+        if (rr < rows_here) sum[rr] += load_partial<kShared>(p + (rr * g.segs + k) * kSketchLanes);
 #pragma unroll
     for (int rr = 0; rr < kTileRows; ++rr)
       if (rr < rows_here) a.sketch_out[(tile * kTileRows + rr) * kSketchLanes + lane] = sum[rr] * kSketchScale;
@@ -567,7 +570,7 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   double head_sq0 = 0, head_sq1 = 0;
   // The checksum multiplier's power of A for this lane's chunk of the step's first half (the second's is A^4 on):
   // A^((c_begin + 8t + 64s) / 8), the same in both rows.
-  constexpr uint64_t kA4 = kChecksumBase * kChecksumBase * kChecksumBase * kChecksumBase, kA8 = kA4 * kA4;
+  constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4), kA8 = pow_mod64(kChecksumBase, 8);
   uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(c_begin / 8 + t));
   for (int s = 0; s < steps; ++s, power *= kA8) {
     mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
@@ -710,16 +713,20 @@ __global__ void set_flag_kernel(volatile unsigned* flag, unsigned value) {
 
 size_t sketch_sign_bits_words(int64_t cols) { return static_cast<size_t>((cols + 7) / 8 * 8); }
 
-size_t probe_stats_counter_bytes(const ProbeStatsArgs& a) {
-  const TileGeometry g = tile_geometry(a);
+namespace {
+// The tiles' counters at the workspace's start (the last-warp fold only).
+size_t counter_bytes(const TileGeometry& g) {
   return g.segs > 1 && g.fold_inline ? align_up(static_cast<size_t>(g.row_tiles) * sizeof(unsigned), 16) : 0;
 }
+}  // namespace
+
+size_t probe_stats_counter_bytes(const ProbeStatsArgs& a) { return counter_bytes(tile_geometry(a)); }
 
 size_t probe_stats_workspace(const ProbeStatsArgs& a) {
   const TileGeometry g = tile_geometry(a);
   if (g.segs == 0 || g.block_fold) return 0;
   const size_t n = static_cast<size_t>(a.rows * g.segs);
-  return probe_stats_counter_bytes(a) + n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
+  return counter_bytes(g) + n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
 }
 
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
@@ -736,7 +743,7 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   const int64_t tasks = g.row_tiles * g.segs;
   if (g.segs > 0 && !g.block_fold && a.workspace && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) {
     auto* counters = static_cast<unsigned*>(a.workspace);
-    auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + probe_stats_counter_bytes(a));
+    auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + counter_bytes(g));
     auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
     probe_tiles_kernel<false><<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32,
                                 tile_smem(kTileWarps), stream>>>(a, g, part, sketch_part, counters);

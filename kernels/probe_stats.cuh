@@ -31,7 +31,8 @@ struct ProbeStatsArgs {
   void* workspace = nullptr;    // probe_stats_workspace(a) bytes of device memory
 };
 
-// Device memory launch_probe_stats needs beside its outputs (0 for the one-warp-per-row kernel). Its first
+// Device memory launch_probe_stats needs beside its outputs (0 for the one-warp-per-row kernel, and when each
+// 16-row tile is folded in its block: T >= 16 rows per SM). Its first
 // probe_stats_counter_bytes(a) bytes are counters that must be zero before the first launch on that memory;
 // every launch leaves them zero.
 size_t probe_stats_workspace(const ProbeStatsArgs& a);

@@ -47,7 +47,7 @@ constexpr uint64_t kChecksumStep = 0x9e3779b97f4a7c16ull;  // even
 constexpr uint64_t kChecksumBase = 0xd1b54a32d192ed03ull;  // A: odd
 MLA_HD inline uint64_t checksum_row_hash(uint64_t row) { return splitmix64(row) | 1ull; }
 // base^e mod 2^64.
-MLA_HD inline uint64_t pow_mod64(uint64_t base, uint64_t e) {
+MLA_HD constexpr uint64_t pow_mod64(uint64_t base, uint64_t e) {
   uint64_t r = 1;
   for (; e; e >>= 1, base *= base)
     if (e & 1) r *= base;

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 namespace mla::cuda {
 
@@ -460,8 +461,12 @@ __device__ inline double row_lanes_sum(double v) {
 // The B fragment register of bf16 ±1 for columns 2u, 2u + 1 of a lane's 8 and sketch lanes g + 8j, from the
 // lane's sign word `m`: their bits sit at sign_bit(j, 2u) and 16 above it, so one shift puts them on the two
 // bf16 sign bits (bits 15 and 31) and one LOP3 keeps those and sets the magnitude 1.0 (0x3F80) in both halves.
-__device__ __forceinline__ uint32_t sign_pair(uint32_t m, int j, int u) {
-  return 0x3F803F80u | ((m << (15 - 4 * j - u)) & 0x80008000u);
+__device__ __forceinline__ uint32_t sign_pair(uint32_t m, int j, int u, uint32_t ones) {
+  // (m << k) & 0x80008000 | ones as one LOP3 (ones in a register: the compiler would otherwise spend an AND and an
+  // OR, a LOP3 taking one immediate).
+  uint32_t r;
+  asm("lop3.b32 %0, %1, 0x80008000, %2, 0xEA;" : "=r"(r) : "r"(m << (15 - 4 * j - u)), "r"(ones));
+  return r;
 }
 
 // Row r's record from its segments' partials, by one warp (fold_rows_kernel, for many segments): lane l folds
@@ -543,22 +548,40 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   const bf16* p1 = x + (v1 ? i1 : 0);
   const uint32_t* sg = sketch ? a.sketch_bits + (c_begin / 8 + t) * 8 + gr : nullptr;
 
-  // Step s's copies into slot s % kStages; lanes past the segment's end (or rows past the tensor's) write zeros.
-  const auto issue = [&](int s) {
-    TileStage& slot = my[s % kStages];
+  // Step s's copies into ring slot `slot`; lanes past the segment's end (or rows past the tensor's) write zeros.
+  // A whole step (64 columns inside the segment: every step but a segment's last when its width is not a multiple
+  // of 64) takes the short way: no column tests, the addresses a multiply-add from the lane's first.
+  const uint32_t lane_dst = mma::smem_u32(&my[0].data[0][lane]), lane_sign_dst = mma::smem_u32(&my[0].signs[0][lane]);
+  const auto issue = [&](int s, int slot) {
+    const uint32_t dst = lane_dst + slot * static_cast<uint32_t>(sizeof(TileStage));
+    const uint32_t sdst = lane_sign_dst + slot * static_cast<uint32_t>(sizeof(TileStage));
+    constexpr uint32_t kPlane = 32 * sizeof(uint4);  // data[k] to data[k + 1]
+    if (64 * (s + 1) <= width) {
+      const bf16* q0 = p0 + (v0 ? 64 * s : 0);
+      const bf16* q1 = p1 + (v1 ? 64 * s : 0);
+      mma::cp_async_16(dst, q0, v0);
+      mma::cp_async_16(dst + kPlane, q1, v1);
+      mma::cp_async_16(dst + 2 * kPlane, v0 ? q0 + 32 : x, v0);
+      mma::cp_async_16(dst + 3 * kPlane, v1 ? q1 + 32 : x, v1);
+      if (sketch && !(MLA_PROBE_ABLATE & 32)) {
+        mma::cp_async_4(sdst, sg + 64 * s, true);
+        mma::cp_async_4(sdst + 32 * sizeof(uint32_t), sg + 64 * s + 32, true);
+      }
+      return;
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = 64 * s + 32 * half;  // columns from the lane's first
       const bool ok = off + 8 * t < width;
-      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half][lane]), ok && v0 ? p0 + off : x, ok && v0);
-      mma::cp_async_16(mma::smem_u32(&slot.data[2 * half + 1][lane]), ok && v1 ? p1 + off : x, ok && v1);
+      mma::cp_async_16(dst + 2 * half * kPlane, ok && v0 ? p0 + off : x, ok && v0);
+      mma::cp_async_16(dst + (2 * half + 1) * kPlane, ok && v1 ? p1 + off : x, ok && v1);
       if (sketch && !(MLA_PROBE_ABLATE & 32))
-        mma::cp_async_4(mma::smem_u32(&slot.signs[half][lane]), ok ? sg + off : a.sketch_bits, ok);
+        mma::cp_async_4(sdst + half * 32 * sizeof(uint32_t), ok ? sg + off : a.sketch_bits, ok);
     }
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue(s);
+    if (s < steps) issue(s, s);
     mma::cp_async_commit();
   }
 
@@ -568,22 +591,21 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   int head_left = halves_per_head;
   int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
   double head_sq0 = 0, head_sq1 = 0;
+  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16 1.0, twice (the sign words' magnitudes)
   // The checksum multiplier's power of A for this lane's chunk of the step's first half (the second's is A^4 on):
   // A^((c_begin + 8t + 64s) / 8), the same in both rows.
   constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4), kA8 = pow_mod64(kChecksumBase, 8);
   uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(c_begin / 8 + t));
-  for (int s = 0; s < steps; ++s, power *= kA8) {
-    mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
-    const TileStage& slot = my[s % kStages];
-    // The slot consumed by the previous step is free (this step's slot is read below, its turn comes again
-    // kStages steps on).
-    if (s + kStages - 1 < steps) issue(s + kStages - 1);
-    mma::cp_async_commit();
+  // One step on slot `slot`; kWhole: all 64 columns inside the segment (no lane past its end).
+  const auto step = [&](int s, int slot, auto whole) {
+    constexpr bool kWhole = decltype(whole)::value;
+    const TileStage& st = my[slot];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = 64 * s + 32 * half;
-      const bool in = off + 8 * t < width;  // lanes past the segment's end (and rows past the tensor's) hold zeros
-      const uint4 w0 = slot.data[2 * half][lane], w1 = slot.data[2 * half + 1][lane];
+      // Lanes past the segment's end (and rows past the tensor's) hold zeros.
+      const bool in = kWhole || off + 8 * t < width;
+      const uint4 w0 = st.data[2 * half][lane], w1 = st.data[2 * half + 1][lane];
       const uint64_t chunk_power = half ? power * kA4 : power;
       if (in && v0) row0.checksum(w0, chunk_power);
       if (in && v1) row1.checksum(w1, chunk_power);
@@ -591,11 +613,11 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
       if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma
         // Sign bits of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
-        const uint32_t mh = slot.signs[half][lane];
+        const uint32_t mh = st.signs[half][lane];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          mma::mma_bf16_pure(c[j], A1, sign_pair(mh, j, 0), sign_pair(mh, j, 1));
-          mma::mma_bf16_pure(c[j], A2, sign_pair(mh, j, 2), sign_pair(mh, j, 3));
+          mma::mma_bf16_pure(c[j], A1, sign_pair(mh, j, 0, kOnes), sign_pair(mh, j, 1, kOnes));
+          mma::mma_bf16_pure(c[j], A2, sign_pair(mh, j, 2, kOnes), sign_pair(mh, j, 3, kOnes));
         }
       }
       double hsq0 = 0, hsq1 = 0;  // this lane's part of the half's sum of squares, rows g and g + 8
@@ -608,7 +630,7 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       else if (in && v1) hsq1 = row1.slow_chunk(w1);
 #endif
       // Heads are whole halves, so a half is in or out on every lane alike here.
-      if (halves_per_head > 0 && off < width && !(MLA_PROBE_ABLATE & 8)) {
+      if (halves_per_head > 0 && (kWhole || off < width) && !(MLA_PROBE_ABLATE & 8)) {
         head_sq0 += hsq0;
         head_sq1 += hsq1;
         if (--head_left == 0) {
@@ -621,6 +643,15 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
         }
       }
     }
+  };
+  for (int s = 0, slot = 0; s < steps; ++s, power *= kA8, slot = slot == kStages - 1 ? 0 : slot + 1) {
+    mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
+    // The slot consumed by the previous step is free (this step's slot is read below, its turn comes again
+    // kStages steps on).
+    if (s + kStages - 1 < steps) issue(s + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);
+    mma::cp_async_commit();
+    if (64 * (s + 1) <= width) step(s, slot, std::true_type{});
+    else step(s, slot, std::false_type{});
   }
   mma::cp_async_wait<0>();
   if (MLA_PROBE_ABLATE & 16) return;

@@ -343,9 +343,11 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
 }
 
 // Per row, one lane's accumulators. The finite sum and sum of squares of a half step (the row's 32 columns) come
-// from the tensor cores (half_sums below) and are added here by the one lane that holds them; a half with a
-// non-finite value or a huge square goes element by element in double, every lane its own chunk (the host's way).
-// The checksum and the absmax are per lane and chunk of 8 values.
+// from the tensor cores (half_sums below), and each of the row's four lanes adds them (the same values in the same
+// order: the lanes' sums are equal, so four of them add up to 4x exactly and the fold takes a quarter, exact); a half
+// with a non-finite value or a huge square goes element by element in double, every lane its own chunk (the host's
+// way), added times 4 (exact) so that the quarter leaves it once. The checksum and the absmax are per lane and chunk
+// of 8 values.
 struct LaneRow {
   double sum = 0, sumsq = 0;  // finite values
   uint32_t amax_bits = 0;     // two bf16 magnitudes: the largest |finite value| bits, per 16-bit lane
@@ -370,17 +372,16 @@ struct LaneRow {
     check += power * b2;
 #endif
   }
-  // A fast half: `half_sum` and `sq` are the row's (added by the lane that holds them, `holder`); `mx` the lane's
-  // chunk's largest magnitude bits. Returns what the half adds to the row's head sum of squares in this lane.
-  __device__ __forceinline__ double fast_half(bool holder, float half_sum, float sq, uint32_t mx) {
-    if (holder) {
-      sum += half_sum;
-      sumsq += sq;
-    }
+  // A fast half: `half_sum` and `sq` are the row's (every lane of the row has them); `mx` the lane's chunk's
+  // largest magnitude bits. Returns what the half adds to the row's head sum of squares in this lane (4x, as the
+  // sums: row_quarter_sum folds it).
+  __device__ __forceinline__ double fast_half(float half_sum, float sq, uint32_t mx) {
+    sum += half_sum;
+    sumsq += sq;
     amax_bits = __vmaxu2(amax_bits, mx);
-    return holder ? sq : 0.f;
+    return sq;
   }
-  // Element by element in double, the host's way. Returns the chunk's sum of squares (non-finite values
+  // Element by element in double, the host's way, times 4. Returns 4x the chunk's sum of squares (non-finite values
   // included).
   __device__ __forceinline__ double slow_chunk(uint4 w) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
@@ -389,19 +390,19 @@ struct LaneRow {
       const uint32_t b = (j & 1) ? words[j >> 1] >> 16 : words[j >> 1] & 0xffffu;
       const float v = bf16_bits_to_float(b);
       const double d = v;
-      all += d * d;
+      all += 4.0 * (d * d);
       if (isnan(v)) nan_inf += 1u;
       else if (isinf(v)) nan_inf += 1u << 16;
       else {
-        sum += d;
-        sumsq += d * d;
+        sum += 4.0 * d;
+        sumsq += 4.0 * (d * d);
         amax_bits = __vmaxu2(amax_bits, b & 0x7FFFu);  // into the low lane
       }
     }
     return all;
   }
-  // Folds the four lanes of a row (lane bits 0 and 1) into every one of them; the checksum gets the row's hash
-  // and its kChecksumStep · Σ j(2b + 1) part.
+  // Folds the four lanes of a row (lane bits 0 and 1) into every one of them (the sums a quarter of the lanes'
+  // total: see above); the checksum gets the row's hash and its kChecksumStep · Σ j(2b + 1) part.
   __device__ void fold_lanes(uint64_t row_hash) {
     check = row_hash * check + kChecksumStep * jsum;
 #pragma unroll
@@ -412,6 +413,8 @@ struct LaneRow {
       nan_inf += __shfl_xor_sync(0xffffffffu, nan_inf, o);
       check += __shfl_xor_sync(0xffffffffu, check, o);
     }
+    sum *= 0.25;
+    sumsq *= 0.25;
   }
   __device__ float amax() const { return __uint_as_float(max(amax_bits & 0xFFFFu, amax_bits >> 16) << 16); }
   __device__ unsigned nan() const { return nan_inf & 0xFFFFu; }
@@ -452,10 +455,11 @@ __device__ __forceinline__ float head_norm(double sq) {
   return sq < 1e38 ? sqrtf(static_cast<float>(sq)) : static_cast<float>(sqrt(sq));
 }
 
-// Sum over the four lanes of a row (lane bits 0 and 1), every one of them gets it.
-__device__ inline double row_lanes_sum(double v) {
+// A quarter of the sum over the four lanes of a row (lane bits 0 and 1), every one of them gets it (the lanes add
+// each fast half's value and 4x their own slow chunks': LaneRow).
+__device__ inline double row_quarter_sum(double v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+  return 0.25 * (v + __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
 // The B fragment register of bf16 ±1 for columns 2u, 2u + 1 of a lane's 8 and sketch lanes g + 8j, from the
@@ -586,7 +590,9 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   }
 
   LaneRow row0, row1;
-  float c[4][4] = {};  // sketch accumulators: n-tile j = lanes 8j..8j+7
+  // Sketch accumulators, transposed: c[m][n] is sketch lanes 16m..16m + 15 x tile rows 8n..8n + 7 (c[m][n][e]: lane
+  // 16m + gr + 8·(e / 2), row 8n + 2t + e % 2).
+  float c[2][2][4] = {};
   const int halves_per_head = static_cast<int>(g.head_cols / 32);
   int head_left = halves_per_head;
   int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
@@ -607,34 +613,44 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       const bool in = kWhole || off + 8 * t < width;
       const uint4 w0 = st.data[2 * half][lane], w1 = st.data[2 * half + 1][lane];
       const uint64_t chunk_power = half ? power * kA4 : power;
-      if (in && v0) row0.checksum(w0, chunk_power);
-      if (in && v1) row1.checksum(w1, chunk_power);
-      // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
-      const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
+      // A row past the tensor's is zeros and its accumulators are dropped: only lanes past the segment's end must
+      // not add.
+      if (in) {
+        row0.checksum(w0, chunk_power);
+        row1.checksum(w1, chunk_power);
+      }
       if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma
-        // Sign bits of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
+        // Transposed, (sketch lanes x columns) · (columns x rows): the B fragments are the lanes' own words (b0:
+        // columns 0-1 of the k-step's 4, b1: columns 2-3, row g; rows g + 8 the second n-tile), the A fragments the
+        // signs of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
         const uint32_t mh = st.signs[half][lane];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          mma::mma_bf16_pure(c[j], A1, sign_pair(mh, j, 0, kOnes), sign_pair(mh, j, 1, kOnes));
-          mma::mma_bf16_pure(c[j], A2, sign_pair(mh, j, 2, kOnes), sign_pair(mh, j, 3, kOnes));
+        for (int k = 0; k < 2; ++k) {
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            const uint32_t S[4] = {sign_pair(mh, 2 * m, 2 * k, kOnes), sign_pair(mh, 2 * m + 1, 2 * k, kOnes),
+                                   sign_pair(mh, 2 * m, 2 * k + 1, kOnes), sign_pair(mh, 2 * m + 1, 2 * k + 1, kOnes)};
+            mma::mma_bf16_pure(c[m][0], S, k ? w0.z : w0.x, k ? w0.w : w0.y);
+            mma::mma_bf16_pure(c[m][1], S, k ? w1.z : w1.x, k ? w1.w : w1.y);
+          }
         }
       }
-      double hsq0 = 0, hsq1 = 0;  // this lane's part of the half's sum of squares, rows g and g + 8
+      double hsq0 = 0, hsq1 = 0;  // this lane's part of the half's sum of squares, rows g and g + 8 (4x)
 #if !(MLA_PROBE_ABLATE & 2)
+      // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
+      const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
       const HalfSums hs = half_sums(A1, A2, lane);
-      const bool holder = t == (gr >> 1);
-      if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast_half(holder, hs.sum0, hs.sq0, chunk_absmax_bits(w0));
-      else if (in && v0) hsq0 = row0.slow_chunk(w0);
-      if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast_half(holder, hs.sum1, hs.sq1, chunk_absmax_bits(w1));
-      else if (in && v1) hsq1 = row1.slow_chunk(w1);
+      if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast_half(hs.sum0, hs.sq0, chunk_absmax_bits(w0));
+      else if (in) hsq0 = row0.slow_chunk(w0);
+      if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast_half(hs.sum1, hs.sq1, chunk_absmax_bits(w1));
+      else if (in) hsq1 = row1.slow_chunk(w1);
 #endif
       // Heads are whole halves, so a half is in or out on every lane alike here.
       if (halves_per_head > 0 && (kWhole || off < width) && !(MLA_PROBE_ABLATE & 8)) {
         head_sq0 += hsq0;
         head_sq1 += hsq1;
         if (--head_left == 0) {
-          const double h0 = row_lanes_sum(head_sq0), h1 = row_lanes_sum(head_sq1);
+          const double h0 = row_quarter_sum(head_sq0), h1 = row_quarter_sum(head_sq1);
           if (t == 0 && v0) a.head_l2[r0 * a.heads + head] = head_norm(h0);
           if (t == 0 && v1) a.head_l2[r1 * a.heads + head] = head_norm(h1);
           head_sq0 = head_sq1 = 0;
@@ -675,19 +691,14 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   }
   if (sketch) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int k = 8 * j + 2 * t;
-      if (v0) {
-        float* o = sketch_part + (gr * g.segs + seg) * kSketchLanes + k;
-        o[0] = c[j][0];
-        o[1] = c[j][1];
-      }
-      if (v1) {
-        float* o = sketch_part + ((gr + 8) * g.segs + seg) * kSketchLanes + k;
-        o[0] = c[j][2];
-        o[1] = c[j][3];
-      }
-    }
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = 8 * n + 2 * t + e % 2, k = 16 * m + gr + 8 * (e / 2);
+          if (tile * kTileRows + rr < a.rows) sketch_part[(rr * g.segs + seg) * kSketchLanes + k] = c[m][n][e];
+        }
   }
   if constexpr (kBlockFold) {
     __syncthreads();

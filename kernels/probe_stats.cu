@@ -556,21 +556,33 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   // A whole step (64 columns inside the segment: every step but a segment's last when its width is not a multiple
   // of 64) takes the short way: no column tests, the addresses a multiply-add from the lane's first.
   const uint32_t lane_dst = mma::smem_u32(&my[0].data[0][lane]), lane_sign_dst = mma::smem_u32(&my[0].signs[0][lane]);
+  // Whole steps: a row's source advances 128 bytes a step (0 for a row past the tensor's, whose copies read 0 bytes).
+  const uint32_t stride0 = v0 ? 128u : 0u, stride1 = v1 ? 128u : 0u, bytes0 = v0 ? 16u : 0u, bytes1 = v1 ? 16u : 0u;
   const auto issue = [&](int s, int slot) {
     const uint32_t dst = lane_dst + slot * static_cast<uint32_t>(sizeof(TileStage));
     const uint32_t sdst = lane_sign_dst + slot * static_cast<uint32_t>(sizeof(TileStage));
     constexpr uint32_t kPlane = 32 * sizeof(uint4);  // data[k] to data[k + 1]
     if (64 * (s + 1) <= width) {
-      const bf16* q0 = p0 + (v0 ? 64 * s : 0);
-      const bf16* q1 = p1 + (v1 ? 64 * s : 0);
-      mma::cp_async_16(dst, q0, v0);
-      mma::cp_async_16(dst + kPlane, q1, v1);
-      mma::cp_async_16(dst + 2 * kPlane, v0 ? q0 + 32 : x, v0);
-      mma::cp_async_16(dst + 3 * kPlane, v1 ? q1 + 32 : x, v1);
-      if (sketch && !(MLA_PROBE_ABLATE & 32)) {
-        mma::cp_async_4(sdst, sg + 64 * s, true);
-        mma::cp_async_4(sdst + 32 * sizeof(uint32_t), sg + 64 * s + 32, true);
-      }
+      // Rows past the tensor's stay at the tensor's start (their copies read nothing: zero bytes).
+      static_assert(kPlane == 512, "the copies' immediate offsets");
+      asm volatile(
+          "{\n .reg .u64 q0, q1;\n"
+          " mad.wide.u32 q0, %2, %3, %4;\n"
+          " mad.wide.u32 q1, %2, %5, %6;\n"
+          " cp.async.cg.shared.global [%0], [q0], 16, %1;\n"
+          " cp.async.cg.shared.global [%0+512], [q1], 16, %7;\n"
+          " cp.async.cg.shared.global [%0+1024], [q0+64], 16, %1;\n"
+          " cp.async.cg.shared.global [%0+1536], [q1+64], 16, %7;\n}\n" ::"r"(dst),
+          "r"(bytes0), "r"(s), "r"(stride0), "l"(p0), "r"(stride1), "l"(p1), "r"(bytes1)
+          : "memory");
+      if (sketch && !(MLA_PROBE_ABLATE & 32))
+        asm volatile(
+            "{\n .reg .u64 q;\n"
+            " mad.wide.u32 q, %1, 256, %2;\n"
+            " cp.async.ca.shared.global [%0], [q], 4;\n"
+            " cp.async.ca.shared.global [%0+128], [q+128], 4;\n}\n" ::"r"(sdst),
+            "r"(s), "l"(sg)
+            : "memory");
       return;
     }
 #pragma unroll

@@ -1,4 +1,4 @@
-// Device probe statistics. Every bf16 probe of the real models takes version 7 (probe_tiles_kernel below: one pass
+// Device probe statistics. Every bf16 probe of the real models takes version 8 (probe_tiles_kernel below: one pass
 // for the stats, the head L2 and the sketch, the sums and the sketch on the tensor cores, the fold by the tile's
 // block or its last warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2:
 // one warp per token row, one pass over the row for the finite sum, sum of squares, absmax, NaN/Inf counts, the
@@ -6,7 +6,7 @@
 // when the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so records are
 // bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer at T = 4096); 3
 // took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the sketch as a separate
-// cuBLAS GEMM; 4, 5 and 6 are described beside version 7.
+// cuBLAS GEMM; 4 to 7 are described beside version 8.
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
@@ -170,16 +170,18 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
-// Version 7 (session 6), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a multiple of
+// Version 8 (session 7; version 7's records bit for bit), for bf16 tensors whose width is a multiple of 8 and whose
+// heads (if any) are a multiple of
 // 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One warp per (tile of
 // 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the tile: each lane copies 16
 // bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4, t = lane % 4: the mma fragment's
 // row and column group) into its own slots of a kStages-deep shared-memory ring with cp.async, so several steps are
-// in flight per warp without holding registers; the same 16 bytes are then the A fragments of mma.m16n8k16 (the
-// columns of a k-step are taken in the order the lanes hold them) for three products: against the ±1 sketch signs
-// (the sign fragment built for those columns: one shift and one LOP3 per register, the table's bit layout sign_bit),
-// against a column of ones (the rows' sums), and against the A registers themselves (the Gram diagonal: the rows'
-// sums of squares; half_sums). A half step whose sum of squares is not finite (a NaN, an Inf, a square past fp32)
+// in flight per warp without holding registers; the same 16 bytes then feed mma.m16n8k16 (the columns of a k-step
+// taken in the order the lanes hold them): as B fragments as they are, for the sketch transposed — (32 sketch lanes
+// x columns) · (columns x 16 rows), the A fragments the ±1 signs of those columns, one shift and one LOP3 per
+// register (the table's bit layout sign_bit); and as A fragments (rows g and g + 8 interleaved) against a column of
+// ones (the rows' sums) and against themselves (the Gram diagonal: the rows' sums of squares; half_sums), which every
+// lane of the row adds (LaneRow). A half step whose sum of squares is not finite (a NaN, an Inf, a square past fp32)
 // goes element by element in double instead. Per row: the four lanes of a row fold their partials by shuffles; per
 // head: the sums of squares of its halves, folded when the head ends (heads are whole 32-column halves). The checksum
 // of a chunk of 8 elements with multipliers H·A^q + s·j is H·A^q·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a
@@ -192,6 +194,9 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to finish a tile's
 // segments folds the tile's rows (a counter per tile, left at zero), its loads in flight together; segments as narrow
 // as one wave of warps allows. Both folds add in the same order, so a record does not depend on which one ran.
+// Version 7 (session 6) took the sketch with the rows as the A fragments (four register moves per fragment), only one
+// lane of a row added the half sums (selects), and every step's copies tested their columns: 41.4 M instructions on
+// [4096, 16384] at sketch level (version 8: 29.6 M), the layer's probes 596-632 µs (version 8: 516-532).
 // Version 6 (session 5) folded every shape the second way: the fold at the end of each launch (a fence, an atomic, L2
 // round trips) cost ~10-15 µs per probe, 847 -> 700 µs for the layer's probes at T = 4096 with the block fold and a
 // 3-deep ring (docs/perf-notes.md, session 6). Version 4 (session 3: a register prefetch, head sums through shared

@@ -93,6 +93,9 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
   EXPECT_NE(os.str().find("waiting for probes at the end of the layer"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("on the device: the layer's span with these probes"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("host time in the stages' calls"), std::string::npos) << os.str();
+  // Each round's range beside the medians (the fake engine's spans are exact: every round the same).
+  EXPECT_NE(os.str().find("x.."), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("each round +0.000..+0.000 ms"), std::string::npos) << os.str();
   EXPECT_GT(r.bare_stage_calls.median, 0.0);
   const auto j = bench_to_json(r);
   EXPECT_GE(j["probe_overhead"][1]["end_wait"]["median_s"].get<double>(), 2e-3) << j.dump();

@@ -387,7 +387,9 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.3f", r.layer_wall.median * 1e3) << " ms without probes = "
        << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.median / r.layer_wall.median : 0) << "x (+"
        << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (p.layer_time.median / r.layer_wall.median - 1) : 0)
-       << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds)\n"
+       << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds, each "
+       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.min / r.layer_wall.median : 0) << "x.."
+       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.max / r.layer_wall.median : 0) << "x)\n"
        << "  of which host time in the probe calls beside the stages " << fmt("%.3f", p.host_calls.median * 1e3)
        << " ms (starting them " << fmt("%.3f", p.host_starts.median * 1e3) << " ms, the rest taking finished records)"
        << ", waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n"
@@ -395,7 +397,9 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.3f", r.bare_stage_calls.median * 1e3) << " ms without probes\n"
        << "  on the device: the layer's span with these probes " << fmt("%.3f", p.device_span.median * 1e3)
        << " ms vs " << fmt("%.3f", r.layer_time.median * 1e3) << " ms without (+"
-       << fmt("%.3f", (p.device_span.median - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
+       << fmt("%.3f", (p.device_span.median - r.layer_time.median) * 1e3) << " ms, each round +"
+       << fmt("%.3f", (p.device_span.min - r.layer_time.median) * 1e3) << "..+"
+       << fmt("%.3f", (p.device_span.max - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
        << "the stages; the rest of the wall's overhead is the host's and the last records' copies)\n";
   // The all-reduce as NCCL's tests report it: algbw = bytes / time, busbw = algbw · 2(n-1)/n (the rate each
   // link sustains in a ring), with the time of the stage's slowest device.

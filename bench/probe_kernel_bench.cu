@@ -151,6 +151,7 @@ int patterns(int repeats) {
   CUDA_CHECK(cudaMalloc(&x, bytes));
   CUDA_CHECK(cudaMalloc(&out, 64));
   fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(x), n, 1);
+  CUDA_CHECK_LAUNCH();
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
@@ -159,6 +160,7 @@ int patterns(int repeats) {
     for (int i = 0; i < repeats + 3; ++i) {
       CUDA_CHECK(cudaEventRecord(e0));
       launch();
+      CUDA_CHECK_LAUNCH();
       CUDA_CHECK(cudaEventRecord(e1));
       CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
@@ -284,6 +286,7 @@ int run(int argc, char** argv) {
     CUDA_CHECK(cudaMalloc(&y, bytes));
     fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(x[0]), n, 1);
     fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(x[1]), n, 1);
+    CUDA_CHECK_LAUNCH();
     uint32_t* bits = nullptr;
     CUDA_CHECK(cudaMalloc(&bits, sketch_sign_bits_words(s.cols) * 4));
     launch_sketch_sign_bits(0x1234, 0, s.cols, bits, nullptr);

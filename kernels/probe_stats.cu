@@ -171,27 +171,26 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 }
 
 // Version 8 (session 7; version 7's records bit for bit), for bf16 tensors whose width is a multiple of 8 and whose
-// heads (if any) are a multiple of
-// 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One warp per (tile of
-// 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the tile: each lane copies 16
-// bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4, t = lane % 4: the mma fragment's
-// row and column group) into its own slots of a kStages-deep shared-memory ring with cp.async, so several steps are
-// in flight per warp without holding registers; the same 16 bytes then feed mma.m16n8k16 (the columns of a k-step
-// taken in the order the lanes hold them): as B fragments as they are, for the sketch transposed — (32 sketch lanes
-// x columns) · (columns x 16 rows), the A fragments the ±1 signs of those columns, one shift and one LOP3 per
-// register (the table's bit layout sign_bit); and as A fragments (rows g and g + 8 interleaved) against a column of
-// ones (the rows' sums) and against themselves (the Gram diagonal: the rows' sums of squares; half_sums), which every
-// lane of the row adds (LaneRow). A half step whose sum of squares is not finite (a NaN, an Inf, a square past fp32)
-// goes element by element in double instead. Per row: the four lanes of a row fold their partials by shuffles; per
-// head: the sums of squares of its halves, folded when the head ends (heads are whole 32-column halves). The checksum
-// of a chunk of 8 elements with multipliers H·A^q + s·j is H·A^q·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a
-// chains per chunk and one 64-bit multiply-add by the lane's running power A^q (times A^8 per step), the row's hash H
-// and the step s applied once per segment (the second sum kept in 32 bits) — the same value as the per-element terms.
-// (Version 6 hashed every chunk's flat index with a splitmix64, ~20 dependent 64-bit instructions, 4 per lane and
-// step.) With at least a tile per SM (T >= 2112 rows on an H200) one block takes a tile, a warp per segment, and
-// folds it through shared memory at the end (the ring's memory; no partials in global memory, no fences, no
-// counters); its segments are the narrowest whose blocks still fit in one wave. With fewer tiles, blocks of four
-// warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to finish a tile's
+// heads (if any) are a multiple of 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in
+// one pass. One warp per (tile of 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of
+// the tile: each lane copies 16 bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4, t =
+// lane % 4: the mma fragment's row and column group) into its own slots of a kStages-deep shared-memory ring with
+// cp.async, so several steps are in flight per warp without holding registers; the same 16 bytes then feed mma.m16n8k16
+// (the columns of a k-step taken in the order the lanes hold them): as B fragments as they are, for the sketch
+// transposed — (32 sketch lanes x columns) · (columns x 16 rows), the A fragments the ±1 signs of those columns, one
+// shift and one LOP3 per register (the table's bit layout sign_bit); and as A fragments (rows g and g + 8 interleaved)
+// against a column of ones (the rows' sums) and against themselves (the Gram diagonal: the rows' sums of squares;
+// half_sums), which every lane of the row adds (LaneRow). A half step whose sum of squares is not finite (a NaN, an
+// Inf, a square past fp32) goes element by element in double instead. Per row: the four lanes of a row fold their
+// partials by shuffles; per head: the sums of squares of its halves, folded when the head ends (heads are whole
+// 32-column halves). The checksum of a chunk of 8 elements with multipliers H·A^q + s·j is H·A^q·Σ(2b_j + 1) + s·Σ
+// j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit multiply-add by the lane's running power A^q (times
+// A^8 per step), the row's hash H and the step s applied once per segment (the second sum kept in 32 bits) — the same
+// value as the per-element terms. (Version 6 hashed every chunk's flat index with a splitmix64, ~20 dependent 64-bit
+// instructions, 4 per lane and step.) With at least a tile per SM (T >= 2112 rows on an H200) one block takes a tile, a
+// warp per segment, and folds it through shared memory at the end (the ring's memory; no partials in global memory, no
+// fences, no counters); its segments are the narrowest whose blocks still fit in one wave. With fewer tiles, blocks of
+// four warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to finish a tile's
 // segments folds the tile's rows (a counter per tile, left at zero), its loads in flight together; segments as narrow
 // as one wave of warps allows. Both folds add in the same order, so a record does not depend on which one ran.
 // Version 7 (session 6) took the sketch with the rows as the A fragments (four register moves per fragment), only one
@@ -467,9 +466,10 @@ __device__ inline double row_quarter_sum(double v) {
   return 0.25 * (v + __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// The B fragment register of bf16 ±1 for columns 2u, 2u + 1 of a lane's 8 and sketch lanes g + 8j, from the
-// lane's sign word `m`: their bits sit at sign_bit(j, 2u) and 16 above it, so one shift puts them on the two
-// bf16 sign bits (bits 15 and 31) and one LOP3 keeps those and sets the magnitude 1.0 (0x3F80) in both halves.
+// The sketch's fragment register (A of the transposed product) of bf16 ±1 for columns 2u, 2u + 1 of a lane's 8 and
+// sketch lanes g + 8j, from the lane's sign word `m`: their bits sit at sign_bit(j, 2u) and 16 above it, so one
+// shift puts them on the two bf16 sign bits (bits 15 and 31) and one LOP3 keeps those and sets the magnitude 1.0
+// (0x3F80) in both halves.
 __device__ __forceinline__ uint32_t sign_pair(uint32_t m, int j, int u, uint32_t ones) {
   // (m << k) & 0x80008000 | ones as one LOP3 (ones in a register: the compiler would otherwise spend an AND and an
   // OR, a LOP3 taking one immediate).
@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
           }
         }
       }
-      double hsq0 = 0, hsq1 = 0;  // this lane's part of the half's sum of squares, rows g and g + 8 (4x)
+      double hsq0 = 0, hsq1 = 0;  // what this lane adds to the heads' sums of squares, rows g and g + 8 (LaneRow)
 #if !(MLA_PROBE_ABLATE & 2)
       // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
       const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};

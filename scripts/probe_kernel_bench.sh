@@ -3,7 +3,8 @@
 # tuning macros, each timed on the DeepSeek-V3 probe shapes against a device copy in the same run; the digest
 # column must agree between variants that keep the same segment geometry. Log: $OUT/probe_kernel_bench.log.
 #
-#   MLA_PROBE_VARIANTS='1:4 5:4 1:4:1'   min-blocks:stages[:ablate[:-DMACRO=V]] (default 1:4 1:3 1:4:1 1:4:2 1:4:4);
+#   MLA_PROBE_VARIANTS='1:4 5:4 1:4:1'   min-blocks:stages[:ablate[:-DMACRO=V]] (default 1:3 1:4 1:3:1 1:3:2 1:3:4:
+#                                        the shipped kernel, a deeper ring, and the shipped kernel's ablations);
 #                                        ablate is MLA_PROBE_ABLATE: 1 no checksum, 2 no tensor-core sums, 4 no
 #                                        sketch mma, 8 no head L2, 16 no partials or fold, 32 no sign-word copies
 #                                        (wrong records: timing only; 31 leaves the ring's copies and waits); the
@@ -48,7 +49,7 @@ for base in ${MLA_PROBE_BASELINE:-}; do
   names+=("$name")
   build "$name" "$base" >"build-gpu/probe_bench/$name.summary" &
 done
-for v in ${MLA_PROBE_VARIANTS:-1:4 1:3 1:4:1 1:4:2 1:4:4}; do
+for v in ${MLA_PROBE_VARIANTS:-1:3 1:4 1:3:1 1:3:2 1:3:4}; do
   IFS=: read -r blocks stages ablate extra <<<"$v"
   ablate="${ablate:-0}"
   extra="${extra:-}"

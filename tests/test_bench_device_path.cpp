@@ -84,7 +84,6 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
     // Starting the probes is part of the probe calls; the stages' own calls take host time with and without them.
     EXPECT_EQ(p.host_starts.samples.size(), 2u) << p.level;
     EXPECT_LE(p.host_starts.median, p.host_calls.median) << p.level;
-    EXPECT_GE(p.host_starts.median, 0.0) << p.level;
     EXPECT_GT(p.stage_calls.median, 0.0) << p.level;
   }
   std::ostringstream os;
@@ -94,7 +93,7 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
   EXPECT_NE(os.str().find("on the device: the layer's span with these probes"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("host time in the stages' calls"), std::string::npos) << os.str();
   // Each round's range beside the medians (the fake engine's spans are exact: every round the same).
-  EXPECT_NE(os.str().find("x.."), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find(" rounds, each "), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("each round +0.000..+0.000 ms"), std::string::npos) << os.str();
   EXPECT_GT(r.bare_stage_calls.median, 0.0);
   const auto j = bench_to_json(r);

@@ -382,14 +382,15 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
   os << "(layer: first stage start to last stage end on the device; sum of the stage medians "
      << fmt("%.3f", stage_sum * 1e3) << " ms; host wall, synchronized: " << fmt("%.3f", r.layer_wall.median * 1e3)
      << " ms; layer bytes = weights + x + h_out + cache rows)\n";
+  // A layer wall with probes over the one without (0 when that was not measured).
+  const auto over_bare = [&](double s) { return r.layer_wall.median > 0 ? s / r.layer_wall.median : 0.0; };
   for (const auto& p : r.probes)
     os << "probe overhead at " << p.level << ": layer wall " << fmt("%.3f", p.layer_time.median * 1e3) << " ms vs "
        << fmt("%.3f", r.layer_wall.median * 1e3) << " ms without probes = "
-       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.median / r.layer_wall.median : 0) << "x (+"
-       << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (p.layer_time.median / r.layer_wall.median - 1) : 0)
+       << fmt("%.3f", over_bare(p.layer_time.median)) << "x (+"
+       << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (over_bare(p.layer_time.median) - 1) : 0)
        << "%; target <= +10% at sketch; median of " << p.layer_time.samples.size() << " rounds, each "
-       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.min / r.layer_wall.median : 0) << "x.."
-       << fmt("%.3f", r.layer_wall.median > 0 ? p.layer_time.max / r.layer_wall.median : 0) << "x)\n"
+       << fmt("%.3f", over_bare(p.layer_time.min)) << "x.." << fmt("%.3f", over_bare(p.layer_time.max)) << "x)\n"
        << "  of which host time in the probe calls beside the stages " << fmt("%.3f", p.host_calls.median * 1e3)
        << " ms (starting them " << fmt("%.3f", p.host_starts.median * 1e3) << " ms, the rest taking finished records)"
        << ", waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n"

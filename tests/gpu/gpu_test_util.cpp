@@ -211,7 +211,7 @@ void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host,
   EXPECT_EQ(rec.inf, host.inf) << at;
   EXPECT_EQ(rec.absmax, host.absmax) << at;
   EXPECT_EQ(rec.shape, host.shape) << at;
-  // Within 1e-6 of `scale`: the device sums a row's 32 values of a half step (probe kernel versions 6, 7; the row
+  // Within 1e-6 of `scale`: the device sums a row's 32 values of a half step (probe kernel versions 6-8; the row
   // kernel sums in double) on the tensor cores in fp32 — two mma k-steps, each adding 16 exact bf16 products to
   // the accumulator and rounding once, so within ~2·2^-23 (2.4e-7) of the sum of their magnitudes — then adds the
   // halves in double; the host sums in double. 1e-6 leaves 4x for the hardware's rounding (truncation, not to

@@ -1,4 +1,4 @@
-// Device probe statistics. Every bf16 probe of the real models takes version 8 (probe_tiles_kernel below: one pass
+// Device probe statistics. Every bf16 probe of the real models takes version 9 (probe_tiles_kernel below: one pass
 // for the stats, the head L2 and the sketch, the sums and the sketch on the tensor cores, the fold by the tile's
 // block or its last warp); the rest (fp32 tensors such as lse, odd widths, heads narrower than 32 columns) version 2:
 // one warp per token row, one pass over the row for the finite sum, sum of squares, absmax, NaN/Inf counts, the
@@ -6,7 +6,7 @@
 // when the row has a NaN, else Inf when it has an Inf, as on the host. All reductions are fixed trees, so records are
 // bit-reproducible. Earlier versions: 1 hashed the sketch per element (~60 ms per DeepSeek-V3 layer at T = 4096); 3
 // took one block per 2048-column row slice with seven block-wide reductions (~0.55 TB/s) and the sketch as a separate
-// cuBLAS GEMM; 4 to 7 are described beside version 8.
+// cuBLAS GEMM; 4 to 8 are described beside version 9.
 #include "kernels/block_reduce.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
@@ -170,22 +170,24 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
-// Version 8 (session 7; version 7's records bit for bit), for bf16 tensors whose width is a multiple of 8 and whose
-// heads (if any) are a multiple of 32 columns (every bf16 probe of the real models): stats, head L2 and the sketch in
-// one pass. One warp per (tile of 16 rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of
-// the tile: each lane copies 16 bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4, t =
-// lane % 4: the mma fragment's row and column group) into its own slots of a kStages-deep shared-memory ring with
-// cp.async, so several steps are in flight per warp without holding registers; the same 16 bytes then feed mma.m16n8k16
-// (the columns of a k-step taken in the order the lanes hold them): as B fragments as they are, for the sketch
-// transposed — (32 sketch lanes x columns) · (columns x 16 rows), the A fragments the ±1 signs of those columns, one
-// shift and one LOP3 per register (the table's bit layout sign_bit); and as A fragments (rows g and g + 8 interleaved)
-// against a column of ones (the rows' sums) and against themselves (the Gram diagonal: the rows' sums of squares;
-// half_sums), which every lane of the row adds (LaneRow). A half step whose sum of squares is not finite (a NaN, an
-// Inf, a square past fp32) goes element by element in double instead. Per row: the four lanes of a row fold their
-// partials by shuffles; per head: the sums of squares of its halves, folded when the head ends (heads are whole
-// 32-column halves). The checksum of a chunk of 8 elements with multipliers H·A^q + s·j is H·A^q·Σ(2b_j + 1) + s·Σ
-// j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit multiply-add by the lane's running power A^q (times
-// A^8 per step), the row's hash H and the step s applied once per segment (the second sum kept in 32 bits) — the same
+// Version 9 (session 8), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a multiple of 32
+// columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One warp per (tile of 16
+// rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the tile: each lane copies 16
+// bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4, t = lane % 4: the mma fragment's row
+// and column group) into a kStages-deep shared-memory ring with cp.async (ring_index: conflict-free for the copies and
+// for ldmatrix), so several steps are in flight per warp without holding registers. The lane's own 16 bytes feed the
+// checksum, the absmax and the sketch: mma.m16n8k16 transposed — (32 sketch lanes x columns) · (columns x 16 rows), the
+// B fragments the lane's words as they are (the columns of a k-step taken in the order the lanes hold them), the A
+// fragments the ±1 signs of those columns, one shift and one LOP3 per register (the table's bit layout sign_bit). The
+// rows' sums and sums of squares come from ldmatrix reads of the whole tile (ring_sums): A against a column of ones and
+// the Gram diagonal, over a whole step at once where no head ends inside it, and every lane of the row adds them
+// (LaneRow). A step (or half) whose sum of squares is not finite (a NaN, an Inf, a square past fp32) goes element by
+// element in double instead; one vote a step finds that no row of the tile needs it. Per row: the four lanes of a row
+// fold their partials by shuffles; per head: the sums of squares of its steps or halves, folded when the head ends
+// (heads are whole 32-column halves). The checksum of a chunk of 8 elements with multipliers H·A^q + s·j is
+// H·A^q·Σ(2b_j + 1) + s·Σ j·(2b_j + 1) (mod 2^64): two dp2a chains per chunk and one 64-bit multiply-add by the lane's
+// running power A^q (times A^8 per step; a second half's chunks, A^(q+4), into a sum of their own that is multiplied
+// by A^4 once), the row's hash H and the step s applied once per segment (the second sum kept in 32 bits) — the same
 // value as the per-element terms. (Version 6 hashed every chunk's flat index with a splitmix64, ~20 dependent 64-bit
 // instructions, 4 per lane and step.) With at least a tile per SM (T >= 2112 rows on an H200) one block takes a tile, a
 // warp per segment, and folds it through shared memory at the end (the ring's memory; no partials in global memory, no
@@ -193,6 +195,11 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // four warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to finish a tile's
 // segments folds the tile's rows (a counter per tile, left at zero), its loads in flight together; segments as narrow
 // as one wave of warps allows. Both folds add in the same order, so a record does not depend on which one ran.
+// Version 8 (session 7) took the sums per half step with the lanes' own words as the A fragments (assembled by register
+// moves, twice, beside the ones constant: 54 moves a step) and the checksum's second-half power by a 64-bit multiply
+// every step: 29.6 M instructions on [4096, 16384] at sketch level (version 9: 25.4 M), the layer's probes 516-532 µs
+// (version 9: 490; the checksums, absmaxes and counts are exact in both, the sketch's mma sequence is unchanged, the
+// sums differ within fp32 rounding).
 // Version 7 (session 6) took the sketch with the rows as the A fragments (four register moves per fragment), only one
 // lane of a row added the half sums (selects), and every step's copies tested their columns: 41.4 M instructions on
 // [4096, 16384] at sketch level (version 8: 29.6 M), the layer's probes 596-632 µs (version 8: 516-532).
@@ -211,6 +218,11 @@ constexpr int kMaxHeadCols = 1024;
 // limited for, and the ring's depth (kStages - 1 steps in flight while one is computed).
 #ifndef MLA_PROBE_TILE_MIN_BLOCKS
 #define MLA_PROBE_TILE_MIN_BLOCKS 1
+#endif
+// The same for the 4-warp blocks of (tile, segment) tasks (fewer rows: T < 16 rows per SM): 4 keeps them at 128
+// registers, 16 warps per SM.
+#ifndef MLA_PROBE_TASK_MIN_BLOCKS
+#define MLA_PROBE_TASK_MIN_BLOCKS 4
 #endif
 #ifndef MLA_PROBE_TILE_STAGES
 #define MLA_PROBE_TILE_STAGES 3
@@ -234,6 +246,14 @@ constexpr int kMaxHeadCols = 1024;
 #ifndef MLA_PROBE_BLOCK_FOLD
 #define MLA_PROBE_BLOCK_FOLD 1
 #endif
+// 0: the checksum's weights and bf16 1.0 as constants (the compiler sets them again every half step).
+#ifndef MLA_PROBE_HOIST
+#define MLA_PROBE_HOIST 1
+#endif
+// 0: the rows' sums on the tensor cores per half step only (1: per whole step where heads allow, one vote a step).
+#ifndef MLA_PROBE_STEP_SUMS
+#define MLA_PROBE_STEP_SUMS 1
+#endif
 constexpr int kTileWarps = 4;       // warps per block when the tile's last warp folds it (global partials)
 constexpr int kMaxBlockWarps = 16;  // warps per block when the block folds its tile (one segment each)
 constexpr int kStages = MLA_PROBE_TILE_STAGES;
@@ -252,8 +272,25 @@ struct TileGeometry {
   bool fold_inline = false;
 };
 
-// One warp's slot of the ring: a step's four 16-byte chunks per lane ([half][row g, row g + 8]) and the sign
-// words of its two halves. Each lane reads back only what it copied itself.
+// Where lane (g, t)'s 16-byte chunk (row g's or g + 8's columns 8t..8t + 7 of a half step) sits in a ring plane: 4g
+// + (t XOR (g / 2) % 4). Shared memory serves 128 bytes a cycle: the 8 lanes of a quarter warp (rows 2q, 2q + 1) then
+// copy and read 8 different 16-byte bank groups, and so do the 8 rows of a chunk (an ldmatrix matrix) — with 4g + t
+// the latter were 4-way conflicts, with 8t + g the former (version 9's first cut: +30% on the layer's probes).
+__host__ __device__ constexpr int ring_index(int g, int t) { return 4 * g + (t ^ ((g >> 1) & 3)); }
+constexpr bool ring_index_is_a_permutation() {
+  bool seen[32] = {};
+  for (int g = 0; g < 8; ++g)
+    for (int t = 0; t < 4; ++t) {
+      const int i = ring_index(g, t);
+      if (i < 0 || i >= 32 || seen[i]) return false;
+      seen[i] = true;
+    }
+  return true;
+}
+static_assert(ring_index_is_a_permutation(), "every lane's chunk has its own place in a plane");
+
+// One warp's slot of the ring: a step's four 16-byte chunks per lane (planes [half][row g, row g + 8], lane (g, t)'s
+// chunk at index ring_index(g, t)) and the sign words of its two halves (at the lane's index).
 struct TileStage {
   uint4 data[4][32];
   uint32_t signs[2][32];
@@ -346,6 +383,20 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   return g;
 }
 
+// The checksum's dp2a weights (two bytes each: Σ 2b_j and Σ 2j·b_j over a word's two bf16 values j, j + 1) and bf16
+// 1.0 twice (the sketch's sign fragments and the sums' column of ones), in registers the loop keeps: as constants
+// the compiler set them again every half step (ten UMOVs and two MOVs a step, counted in session 7).
+struct DotWeights {
+  uint32_t two = 0x0202u, j01 = 0x0200u, j23 = 0x0604u, j45 = 0x0A08u, j67 = 0x0E0Cu, ones = 0x3F803F80u;
+};
+__device__ __forceinline__ DotWeights dot_weights() {
+  DotWeights k;
+#if MLA_PROBE_HOIST
+  asm("" : "+r"(k.two), "+r"(k.j01), "+r"(k.j23), "+r"(k.j45), "+r"(k.j67), "+r"(k.ones));  // opaque: not folded
+#endif
+  return k;
+}
+
 // Per row, one lane's accumulators. The finite sum and sum of squares of a half step (the row's 32 columns) come
 // from the tensor cores (half_sums below), and each of the row's four lanes adds them (the same values in the same
 // order: the lanes' sums are equal, so four of them add up to 4x exactly and the fold takes a quarter, exact); a half
@@ -356,30 +407,33 @@ struct LaneRow {
   double sum = 0, sumsq = 0;  // finite values
   uint32_t amax_bits = 0;     // two bf16 magnitudes: the largest |finite value| bits, per 16-bit lane
   uint32_t nan_inf = 0;       // NaN count + 2^16 · Inf count (a lane holds at most kSegCols / 4 values of a row)
-  unsigned long long check = 0;  // Σ A^q · Σ(2b + 1) over the chunks (q: the chunk's first column / 8)
-  unsigned jsum = 0;             // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 128 per lane and row)
+  unsigned long long check = 0;     // Σ A^q · Σ(2b + 1) over the chunks of first halves (q: the chunk's first column / 8)
+  unsigned long long check_hi = 0;  // the same over second halves' chunks, each without its factor A^4 (fold_lanes)
+  unsigned jsum = 0;                // Σ Σ j·(2b + 1) over the chunks (< 2^22 per chunk, <= 128 per lane and row)
 
-  // The checksum's part of a chunk; power: A^q for its first column c = 8q (the row's hash multiplies the sum
-  // once, in fold_lanes).
-  __device__ __forceinline__ void checksum(uint4 w, uint64_t power) {
+  // The checksum's part of a chunk; power: A^q for the first column c = 8q of the step's half (the row's hash
+  // multiplies the sum once, in fold_lanes; a second half's chunks go to check_hi, whose A^4 is also applied there).
+  template <bool kSecondHalf>
+  __device__ __forceinline__ void checksum(uint4 w, uint64_t power, const DotWeights& k) {
 #if !(MLA_PROBE_ABLATE & 1)
     // Σ(2b_j + 1) = Σ 2b_j + 8 and Σ j(2b_j + 1) = Σ 2j·b_j + 28, two 16-bit lanes per word (dp2a: lo·byte0 +
     // hi·byte1).
-    unsigned b2 = __dp2a_lo(w.x, 0x0202u, 8u);
-    b2 = __dp2a_lo(w.y, 0x0202u, b2);
-    b2 = __dp2a_lo(w.z, 0x0202u, b2);
-    b2 = __dp2a_lo(w.w, 0x0202u, b2);
-    unsigned j2 = __dp2a_lo(w.x, 0x0200u, jsum + 28u);
-    j2 = __dp2a_lo(w.y, 0x0604u, j2);
-    j2 = __dp2a_lo(w.z, 0x0A08u, j2);
-    jsum = __dp2a_lo(w.w, 0x0E0Cu, j2);
-    check += power * b2;
+    unsigned b2 = __dp2a_lo(w.x, k.two, 8u);
+    b2 = __dp2a_lo(w.y, k.two, b2);
+    b2 = __dp2a_lo(w.z, k.two, b2);
+    b2 = __dp2a_lo(w.w, k.two, b2);
+    unsigned j2 = __dp2a_lo(w.x, k.j01, jsum + 28u);
+    j2 = __dp2a_lo(w.y, k.j23, j2);
+    j2 = __dp2a_lo(w.z, k.j45, j2);
+    jsum = __dp2a_lo(w.w, k.j67, j2);
+    if constexpr (kSecondHalf) check_hi += power * b2;
+    else check += power * b2;
 #endif
   }
   // A fast half: `half_sum` and `sq` are the row's (every lane of the row has them); `mx` the lane's chunk's
   // largest magnitude bits. Returns what the half adds to the row's head sum of squares in this lane (4x, as the
   // sums: row_quarter_sum folds it).
-  __device__ __forceinline__ double fast_half(float half_sum, float sq, uint32_t mx) {
+  __device__ __forceinline__ double fast(float half_sum, float sq, uint32_t mx) {
     sum += half_sum;
     sumsq += sq;
     amax_bits = __vmaxu2(amax_bits, mx);
@@ -408,7 +462,8 @@ struct LaneRow {
   // Folds the four lanes of a row (lane bits 0 and 1) into every one of them (the sums a quarter of the lanes'
   // total: see above); the checksum gets the row's hash and its kChecksumStep · Σ j(2b + 1) part.
   __device__ void fold_lanes(uint64_t row_hash) {
-    check = row_hash * check + kChecksumStep * jsum;
+    constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4);
+    check = row_hash * (check + kA4 * check_hi) + kChecksumStep * jsum;
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -430,24 +485,34 @@ __device__ __forceinline__ uint32_t chunk_absmax_bits(uint4 w) {
   return __vmaxu2(__vmaxu2(w.x & 0x7FFF7FFFu, w.y & 0x7FFF7FFFu), __vmaxu2(w.z & 0x7FFF7FFFu, w.w & 0x7FFF7FFFu));
 }
 
-// A half step's row sums and sums of squares on the tensor cores. A1, A2: the warp's two k-steps of the 16 x 32
-// tile (the lanes' own loads, as for the sketch). The sum is A times a column of ones: every lane gets its rows'
-// sums. The sum of squares is the diagonal of the Gram matrix A·Aᵀ, whose B fragment for rows 0-7 (8-15) is the
-// lane's own A registers a0, a2 (a1, a3): row g's lands in the lane with t = g / 2, which shuffles it to the
-// row's other lanes (each needs it to tell a non-finite half). bf16 products are exact in fp32; the tensor cores
-// add them in fp32. A half is fast when its sum of squares is finite (NaN compares false with FLT_MAX).
+// The rows' sums and sums of squares over `kHalves` half steps of a ring slot, on the tensor cores. A k-step takes
+// two 8-column chunks of the half's four (the sums do not depend on which columns go together) by two ldmatrix.x4:
+// A (rows 0-7 and 8-15 of either chunk: the mma's A fragments) and G, the same four matrices in the order (0, 2, 1,
+// 3), whose register pairs are the B fragments of A's rows 0-7 and 8-15 (a0, a2 and a1, a3). The sum is A times a
+// column of ones: every lane gets its rows' sums. The sum of squares is the diagonal of the Gram matrix A·Aᵀ, one
+// mma per 8 rows: row g's lands in the lane with t = g / 2, which shuffles it to the row's other lanes (each needs
+// it to tell a non-finite run). bf16 products are exact in fp32; the tensor cores add a k-step's 16 to the fp32
+// accumulator and round once. A run is fast when its sum of squares is finite (NaN compares false with FLT_MAX).
+// a_addr[k], g_addr[k]: the lane's row addresses of the A and G matrices of k-step k of a slot's first half (ring
+// slot 0: `off` adds the slot's and the half's offset).
 struct HalfSums {
   float sum0, sum1, sq0, sq1;  // rows g and g + 8
 };
-__device__ __forceinline__ HalfSums half_sums(const uint32_t (&A1)[4], const uint32_t (&A2)[4], int lane) {
-  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16 1.0, twice
+template <int kHalves>
+__device__ __forceinline__ HalfSums ring_sums(const uint32_t (&a_addr)[2], const uint32_t (&g_addr)[2], uint32_t off,
+                                              int lane, uint32_t ones) {
   float cs[4] = {0.f, 0.f, 0.f, 0.f}, lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
-  mma::mma_bf16_pure(cs, A1, kOnes, kOnes);
-  mma::mma_bf16_pure(cs, A2, kOnes, kOnes);
-  mma::mma_bf16_pure(lo, A1, A1[0], A1[2]);
-  mma::mma_bf16_pure(lo, A2, A2[0], A2[2]);
-  mma::mma_bf16_pure(hi, A1, A1[1], A1[3]);
-  mma::mma_bf16_pure(hi, A2, A2[1], A2[3]);
+#pragma unroll
+  for (int kk = 0; kk < 2 * kHalves; ++kk) {
+    // Half kk / 2 (two planes on: 1024 bytes), chunks 2·(kk % 2) and 2·(kk % 2) + 1.
+    const uint32_t at = off + (kk >> 1) * 1024u;
+    uint32_t A[4], G[4];
+    mma::ldmatrix_x4(A, a_addr[kk & 1] + at);
+    mma::ldmatrix_x4(G, g_addr[kk & 1] + at);
+    mma::mma_bf16_pure(cs, A, ones, ones);
+    mma::mma_bf16_pure(lo, A, G[0], G[1]);
+    mma::mma_bf16_pure(hi, A, G[2], G[3]);
+  }
   const int gr = lane >> 2, from = (lane & ~3) | (gr >> 1);
   const float sq0 = (gr & 1) ? lo[1] : lo[0], sq1 = (gr & 1) ? hi[3] : hi[2];
   return {cs[0], cs[2], __shfl_sync(0xffffffffu, sq0, from), __shfl_sync(0xffffffffu, sq1, from)};
@@ -529,7 +594,8 @@ __device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, int64_
 // the end (no partials in global memory, no counters, no fences); else blocks of kTileWarps warps, a warp per
 // (tile, segment) in turn, the partials in global memory, folded by the tile's last warp (or fold_rows_kernel).
 template <bool kBlockFold>
-__global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps * 32, MLA_PROBE_TILE_MIN_BLOCKS)
+__global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps * 32,
+                                  kBlockFold ? MLA_PROBE_TILE_MIN_BLOCKS : MLA_PROBE_TASK_MIN_BLOCKS)
     probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
                        unsigned* tile_done) {
   extern __shared__ TileStage ring[];  // [warps][kStages]
@@ -560,7 +626,8 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   // Step s's copies into ring slot `slot`; lanes past the segment's end (or rows past the tensor's) write zeros.
   // A whole step (64 columns inside the segment: every step but a segment's last when its width is not a multiple
   // of 64) takes the short way: no column tests, the addresses a multiply-add from the lane's first.
-  const uint32_t lane_dst = mma::smem_u32(&my[0].data[0][lane]), lane_sign_dst = mma::smem_u32(&my[0].signs[0][lane]);
+  const int idx = ring_index(gr, t);  // this lane's chunk in a ring plane (TileStage)
+  const uint32_t lane_dst = mma::smem_u32(&my[0].data[0][idx]), lane_sign_dst = mma::smem_u32(&my[0].signs[0][lane]);
   // Whole steps: a row's source advances 128 bytes a step (0 for a row past the tensor's, whose copies read 0 bytes).
   const uint32_t stride0 = v0 ? 128u : 0u, stride1 = v1 ? 128u : 0u, bytes0 = v0 ? 16u : 0u, bytes1 = v1 ? 16u : 0u;
   const auto issue = [&](int s, int slot) {
@@ -614,71 +681,120 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   int head_left = halves_per_head;
   int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
   double head_sq0 = 0, head_sq1 = 0;
-  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16 1.0, twice (the sign words' magnitudes)
-  // The checksum multiplier's power of A for this lane's chunk of the step's first half (the second's is A^4 on):
-  // A^((c_begin + 8t + 64s) / 8), the same in both rows.
-  constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4), kA8 = pow_mod64(kChecksumBase, 8);
+  const DotWeights dw = dot_weights();
+  // Whole steps take the rows' sums over both halves at once (one vote a step) when no head ends inside a step.
+  const bool step_sums = MLA_PROBE_STEP_SUMS && g.head_cols % 64 == 0;
+  // The lane's ldmatrix row addresses in slot 0 (ring_sums): lane l gives row l % 8 of matrix l / 8, whose plane
+  // (rows 0-7 or 8-15) and chunk are (l / 8 % 2, l / 16) in A's order and (l / 16, l / 8 % 2) in G's.
+  const int mat = lane >> 3, mrow = lane & 7;
+  uint32_t sums_a[2], sums_g[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    sums_a[k] = mma::smem_u32(&my[0].data[mat & 1][ring_index(mrow, 2 * k + (mat >> 1))]);
+    sums_g[k] = mma::smem_u32(&my[0].data[mat >> 1][ring_index(mrow, 2 * k + (mat & 1))]);
+  }
+  // The checksum multiplier's power of A for this lane's chunk of the step's first half (the second half's chunks
+  // take the same power into check_hi): A^((c_begin + 8t + 64s) / 8), the same in both rows.
+  constexpr uint64_t kA8 = pow_mod64(kChecksumBase, 8);
   uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(c_begin / 8 + t));
+  // The sketch of a half step's chunks w0, w1 (rows g and g + 8).
+  const auto sketch_half = [&](const TileStage& st, int half, uint4 w0, uint4 w1) {
+    if (!sketch || (MLA_PROBE_ABLATE & 4)) return;  // warp-uniform: every lane takes part in the mma
+    // Transposed, (sketch lanes x columns) · (columns x rows): the B fragments are the lanes' own words (b0:
+    // columns 0-1 of the k-step's 4, b1: columns 2-3, row g; rows g + 8 the second n-tile), the A fragments the
+    // signs of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
+    const uint32_t mh = st.signs[half][lane];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const uint32_t S[4] = {sign_pair(mh, 2 * m, 2 * k, dw.ones), sign_pair(mh, 2 * m + 1, 2 * k, dw.ones),
+                               sign_pair(mh, 2 * m, 2 * k + 1, dw.ones), sign_pair(mh, 2 * m + 1, 2 * k + 1, dw.ones)};
+        mma::mma_bf16_pure(c[m][0], S, k ? w0.z : w0.x, k ? w0.w : w0.y);
+        mma::mma_bf16_pure(c[m][1], S, k ? w1.z : w1.x, k ? w1.w : w1.y);
+      }
+    }
+  };
+  // `halves` halves' sums of squares of rows g, g + 8 (what this lane adds: LaneRow) into their heads' sums.
+  const auto add_to_heads = [&](double hsq0, double hsq1, int halves) {
+    if (halves_per_head == 0 || (MLA_PROBE_ABLATE & 8)) return;
+    head_sq0 += hsq0;
+    head_sq1 += hsq1;
+    head_left -= halves;
+    if (head_left == 0) {
+      const double h0 = row_quarter_sum(head_sq0), h1 = row_quarter_sum(head_sq1);
+      if (t == 0 && v0) a.head_l2[r0 * a.heads + head] = head_norm(h0);
+      if (t == 0 && v1) a.head_l2[r1 * a.heads + head] = head_norm(h1);
+      head_sq0 = head_sq1 = 0;
+      head_left = halves_per_head;
+      ++head;
+    }
+  };
   // One step on slot `slot`; kWhole: all 64 columns inside the segment (no lane past its end).
   const auto step = [&](int s, int slot, auto whole) {
     constexpr bool kWhole = decltype(whole)::value;
     const TileStage& st = my[slot];
+    const uint32_t slot_off = slot * static_cast<uint32_t>(sizeof(TileStage));
+    if (kWhole && step_sums) {  // both halves, the sums over the step
+      const uint4 w00 = st.data[0][idx], w01 = st.data[1][idx], w10 = st.data[2][idx], w11 = st.data[3][idx];
+      row0.checksum<false>(w00, power, dw);
+      row1.checksum<false>(w01, power, dw);
+      row0.checksum<true>(w10, power, dw);
+      row1.checksum<true>(w11, power, dw);
+      sketch_half(st, 0, w00, w01);
+      sketch_half(st, 1, w10, w11);
+#if !(MLA_PROBE_ABLATE & 2)
+      const HalfSums hs = ring_sums<2>(sums_a, sums_g, slot_off, lane, dw.ones);
+      const bool fast0 = hs.sq0 <= FLT_MAX, fast1 = hs.sq1 <= FLT_MAX;
+      double hsq0, hsq1;
+      if (__all_sync(0xffffffffu, fast0 && fast1)) {  // every row of the tile: the usual case, no divergence
+        hsq0 = row0.fast(hs.sum0, hs.sq0, __vmaxu2(chunk_absmax_bits(w00), chunk_absmax_bits(w10)));
+        hsq1 = row1.fast(hs.sum1, hs.sq1, __vmaxu2(chunk_absmax_bits(w01), chunk_absmax_bits(w11)));
+      } else {
+        hsq0 = fast0 ? row0.fast(hs.sum0, hs.sq0, __vmaxu2(chunk_absmax_bits(w00), chunk_absmax_bits(w10)))
+                     : row0.slow_chunk(w00) + row0.slow_chunk(w10);
+        hsq1 = fast1 ? row1.fast(hs.sum1, hs.sq1, __vmaxu2(chunk_absmax_bits(w01), chunk_absmax_bits(w11)))
+                     : row1.slow_chunk(w01) + row1.slow_chunk(w11);
+      }
+      add_to_heads(hsq0, hsq1, 2);
+#endif
+      return;
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int off = 64 * s + 32 * half;
       // Lanes past the segment's end (and rows past the tensor's) hold zeros.
       const bool in = kWhole || off + 8 * t < width;
-      const uint4 w0 = st.data[2 * half][lane], w1 = st.data[2 * half + 1][lane];
-      const uint64_t chunk_power = half ? power * kA4 : power;
+      const uint4 w0 = st.data[2 * half][idx], w1 = st.data[2 * half + 1][idx];
       // A row past the tensor's is zeros and its accumulators are dropped: only lanes past the segment's end must
       // not add.
       if (in) {
-        row0.checksum(w0, chunk_power);
-        row1.checksum(w1, chunk_power);
-      }
-      if (sketch && !(MLA_PROBE_ABLATE & 4)) {  // warp-uniform: every lane takes part in the mma
-        // Transposed, (sketch lanes x columns) · (columns x rows): the B fragments are the lanes' own words (b0:
-        // columns 0-1 of the k-step's 4, b1: columns 2-3, row g; rows g + 8 the second n-tile), the A fragments the
-        // signs of this lane's 8 columns for sketch lanes gr + 8j, j = 0..3: one word (0 past the end).
-        const uint32_t mh = st.signs[half][lane];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            const uint32_t S[4] = {sign_pair(mh, 2 * m, 2 * k, kOnes), sign_pair(mh, 2 * m + 1, 2 * k, kOnes),
-                                   sign_pair(mh, 2 * m, 2 * k + 1, kOnes), sign_pair(mh, 2 * m + 1, 2 * k + 1, kOnes)};
-            mma::mma_bf16_pure(c[m][0], S, k ? w0.z : w0.x, k ? w0.w : w0.y);
-            mma::mma_bf16_pure(c[m][1], S, k ? w1.z : w1.x, k ? w1.w : w1.y);
-          }
+        if (half) {
+          row0.checksum<true>(w0, power, dw);
+          row1.checksum<true>(w1, power, dw);
+        } else {
+          row0.checksum<false>(w0, power, dw);
+          row1.checksum<false>(w1, power, dw);
         }
       }
+      sketch_half(st, half, w0, w1);
       double hsq0 = 0, hsq1 = 0;  // what this lane adds to the heads' sums of squares, rows g and g + 8 (LaneRow)
 #if !(MLA_PROBE_ABLATE & 2)
-      // k-step 1 takes the lanes' columns 0..3, k-step 2 columns 4..7 (A: a0/a2 row g, a1/a3 row g + 8).
-      const uint32_t A1[4] = {w0.x, w1.x, w0.y, w1.y}, A2[4] = {w0.z, w1.z, w0.w, w1.w};
-      const HalfSums hs = half_sums(A1, A2, lane);
-      if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast_half(hs.sum0, hs.sq0, chunk_absmax_bits(w0));
+      const HalfSums hs = ring_sums<1>(sums_a, sums_g, slot_off + half * 1024u, lane, dw.ones);
+      if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast(hs.sum0, hs.sq0, chunk_absmax_bits(w0));
       else if (in) hsq0 = row0.slow_chunk(w0);
-      if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast_half(hs.sum1, hs.sq1, chunk_absmax_bits(w1));
+      if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast(hs.sum1, hs.sq1, chunk_absmax_bits(w1));
       else if (in) hsq1 = row1.slow_chunk(w1);
 #endif
       // Heads are whole halves, so a half is in or out on every lane alike here.
-      if (halves_per_head > 0 && (kWhole || off < width) && !(MLA_PROBE_ABLATE & 8)) {
-        head_sq0 += hsq0;
-        head_sq1 += hsq1;
-        if (--head_left == 0) {
-          const double h0 = row_quarter_sum(head_sq0), h1 = row_quarter_sum(head_sq1);
-          if (t == 0 && v0) a.head_l2[r0 * a.heads + head] = head_norm(h0);
-          if (t == 0 && v1) a.head_l2[r1 * a.heads + head] = head_norm(h1);
-          head_sq0 = head_sq1 = 0;
-          head_left = halves_per_head;
-          ++head;
-        }
-      }
+      if (kWhole || off < width) add_to_heads(hsq0, hsq1, 1);
     }
   };
   for (int s = 0, slot = 0; s < steps; ++s, power *= kA8, slot = slot == kStages - 1 ? 0 : slot + 1) {
     mma::cp_async_wait<kStages - 2>();  // step s has landed (this lane's copies)
+    // Every lane's: ldmatrix reads the other lanes' chunks. The same barrier orders the previous step's reads of
+    // the slot refilled below before its copies.
+    __syncwarp();
     // The slot consumed by the previous step is free (this step's slot is read below, its turn comes again
     // kStages steps on).
     if (s + kStages - 1 < steps) issue(s + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);

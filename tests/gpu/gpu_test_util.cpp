@@ -211,12 +211,13 @@ void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host,
   EXPECT_EQ(rec.inf, host.inf) << at;
   EXPECT_EQ(rec.absmax, host.absmax) << at;
   EXPECT_EQ(rec.shape, host.shape) << at;
-  // Within 1e-6 of `scale`: the device sums a row's 32 values of a half step (probe kernel versions 6-8; the row
-  // kernel sums in double) on the tensor cores in fp32 — two mma k-steps, each adding 16 exact bf16 products to
-  // the accumulator and rounding once, so within ~2·2^-23 (2.4e-7) of the sum of their magnitudes — then adds the
-  // halves in double; the host sums in double. 1e-6 leaves 4x for the hardware's rounding (truncation, not to
-  // nearest); every CudaProbe case passed at it on an H200. A non-finite host value (NaN and Inf propagate into
-  // the per-token maps) must match exactly.
+  // Within 1e-6 of `scale`: the device sums a row's 64 values of a whole step (probe kernel version 9; 32 of a
+  // half step in a segment's last partial step and where heads are an odd number of 32-column halves; versions 6-8
+  // always 32; the row kernel sums in double) on the tensor cores in fp32 — up to four mma k-steps, each adding 16
+  // exact bf16 products to the accumulator and rounding once, so within ~4·2^-23 (4.8e-7) of the sum of their
+  // magnitudes — then adds the steps in double; the host sums in double. 1e-6 leaves 2x for the hardware's
+  // rounding (truncation, not to nearest); every CudaProbe case passed at it on an H200. A non-finite host value
+  // (NaN and Inf propagate into the per-token maps) must match exactly.
   auto near = [](double a, double b, double scale) {
     if (!std::isfinite(b)) return std::isnan(a) == std::isnan(b) && (std::isnan(b) || a == b);
     return std::fabs(a - b) <= 1e-6 * scale + 1e-30;

@@ -198,6 +198,13 @@ class CudaEngine : public Engine {
   ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
   void collect_probes(std::vector<ProbeRecord>& out, bool wait) override;
+  ProbeBuildSeconds probe_build_seconds() const override {
+    ProbeBuildSeconds b;
+    b.last = last_build_s_;
+    for (const auto& c : captures_)
+      if (c) b.total += c->build_seconds();
+    return b;
+  }
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
   bool owns_rank(int rank) const override { return own_rank_ < 0 || rank == own_rank_; }
 #ifdef MLA_WITH_NCCL
@@ -259,6 +266,7 @@ class CudaEngine : public Engine {
   cuda::ProbeCapture& capture(int rank);
   std::vector<std::unique_ptr<cuda::ProbeCapture>> captures_;
   std::deque<std::pair<int, int>> probe_order_;  // (rank, slot), oldest first
+  double last_build_s_ = 0;  // the host seconds of the last record built (probe_build_seconds)
 };
 
 DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
@@ -746,7 +754,9 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
     return compute_probe_record(to_float(t, raw), cuda::dtype_name(t.dtype), req);
   }
   cuda::ProbeCapture& cap = capture(rank);
-  return cap.finish(cap.start(spec.name, t, req));
+  ProbeRecord rec = cap.finish(cap.start(spec.name, t, req));
+  last_build_s_ = cap.last_build_seconds();
+  return rec;
 }
 
 void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
@@ -762,6 +772,7 @@ void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
       const auto [rank, slot] = probe_order_[k];
       if (!wait && !captures_.at(rank)->ready(slot)) break;
       out.push_back(captures_[rank]->finish(slot));
+      last_build_s_ = captures_[rank]->last_build_seconds();
     }
   } catch (...) {
     probe_order_.clear();

@@ -2,6 +2,7 @@
 #include "kernels/probe_capture.cuh"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -197,6 +198,14 @@ ProbeRecord ProbeCapture::finish(int slot) {
   if (err != cudaSuccess && *s.flag != s.seq)
     CUDA_CHECK(err);  // the device failed before this probe's copies were done
   s.busy = false;
+  struct BuildClock {  // adds the time from here to the return to the build counters
+    double &total, &last;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~BuildClock() {
+      last = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      total += last;
+    }
+  } clock{built_s_, last_built_s_};
   ProbeRecord rec = std::move(s.rec);
   const int64_t rows = s.rows;
   if (s.numel == 0) {

@@ -40,6 +40,10 @@ class ProbeCapture {
   // The record of a started slot, which becomes free: waits for its copies (or reads the flag after a
   // device fault).
   ProbeRecord finish(int slot);
+  // Host seconds finish() spent building records once their results were in (not waiting for them): in all, and
+  // for the last one.
+  double build_seconds() const { return built_s_; }
+  double last_build_seconds() const { return last_built_s_; }
 
  private:
   struct Slot;
@@ -55,6 +59,7 @@ class ProbeCapture {
   // and device memory, whose freeing synchronizes the device).
   std::map<std::string, std::vector<int>> by_probe_;
   std::map<std::tuple<uint64_t, int64_t, int64_t>, DeviceBuffer> signs_;
+  double built_s_ = 0, last_built_s_ = 0;
 };
 
 }  // namespace mla::cuda

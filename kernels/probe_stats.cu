@@ -384,18 +384,19 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
 }
 
 // The checksum's dp2a weights (two bytes each: Σ 2b_j and Σ 2j·b_j over a word's two bf16 values j, j + 1) and bf16
-// 1.0 twice (the sketch's sign fragments and the sums' column of ones), in registers the loop keeps: as constants
-// the compiler set them again every half step (ten UMOVs and two MOVs a step, counted in session 7).
+// 1.0 twice (the sketch's sign fragments and the sums' column of ones). As literals the compiler set the weights into
+// uniform registers again every half step (ten UMOVs a step, counted in session 7); from constant memory they are
+// operands of the dp2a itself.
 struct DotWeights {
-  uint32_t two = 0x0202u, j01 = 0x0200u, j23 = 0x0604u, j45 = 0x0A08u, j67 = 0x0E0Cu, ones = 0x3F803F80u;
+  uint32_t two = 0x0202u, j01 = 0x0200u, j23 = 0x0604u, j45 = 0x0A08u, j67 = 0x0E0Cu;
+  static constexpr uint32_t ones = 0x3F803F80u;
 };
-__device__ __forceinline__ DotWeights dot_weights() {
-  DotWeights k;
 #if MLA_PROBE_HOIST
-  asm("" : "+r"(k.two), "+r"(k.j01), "+r"(k.j23), "+r"(k.j45), "+r"(k.j67), "+r"(k.ones));  // opaque: not folded
+__constant__ DotWeights kDotWeights;
+__device__ __forceinline__ const DotWeights& dot_weights() { return kDotWeights; }
+#else
+__device__ __forceinline__ DotWeights dot_weights() { return DotWeights{}; }
 #endif
-  return k;
-}
 
 // Per row, one lane's accumulators. The finite sum and sum of squares of a half step (the row's 32 columns) come
 // from the tensor cores (half_sums below), and each of the row's four lanes adds them (the same values in the same
@@ -681,7 +682,7 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   int head_left = halves_per_head;
   int64_t head = g.head_cols ? c_begin / g.head_cols : 0;
   double head_sq0 = 0, head_sq1 = 0;
-  const DotWeights dw = dot_weights();
+  const auto& dw = dot_weights();
   // Whole steps take the rows' sums over both halves at once (one vote a step) when no head ends inside a step.
   const bool step_sums = MLA_PROBE_STEP_SUMS && g.head_cols % 64 == 0;
   // The lane's ldmatrix row addresses in slot 0 (ring_sums): lane l gives row l % 8 of matrix l / 8, whose plane

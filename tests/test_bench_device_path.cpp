@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <sstream>
 #include <thread>
 
@@ -33,7 +34,8 @@ class FakeDeviceEngine : public ReferenceEngine {
   std::vector<DeviceCeiling> measure_ceilings(int repeats) override {
     return {{"fake GEMM", 1e12, 0, std::vector<double>(repeats, 1e-3)}};
   }
-  // Probes finish on the "device" only when waited for, and each wait costs 2 ms.
+  // Probes finish on the "device" only when waited for, and each wait costs 2 ms; building a record "takes" 0.1 ms
+  // of host time (counted, not spent).
   bool queues_probes() const override { return true; }
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
     pending_.push_back(probe(rank, spec, req));
@@ -41,15 +43,21 @@ class FakeDeviceEngine : public ReferenceEngine {
   void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
     if (!wait) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    for (auto& r : pending_) out.push_back(std::move(r));
+    for (auto& r : pending_) {
+      out.push_back(std::move(r));
+      built_.total += 1e-4;
+      built_.last = 1e-4;
+    }
     pending_.clear();
   }
+  ProbeBuildSeconds probe_build_seconds() const override { return built_; }
 
  private:
   bool timing_ = false;
   double clock_ = 0;
   std::vector<StageTiming> timings_;
   std::vector<ProbeRecord> pending_;
+  ProbeBuildSeconds built_;
 };
 
 TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
@@ -85,6 +93,12 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
     EXPECT_EQ(p.host_starts.samples.size(), 2u) << p.level;
     EXPECT_LE(p.host_starts.median, p.host_calls.median) << p.level;
     EXPECT_GT(p.stage_calls.median, 0.0) << p.level;
+    // Every record of a layer is built once (0.1 ms each, counted by the engine: a whole number of them, one per
+    // probe of the layer); the last one's alone.
+    const double records = p.builds.median / 1e-4;
+    EXPECT_NEAR(records, std::round(records), 1e-6) << p.level;
+    EXPECT_GE(records, 10.0) << p.level;
+    EXPECT_DOUBLE_EQ(p.last_build.median, 1e-4) << p.level;
   }
   std::ostringstream os;
   print_bench(r, os);
@@ -92,12 +106,14 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
   EXPECT_NE(os.str().find("waiting for probes at the end of the layer"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("on the device: the layer's span with these probes"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("host time in the stages' calls"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("the layer's last record 0.100 ms"), std::string::npos) << os.str();
   // Each round's range beside the medians (the fake engine's spans are exact: every round the same).
   EXPECT_NE(os.str().find(" rounds, each "), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("each round +0.000..+0.000 ms"), std::string::npos) << os.str();
   EXPECT_GT(r.bare_stage_calls.median, 0.0);
   const auto j = bench_to_json(r);
   EXPECT_GE(j["probe_overhead"][1]["end_wait"]["median_s"].get<double>(), 2e-3) << j.dump();
+  EXPECT_DOUBLE_EQ(j["probe_overhead"][1]["last_build"]["median_s"].get<double>(), 1e-4) << j.dump();
 }
 
 }  // namespace

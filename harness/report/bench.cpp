@@ -202,8 +202,11 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // Of the last walk, host seconds: in the stages' calls, in the probe calls (of which starting the probes), in
   // the end-of-layer waits.
   double stage_calls_s = 0, host_calls_s = 0, host_starts_s = 0, end_wait_s = 0;
+  // Host seconds building records (Engine::probe_build_seconds), and the last layer's last record's.
+  double builds_s = 0, last_build_s = 0;
   const auto walk = [&](const ProbePlan* plan) {
     stage_calls_s = host_calls_s = host_starts_s = end_wait_s = 0;
+    const double built0 = engine.probe_build_seconds().total;
     for (int layer = 0; layer < spec.layers; ++layer) {
       for (const auto& st : graph.stages) {
         const auto ts = Clock::now();
@@ -227,6 +230,9 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
       }
       recs.clear();
     }
+    const auto built = engine.probe_build_seconds();
+    builds_s = built.total - built0;
+    last_build_s = built.last;
   };
   const auto wall = [&](const ProbePlan* plan) {
     engine.synchronize();
@@ -290,7 +296,7 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   for (const auto& plan : levels) walk(&plan);  // warm-up: probe scratch buffers
   std::vector<double> bare_s;
   std::vector<std::vector<double>> level_s(levels.size()), calls_s(levels.size()), wait_s(levels.size()),
-      starts_s(levels.size()), stages_s(levels.size());
+      starts_s(levels.size()), stages_s(levels.size()), builds(levels.size()), last_builds(levels.size());
   std::vector<double> bare_stages_s;
   const int probe_rounds = std::max(1, std::min(o.repeats, o.probe_repeats));
   for (int i = 0; i < (levels.empty() ? std::min(o.repeats, 5) : probe_rounds); ++i) {
@@ -301,6 +307,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
       calls_s[k].push_back(host_calls_s / spec.layers);
       wait_s[k].push_back(end_wait_s / spec.layers);
       starts_s[k].push_back(host_starts_s / spec.layers);
+      builds[k].push_back(builds_s / spec.layers);
+      last_builds[k].push_back(last_build_s);
       stages_s[k].push_back(stage_calls_s / spec.layers);
     }
   }
@@ -334,7 +342,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   for (size_t k = 0; k < levels.size(); ++k)
     r.probes.push_back(
         {probe_level_name(levels[k].level), Timing::of(level_s[k]), Timing::of(calls_s[k]), Timing::of(wait_s[k]),
-         Timing::of(dev_s[k]), Timing::of(starts_s[k]), Timing::of(stages_s[k])});
+         Timing::of(dev_s[k]), Timing::of(starts_s[k]), Timing::of(stages_s[k]), Timing::of(builds[k]),
+         Timing::of(last_builds[k])});
   r.bare_stage_calls = Timing::of(bare_stages_s);
   return r;
 }
@@ -394,6 +403,9 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << "  of which host time in the probe calls beside the stages " << fmt("%.3f", p.host_calls.median * 1e3)
        << " ms (starting them " << fmt("%.3f", p.host_starts.median * 1e3) << " ms, the rest taking finished records)"
        << ", waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n"
+       << "  building the records from the device's results on the host " << fmt("%.3f", p.builds.median * 1e3)
+       << " ms, the layer's last record " << fmt("%.3f", p.last_build.median * 1e3)
+       << " ms (after the device is done: part of the wall)\n"
        << "  host time in the stages' calls " << fmt("%.3f", p.stage_calls.median * 1e3) << " ms vs "
        << fmt("%.3f", r.bare_stage_calls.median * 1e3) << " ms without probes\n"
        << "  on the device: the layer's span with these probes " << fmt("%.3f", p.device_span.median * 1e3)
@@ -707,6 +719,8 @@ nlohmann::json bench_to_json(const BenchResult& r) {
       e["device_span"] = timing_json(r.probes[i].device_span);
       e["host_starts"] = timing_json(r.probes[i].host_starts);
       e["stage_calls"] = timing_json(r.probes[i].stage_calls);
+      e["builds"] = timing_json(r.probes[i].builds);
+      e["last_build"] = timing_json(r.probes[i].last_build);
     }
   }
   return j;

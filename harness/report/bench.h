@@ -74,6 +74,9 @@ struct ProbeOverhead {
   // Of host_calls, the probe_async calls alone (the rest is collect_probes after each stage); and host time per
   // layer in the stages' own calls (run_stage) during these walks.
   Timing host_starts, stage_calls;
+  // Device engines: host time per layer building the records from the device's results (Engine::
+  // probe_build_seconds), and of the layer's last record (built after the device is done: part of the wall).
+  Timing builds, last_build;
 };
 
 struct BenchResult {

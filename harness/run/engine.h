@@ -107,6 +107,12 @@ class Engine {
     return false;
   }
   virtual std::vector<StageTiming> take_stage_timings() { return {}; }
+  // Host seconds spent building records from results a device computed (folding them, copying them into the
+  // record's vectors): in all since the engine was made, and for the last record built.
+  struct ProbeBuildSeconds {
+    double total = 0, last = 0;
+  };
+  virtual ProbeBuildSeconds probe_build_seconds() const { return {}; }
   virtual std::vector<DeviceCeiling> measure_ceilings(int repeats) {
     (void)repeats;
     return {};

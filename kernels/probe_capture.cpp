@@ -194,6 +194,18 @@ bool ProbeCapture::ready(int slot) const {
 ProbeRecord ProbeCapture::finish(int slot) {
   Slot& s = *slots_.at(slot);
   DeviceGuard g(rc_.device());
+  // Waiting anyway: the record's maps are allocated now, zero-filled, so that their copies below write into memory
+  // the host has just touched (on the H200 machine a fresh 512 KB sketch took ~80 µs to fill from pinned memory, a
+  // touched one ~27 µs; a layer's last record is built after the device is done, so this is part of the wall).
+  // Not when the results are already in (the host is behind: filling twice would cost more than it saves).
+  const int64_t rows = s.rows;
+  std::vector<float> token_l2, head_l2, sketch;
+  const bool early = s.numel > 0 && cudaEventQuery(s.done) == cudaErrorNotReady;
+  if (early) {
+    token_l2.resize(rows);
+    head_l2.resize(rows * s.heads);
+    if (s.sketch) sketch.resize(rows * kSketchDim);
+  }
   const cudaError_t err = cudaEventSynchronize(s.done);
   if (err != cudaSuccess && *s.flag != s.seq)
     CUDA_CHECK(err);  // the device failed before this probe's copies were done
@@ -207,7 +219,6 @@ ProbeRecord ProbeCapture::finish(int slot) {
     }
   } clock{built_s_, last_built_s_};
   ProbeRecord rec = std::move(s.rec);
-  const int64_t rows = s.rows;
   if (s.numel == 0) {
     rec.token_l2.assign(rows, 0.f);
     if (s.heads) rec.head_l2.assign(rows * s.heads, 0.f);
@@ -215,11 +226,14 @@ ProbeRecord ProbeCapture::finish(int slot) {
     return rec;
   }
   const unsigned char* host = s.host.reserve(0);
-  // The maps straight from the pinned buffer, one pass each (zero-filling them first and copying over doubled the
-  // host's work at the end of a layer: 2.5 MB per [4096, 128-head] probe).
-  const auto floats = [&](size_t off, int64_t n) {
+  // The maps from the pinned buffer: into the vectors allocated while waiting, else straight, one pass each
+  // (zero-filling them first and copying over doubled the host's work when it was behind: 2.5 MB per [4096,
+  // 128-head] probe).
+  const auto floats = [&](std::vector<float>& early_map, size_t off, int64_t n) {
     const auto* f = reinterpret_cast<const float*>(host + off);
-    return std::vector<float>(f, f + n);
+    if (!early) return std::vector<float>(f, f + n);
+    std::memcpy(early_map.data(), f, static_cast<size_t>(n) * sizeof(float));
+    return std::move(early_map);
   };
   const auto* st = reinterpret_cast<const double*>(host + s.off_stats);
   const auto* check = reinterpret_cast<const unsigned long long*>(host + s.off_check);
@@ -234,9 +248,9 @@ ProbeRecord ProbeCapture::finish(int slot) {
     inf += p[4];
     checksum += check[r];
   }
-  rec.token_l2 = floats(s.off_tok, rows);
-  if (s.heads) rec.head_l2 = floats(s.off_head, rows * s.heads);
-  if (s.sketch) rec.sketch = floats(s.off_sketch, rows * kSketchDim);
+  rec.token_l2 = floats(token_l2, s.off_tok, rows);
+  if (s.heads) rec.head_l2 = floats(head_l2, s.off_head, rows * s.heads);
+  if (s.sketch) rec.sketch = floats(sketch, s.off_sketch, rows * kSketchDim);
   rec.checksum = checksum;
   rec.nan = static_cast<int64_t>(nan);
   rec.inf = static_cast<int64_t>(inf);

@@ -406,7 +406,11 @@ __device__ __forceinline__ DotWeights dot_weights() { return DotWeights{}; }
 // of 8 values.
 struct LaneRow {
   double sum = 0, sumsq = 0;  // finite values
-  uint32_t amax_bits = 0;     // two bf16 magnitudes: the largest |finite value| bits, per 16-bit lane
+  // The largest finite values' bits per 16-bit lane as unsigned numbers (the largest negative magnitude once there
+  // is a negative value, else the largest positive) and as signed ones (the largest positive magnitude once there
+  // is a positive value, else the largest negative): the absmax is the larger of the two without their sign bits
+  // (absmax_bits). Two 3-way maxima per 4 words each, where masking every word first took 4 more instructions.
+  uint32_t amax_u = 0, amax_s = 0;
   uint32_t nan_inf = 0;       // NaN count + 2^16 · Inf count (a lane holds at most kSegCols / 4 values of a row)
   unsigned long long check = 0;     // Σ A^q · Σ(2b + 1) over the chunks of first halves (q: the chunk's first column / 8)
   unsigned long long check_hi = 0;  // the same over second halves' chunks, each without its factor A^4 (fold_lanes)
@@ -431,14 +435,27 @@ struct LaneRow {
     else check += power * b2;
 #endif
   }
-  // A fast half: `half_sum` and `sq` are the row's (every lane of the row has them); `mx` the lane's chunk's
-  // largest magnitude bits. Returns what the half adds to the row's head sum of squares in this lane (4x, as the
+  // A fast run (a half step or a step): `run_sum` and `sq` are the row's (every lane of the row has them), `w` the
+  // lane's chunks (all finite). Returns what the run adds to the row's head sum of squares in this lane (4x, as the
   // sums: row_quarter_sum folds it).
-  __device__ __forceinline__ double fast(float half_sum, float sq, uint32_t mx) {
-    sum += half_sum;
+  __device__ __forceinline__ double fast(float run_sum, float sq, uint4 w) {
+    add_to_absmax(w);
+    sum += run_sum;
     sumsq += sq;
-    amax_bits = __vmaxu2(amax_bits, mx);
     return sq;
+  }
+  __device__ __forceinline__ double fast(float run_sum, float sq, uint4 w, uint4 w2) {
+    add_to_absmax(w2);
+    return fast(run_sum, sq, w);
+  }
+  __device__ __forceinline__ void add_to_absmax(uint4 w) {
+    amax_u = __vimax3_u16x2(amax_u, w.x, w.y);
+    amax_u = __vimax3_u16x2(amax_u, w.z, w.w);
+    amax_s = __vimax3_s16x2(amax_s, w.x, w.y);
+    amax_s = __vimax3_s16x2(amax_s, w.z, w.w);
+  }
+  __device__ __forceinline__ uint32_t absmax_bits() const {
+    return __vmaxu2(amax_u & 0x7FFF7FFFu, amax_s & 0x7FFF7FFFu);
   }
   // Element by element in double, the host's way, times 4. Returns 4x the chunk's sum of squares (non-finite values
   // included).
@@ -455,7 +472,7 @@ struct LaneRow {
       else {
         sum += 4.0 * d;
         sumsq += 4.0 * (d * d);
-        amax_bits = __vmaxu2(amax_bits, b & 0x7FFFu);  // into the low lane
+        amax_s = __vmaxs2(amax_s, b & 0x7FFFu);  // a magnitude, into the low lane
       }
     }
     return all;
@@ -465,26 +482,25 @@ struct LaneRow {
   __device__ void fold_lanes(uint64_t row_hash) {
     constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4);
     check = row_hash * (check + kA4 * check_hi) + kChecksumStep * jsum;
+    amax_u = absmax_bits();
+    amax_s = 0;
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
       sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
-      amax_bits = __vmaxu2(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
+      amax_u = __vmaxu2(amax_u, __shfl_xor_sync(0xffffffffu, amax_u, o));
       nan_inf += __shfl_xor_sync(0xffffffffu, nan_inf, o);
       check += __shfl_xor_sync(0xffffffffu, check, o);
     }
     sum *= 0.25;
     sumsq *= 0.25;
   }
-  __device__ float amax() const { return __uint_as_float(max(amax_bits & 0xFFFFu, amax_bits >> 16) << 16); }
+  __device__ float amax() const {  // after fold_lanes
+    return __uint_as_float(max(amax_u & 0xFFFFu, amax_u >> 16) << 16);
+  }
   __device__ unsigned nan() const { return nan_inf & 0xFFFFu; }
   __device__ unsigned inf() const { return nan_inf >> 16; }
 };
-
-// The largest magnitude bits of a chunk of 8 bf16 values, per 16-bit lane (bf16 magnitudes order as integers).
-__device__ __forceinline__ uint32_t chunk_absmax_bits(uint4 w) {
-  return __vmaxu2(__vmaxu2(w.x & 0x7FFF7FFFu, w.y & 0x7FFF7FFFu), __vmaxu2(w.z & 0x7FFF7FFFu, w.w & 0x7FFF7FFFu));
-}
 
 // The rows' sums and sums of squares over `kHalves` half steps of a ring slot, on the tensor cores. A k-step takes
 // two 8-column chunks of the half's four (the sums do not depend on which columns go together) by two ldmatrix.x4:
@@ -749,12 +765,12 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       const bool fast0 = hs.sq0 <= FLT_MAX, fast1 = hs.sq1 <= FLT_MAX;
       double hsq0, hsq1;
       if (__all_sync(0xffffffffu, fast0 && fast1)) {  // every row of the tile: the usual case, no divergence
-        hsq0 = row0.fast(hs.sum0, hs.sq0, __vmaxu2(chunk_absmax_bits(w00), chunk_absmax_bits(w10)));
-        hsq1 = row1.fast(hs.sum1, hs.sq1, __vmaxu2(chunk_absmax_bits(w01), chunk_absmax_bits(w11)));
+        hsq0 = row0.fast(hs.sum0, hs.sq0, w00, w10);
+        hsq1 = row1.fast(hs.sum1, hs.sq1, w01, w11);
       } else {
-        hsq0 = fast0 ? row0.fast(hs.sum0, hs.sq0, __vmaxu2(chunk_absmax_bits(w00), chunk_absmax_bits(w10)))
+        hsq0 = fast0 ? row0.fast(hs.sum0, hs.sq0, w00, w10)
                      : row0.slow_chunk(w00) + row0.slow_chunk(w10);
-        hsq1 = fast1 ? row1.fast(hs.sum1, hs.sq1, __vmaxu2(chunk_absmax_bits(w01), chunk_absmax_bits(w11)))
+        hsq1 = fast1 ? row1.fast(hs.sum1, hs.sq1, w01, w11)
                      : row1.slow_chunk(w01) + row1.slow_chunk(w11);
       }
       add_to_heads(hsq0, hsq1, 2);
@@ -782,9 +798,9 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       double hsq0 = 0, hsq1 = 0;  // what this lane adds to the heads' sums of squares, rows g and g + 8 (LaneRow)
 #if !(MLA_PROBE_ABLATE & 2)
       const HalfSums hs = ring_sums<1>(sums_a, sums_g, slot_off + half * 1024u, lane, dw.ones);
-      if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast(hs.sum0, hs.sq0, chunk_absmax_bits(w0));
+      if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast(hs.sum0, hs.sq0, w0);
       else if (in) hsq0 = row0.slow_chunk(w0);
-      if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast(hs.sum1, hs.sq1, chunk_absmax_bits(w1));
+      if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast(hs.sum1, hs.sq1, w1);
       else if (in) hsq1 = row1.slow_chunk(w1);
 #endif
       // Heads are whole halves, so a half is in or out on every lane alike here.

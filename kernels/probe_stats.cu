@@ -398,12 +398,12 @@ __device__ __forceinline__ const DotWeights& dot_weights() { return kDotWeights;
 __device__ __forceinline__ DotWeights dot_weights() { return DotWeights{}; }
 #endif
 
-// Per row, one lane's accumulators. The finite sum and sum of squares of a half step (the row's 32 columns) come
-// from the tensor cores (half_sums below), and each of the row's four lanes adds them (the same values in the same
-// order: the lanes' sums are equal, so four of them add up to 4x exactly and the fold takes a quarter, exact); a half
-// with a non-finite value or a huge square goes element by element in double, every lane its own chunk (the host's
-// way), added times 4 (exact) so that the quarter leaves it once. The checksum and the absmax are per lane and chunk
-// of 8 values.
+// Per row, one lane's accumulators. The finite sum and sum of squares of a run (a step's 64 columns of the row, or a
+// half step's 32) come from the tensor cores (ring_sums below), and each of the row's four lanes adds them (the same
+// values in the same order: the lanes' sums are equal, so four of them add up to 4x exactly and the fold takes a
+// quarter, exact); a run with a non-finite value or a huge square goes element by element in double, every lane its
+// own chunks (the host's way), added times 4 (exact) so that the quarter leaves it once. The checksum and the absmax
+// are per lane and chunk of 8 values.
 struct LaneRow {
   double sum = 0, sumsq = 0;  // finite values
   // The largest finite values' bits per 16-bit lane as unsigned numbers (the largest negative magnitude once there
@@ -512,11 +512,11 @@ struct LaneRow {
 // accumulator and round once. A run is fast when its sum of squares is finite (NaN compares false with FLT_MAX).
 // a_addr[k], g_addr[k]: the lane's row addresses of the A and G matrices of k-step k of a slot's first half (ring
 // slot 0: `off` adds the slot's and the half's offset).
-struct HalfSums {
+struct RunSums {
   float sum0, sum1, sq0, sq1;  // rows g and g + 8
 };
 template <int kHalves>
-__device__ __forceinline__ HalfSums ring_sums(const uint32_t (&a_addr)[2], const uint32_t (&g_addr)[2], uint32_t off,
+__device__ __forceinline__ RunSums ring_sums(const uint32_t (&a_addr)[2], const uint32_t (&g_addr)[2], uint32_t off,
                                               int lane, uint32_t ones) {
   float cs[4] = {0.f, 0.f, 0.f, 0.f}, lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -761,7 +761,7 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       sketch_half(st, 0, w00, w01);
       sketch_half(st, 1, w10, w11);
 #if !(MLA_PROBE_ABLATE & 2)
-      const HalfSums hs = ring_sums<2>(sums_a, sums_g, slot_off, lane, dw.ones);
+      const RunSums hs = ring_sums<2>(sums_a, sums_g, slot_off, lane, dw.ones);
       const bool fast0 = hs.sq0 <= FLT_MAX, fast1 = hs.sq1 <= FLT_MAX;
       double hsq0, hsq1;
       if (__all_sync(0xffffffffu, fast0 && fast1)) {  // every row of the tile: the usual case, no divergence
@@ -797,7 +797,7 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       sketch_half(st, half, w0, w1);
       double hsq0 = 0, hsq1 = 0;  // what this lane adds to the heads' sums of squares, rows g and g + 8 (LaneRow)
 #if !(MLA_PROBE_ABLATE & 2)
-      const HalfSums hs = ring_sums<1>(sums_a, sums_g, slot_off + half * 1024u, lane, dw.ones);
+      const RunSums hs = ring_sums<1>(sums_a, sums_g, slot_off + half * 1024u, lane, dw.ones);
       if (hs.sq0 <= FLT_MAX) hsq0 = row0.fast(hs.sum0, hs.sq0, w0);
       else if (in) hsq0 = row0.slow_chunk(w0);
       if (hs.sq1 <= FLT_MAX) hsq1 = row1.fast(hs.sum1, hs.sq1, w1);

@@ -9,8 +9,11 @@
 //                    every rank has its own GPU, else local)
 //   probe=device|host     where probe statistics and sketches are computed (default device)
 //   probe_stream=rank|side  device probes' kernels on the rank's stream, in order with its stages (default), or
-//                    on a side stream beside the rank's next stages (measured on an H200: faster at T = 512, much
-//                    slower at T = 4096, where they slow the attention and GEMM kernels they share SMs with)
+//                    on a side stream beside the rank's next stages (measured on an H200, DeepSeek-V3 at sketch
+//                    level, session 8: T = 4096 1.37-1.41x against 1.10-1.12x on the rank's stream in the same
+//                    calls, the probe kernels mostly waiting for the stages and running after them; with the side
+//                    stream at the greatest priority 1.19-1.20x, slowing the stages they share SMs with; T = 512
+//                    2.21x against 2.12x)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
 //   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
 //                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row

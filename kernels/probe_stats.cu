@@ -246,9 +246,10 @@ constexpr int kMaxHeadCols = 1024;
 #ifndef MLA_PROBE_BLOCK_FOLD
 #define MLA_PROBE_BLOCK_FOLD 1
 #endif
-// 0: the checksum's weights and bf16 1.0 as constants (the compiler sets them again every half step).
-#ifndef MLA_PROBE_HOIST
-#define MLA_PROBE_HOIST 1
+// 0: the checksum's dp2a weights as literals (set into uniform registers again every half step), not read from
+// constant memory (DotWeights).
+#ifndef MLA_PROBE_CONST_WEIGHTS
+#define MLA_PROBE_CONST_WEIGHTS 1
 #endif
 // 0: the rows' sums on the tensor cores per half step only (1: per whole step where heads allow, one vote a step).
 #ifndef MLA_PROBE_STEP_SUMS
@@ -391,8 +392,8 @@ struct DotWeights {
   uint32_t two = 0x0202u, j01 = 0x0200u, j23 = 0x0604u, j45 = 0x0A08u, j67 = 0x0E0Cu;
   static constexpr uint32_t ones = 0x3F803F80u;
 };
-#if MLA_PROBE_HOIST
-__constant__ DotWeights kDotWeights;
+#if MLA_PROBE_CONST_WEIGHTS
+__constant__ DotWeights kDotWeights{};
 __device__ __forceinline__ const DotWeights& dot_weights() { return kDotWeights; }
 #else
 __device__ __forceinline__ DotWeights dot_weights() { return DotWeights{}; }

@@ -335,7 +335,7 @@ Occupancy tile_occupancy(bool block_fold, int warps) {
   return known[key] = o;
 }
 
-TileGeometry tile_geometry(const ProbeStatsArgs& a) {
+TileGeometry compute_tile_geometry(const ProbeStatsArgs& a) {
   TileGeometry g;
   if (a.dtype != DType::DType_bf16 || a.cols <= 0 || a.cols % 8 != 0 ||
       (reinterpret_cast<uintptr_t>(a.data) & 15u) != 0)
@@ -382,6 +382,30 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   g.segs = segs_of(g.seg_width);
   g.fold_inline = g.segs <= kInlineFoldSegs;
   return g;
+}
+
+// compute_tile_geometry, kept per (device, shape): a probe asks for it three times (workspace, counters, launch),
+// and the narrowest width's search asks for up to ten occupancies, each a device query, a lock and a lookup; every
+// layer probes the same shapes again. MLA_PROBE_GEOMETRY_CACHE=0 computes it every time (timing A/B).
+TileGeometry tile_geometry(const ProbeStatsArgs& a) {
+  static const bool cache = [] {
+    const char* v = std::getenv("MLA_PROBE_GEOMETRY_CACHE");
+    return !(v && std::string(v) == "0");
+  }();
+  if (!cache) return compute_tile_geometry(a);
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int64_t, int64_t, int, bool>, TileGeometry> known;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const bool aligned = (reinterpret_cast<uintptr_t>(a.data) & 15u) == 0;
+  const auto key = std::make_tuple(dev, static_cast<int>(a.dtype), a.rows, a.cols, a.heads, aligned);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = known.find(key); it != known.end()) return it->second;
+  }
+  const TileGeometry g = compute_tile_geometry(a);  // outside the lock: it takes tile_occupancy's
+  const std::lock_guard<std::mutex> lock(mutex);
+  return known.emplace(key, g).first->second;
 }
 
 // The checksum's dp2a weights (two bytes each: Σ 2b_j and Σ 2j·b_j over a word's two bf16 values j, j + 1) and bf16

@@ -785,10 +785,10 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
       row1.checksum<true>(w11, power, dw);
       sketch_half(st, 0, w00, w01);
       sketch_half(st, 1, w10, w11);
+      double hsq0 = 0, hsq1 = 0;  // what this lane adds to the heads' sums of squares, rows g and g + 8 (LaneRow)
 #if !(MLA_PROBE_ABLATE & 2)
       const RunSums hs = ring_sums<2>(sums_a, sums_g, slot_off, lane, dw.ones);
       const bool fast0 = hs.sq0 <= FLT_MAX, fast1 = hs.sq1 <= FLT_MAX;
-      double hsq0, hsq1;
       if (__all_sync(0xffffffffu, fast0 && fast1)) {  // every row of the tile: the usual case, no divergence
         hsq0 = row0.fast(hs.sum0, hs.sq0, w00, w10);
         hsq1 = row1.fast(hs.sum1, hs.sq1, w01, w11);
@@ -798,8 +798,8 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
         hsq1 = fast1 ? row1.fast(hs.sum1, hs.sq1, w01, w11)
                      : row1.slow_chunk(w01) + row1.slow_chunk(w11);
       }
-      add_to_heads(hsq0, hsq1, 2);
 #endif
+      add_to_heads(hsq0, hsq1, 2);
       return;
     }
 #pragma unroll

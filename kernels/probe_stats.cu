@@ -386,13 +386,8 @@ TileGeometry compute_tile_geometry(const ProbeStatsArgs& a) {
 
 // compute_tile_geometry, kept per (device, shape): a probe asks for it three times (workspace, counters, launch),
 // and the narrowest width's search asks for up to ten occupancies, each a device query, a lock and a lookup; every
-// layer probes the same shapes again. MLA_PROBE_GEOMETRY_CACHE=0 computes it every time (timing A/B).
+// layer probes the same shapes again (measured with a switch for it, since removed: docs/perf-notes.md, session 8).
 TileGeometry tile_geometry(const ProbeStatsArgs& a) {
-  static const bool cache = [] {
-    const char* v = std::getenv("MLA_PROBE_GEOMETRY_CACHE");
-    return !(v && std::string(v) == "0");
-  }();
-  if (!cache) return compute_tile_geometry(a);
   static std::mutex mutex;
   static std::map<std::tuple<int, int, int64_t, int64_t, int, bool>, TileGeometry> known;
   int dev = 0;

@@ -87,7 +87,7 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
     if (dtype == "bf16") bits = to_bf16_bits(v);
     else if (dtype == "fp16") bits = to_fp16_bits(v);
     else std::memcpy(&bits, &v, 4);
-    h += (row_hash * power + kChecksumStep * static_cast<uint64_t>(c & 7)) * (2ull * bits + 1ull);
+    h += checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)) * (2ull * bits + 1ull);
     if ((c & 7) == 7) power *= kChecksumBase;
   }
   const int64_t finite = n - rec.nan - rec.inf;

@@ -53,8 +53,12 @@ MLA_HD constexpr uint64_t pow_mod64(uint64_t base, uint64_t e) {
     if (e & 1) r *= base;
   return r;
 }
+// The multiplier from the row's hash and A^(col >> 3), which a walk along the row keeps as it goes.
+MLA_HD inline uint64_t checksum_multiplier_at(uint64_t row_hash, uint64_t power, uint64_t col) {
+  return row_hash * power + kChecksumStep * (col & 7ull);
+}
 MLA_HD inline uint64_t checksum_multiplier(uint64_t row, uint64_t col) {
-  return checksum_row_hash(row) * pow_mod64(kChecksumBase, col >> 3) + kChecksumStep * (col & 7ull);
+  return checksum_multiplier_at(checksum_row_hash(row), pow_mod64(kChecksumBase, col >> 3), col);
 }
 
 // term = multiplier · (2·bits + 1) mod 2^64. Changing one element's bits changes the sum, always (the multiplier is

@@ -199,19 +199,20 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // As the Runner walks: a stage's probes are started after it, finished records taken after each stage,
   // the rest at the end of each layer.
   std::vector<ProbeRecord> recs;
-  // Of the last walk, host seconds: in the stages' calls, in the probe calls (of which starting the probes), in
-  // the end-of-layer waits.
-  double stage_calls_s = 0, host_calls_s = 0, host_starts_s = 0, end_wait_s = 0;
-  // Host seconds building records (Engine::probe_build_seconds), and the last layer's last record's.
-  double builds_s = 0, last_build_s = 0;
+  // The last walk's host seconds per layer: in the stages' calls, in the probe calls (of which starting the
+  // probes), in the end-of-layer waits, building records (Engine::probe_build_seconds); and the last layer's last
+  // record's build.
+  struct WalkHost {
+    double stage_calls = 0, probe_calls = 0, probe_starts = 0, end_wait = 0, builds = 0, last_build = 0;
+  } host;
   const auto walk = [&](const ProbePlan* plan) {
-    stage_calls_s = host_calls_s = host_starts_s = end_wait_s = 0;
+    host = WalkHost{};
     const double built0 = engine.probe_build_seconds().total;
     for (int layer = 0; layer < spec.layers; ++layer) {
       for (const auto& st : graph.stages) {
         const auto ts = Clock::now();
         for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
-        stage_calls_s += seconds_since(ts);
+        host.stage_calls += seconds_since(ts);
         if (!plan) continue;
         const auto t0 = Clock::now();
         for (int rank = 0; rank < spec.tp; ++rank)
@@ -219,20 +220,22 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
             const ProbeSpec& p = *graph.find(name);
             engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
           }
-        host_starts_s += seconds_since(t0);
+        host.probe_starts += seconds_since(t0);
         engine.collect_probes(recs, false);
-        host_calls_s += seconds_since(t0);
+        host.probe_calls += seconds_since(t0);
       }
       if (plan) {
         const auto t0 = Clock::now();
         engine.collect_probes(recs, true);
-        end_wait_s += seconds_since(t0);
+        host.end_wait += seconds_since(t0);
       }
       recs.clear();
     }
     const auto built = engine.probe_build_seconds();
-    builds_s = built.total - built0;
-    last_build_s = built.last;
+    host.builds = built.total - built0;
+    for (double* s : {&host.stage_calls, &host.probe_calls, &host.probe_starts, &host.end_wait, &host.builds})
+      *s /= spec.layers;
+    host.last_build = built.last;
   };
   const auto wall = [&](const ProbePlan* plan) {
     engine.synchronize();
@@ -295,21 +298,16 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   }
   for (const auto& plan : levels) walk(&plan);  // warm-up: probe scratch buffers
   std::vector<double> bare_s;
-  std::vector<std::vector<double>> level_s(levels.size()), calls_s(levels.size()), wait_s(levels.size()),
-      starts_s(levels.size()), stages_s(levels.size()), builds(levels.size()), last_builds(levels.size());
-  std::vector<double> bare_stages_s;
+  std::vector<std::vector<double>> level_s(levels.size());
+  std::vector<WalkHost> bare_host;
+  std::vector<std::vector<WalkHost>> level_host(levels.size());
   const int probe_rounds = std::max(1, std::min(o.repeats, o.probe_repeats));
   for (int i = 0; i < (levels.empty() ? std::min(o.repeats, 5) : probe_rounds); ++i) {
     bare_s.push_back(wall(nullptr));
-    bare_stages_s.push_back(stage_calls_s / spec.layers);
+    bare_host.push_back(host);
     for (size_t k = 0; k < levels.size(); ++k) {
       level_s[k].push_back(wall(&levels[k]));
-      calls_s[k].push_back(host_calls_s / spec.layers);
-      wait_s[k].push_back(end_wait_s / spec.layers);
-      starts_s[k].push_back(host_starts_s / spec.layers);
-      builds[k].push_back(builds_s / spec.layers);
-      last_builds[k].push_back(last_build_s);
-      stages_s[k].push_back(stage_calls_s / spec.layers);
+      level_host[k].push_back(host);
     }
   }
   // The device's side of it: the layer's span (first stage start to last stage end, the probes' kernels between
@@ -339,12 +337,21 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   r.all_reduce_elems = static_cast<double>(inputs.batch.tokens()) * cfg.hidden;
   r.layer_time = Timing::of(span_s);
   r.layer_wall = Timing::of(bare_s);
-  for (size_t k = 0; k < levels.size(); ++k)
-    r.probes.push_back(
-        {probe_level_name(levels[k].level), Timing::of(level_s[k]), Timing::of(calls_s[k]), Timing::of(wait_s[k]),
-         Timing::of(dev_s[k]), Timing::of(starts_s[k]), Timing::of(stages_s[k]), Timing::of(builds[k]),
-         Timing::of(last_builds[k])});
-  r.bare_stage_calls = Timing::of(bare_stages_s);
+  // One figure of the walks' host times, over the rounds.
+  const auto over_rounds = [](const std::vector<WalkHost>& rounds, double WalkHost::*figure) {
+    std::vector<double> v;
+    for (const WalkHost& h : rounds) v.push_back(h.*figure);
+    return Timing::of(v);
+  };
+  for (size_t k = 0; k < levels.size(); ++k) {
+    const auto& h = level_host[k];
+    r.probes.push_back({probe_level_name(levels[k].level), Timing::of(level_s[k]),
+                        over_rounds(h, &WalkHost::probe_calls), over_rounds(h, &WalkHost::end_wait),
+                        Timing::of(dev_s[k]), over_rounds(h, &WalkHost::probe_starts),
+                        over_rounds(h, &WalkHost::stage_calls), over_rounds(h, &WalkHost::builds),
+                        over_rounds(h, &WalkHost::last_build)});
+  }
+  r.bare_stage_calls = over_rounds(bare_host, &WalkHost::stage_calls);
   return r;
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "harness/report/bench.h"
+#include "harness/run/runner.h"
 #include "reference/reference_engine.h"
 #include "tests/stage_test_util.h"
 
@@ -37,9 +38,12 @@ class FakeDeviceEngine : public ReferenceEngine {
   // Probes finish on the "device" only when waited for, and each wait costs 2 ms; building a record "takes" 0.1 ms
   // of host time (counted, not spent).
   bool queues_probes() const override { return true; }
+  // A probe's "kernel" takes 0.25 ms of device time after its stage (the next stage starts that much later).
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
     pending_.push_back(probe(rank, spec, req));
+    if (timing_) clock_ += kProbeDevice;
   }
+  static constexpr double kProbeDevice = 2.5e-4;
   void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
     if (!wait) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -70,6 +74,8 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
   o.probe_repeats = 2;
   FakeDeviceEngine engine;
   const BenchResult r = run_bench(o, engine);
+  const Runner runner(o.cfg, o.spec);
+  const auto& stages = runner.graph().stages;
   ASSERT_TRUE(r.device);
   EXPECT_EQ(r.device_name, "fake device");
   ASSERT_EQ(r.ceilings.size(), 1u);
@@ -86,9 +92,21 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
     EXPECT_GT(p.host_calls.median, 0.0) << p.level;
     EXPECT_LE(p.host_calls.median + p.end_wait.median, p.layer_time.median) << p.level;
     // The device span with probes comes from walks of its own with the stage events on: the fake device's
-    // stages take 1 ms each whatever is probed.
+    // stages take 1 ms each whatever is probed, and each probe 0.25 ms between its stage and the next. The gap after
+    // each stage but the last is its outputs' probes; the span grows by their sum (the last stage's fall after it).
     EXPECT_EQ(p.device_span.samples.size(), 2u) << p.level;
-    EXPECT_NEAR(p.device_span.median, r.layer_time.median, 1e-9) << p.level;
+    ASSERT_EQ(p.after_stage.size(), stages.size() - 1) << p.level;
+    double probed = 0;
+    for (size_t i = 0; i + 1 < stages.size(); ++i) {
+      const auto& a = p.after_stage[i];
+      EXPECT_EQ(a.stage, stage_name(stages[i].stage));
+      EXPECT_EQ(a.probes, stages[i].outputs) << a.stage;
+      EXPECT_EQ(a.extra.samples.size(), 2u) << a.stage;
+      EXPECT_NEAR(a.extra.median, FakeDeviceEngine::kProbeDevice * stages[i].outputs.size(), 1e-9) << a.stage;
+      probed += a.extra.median;
+    }
+    EXPECT_GT(probed, 0.0) << p.level;
+    EXPECT_NEAR(p.device_span.median, r.layer_time.median + probed, 1e-9) << p.level;
     // Starting the probes is part of the probe calls; the stages' own calls take host time with and without them.
     EXPECT_EQ(p.host_starts.samples.size(), 2u) << p.level;
     EXPECT_LE(p.host_starts.median, p.host_calls.median) << p.level;
@@ -109,11 +127,14 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
   EXPECT_NE(os.str().find("the layer's last record 0.100 ms"), std::string::npos) << os.str();
   // Each round's range beside the medians (the fake engine's spans are exact: every round the same).
   EXPECT_NE(os.str().find(" rounds, each "), std::string::npos) << os.str();
-  EXPECT_NE(os.str().find("each round +0.000..+0.000 ms"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("its probes' device time"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find(std::string("\n    ") + stage_name(stages[0].stage)), std::string::npos) << os.str();
   EXPECT_GT(r.bare_stage_calls.median, 0.0);
   const auto j = bench_to_json(r);
   EXPECT_GE(j["probe_overhead"][1]["end_wait"]["median_s"].get<double>(), 2e-3) << j.dump();
   EXPECT_DOUBLE_EQ(j["probe_overhead"][1]["last_build"]["median_s"].get<double>(), 1e-4) << j.dump();
+  ASSERT_EQ(j["probe_overhead"][1]["after_stage"].size(), stages.size() - 1) << j.dump();
+  EXPECT_EQ(j["probe_overhead"][1]["after_stage"][0]["probes"], stages[0].outputs) << j.dump();
 }
 
 }  // namespace

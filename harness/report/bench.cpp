@@ -251,10 +251,11 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // first rank's start to last rank's end, summed over layers; the layer: its first start to its last end.
   // Ranks on several GPUs: each device's clock is its own, so the span is taken per device and the stage's
   // time is the slowest device's.
-  std::map<Stage, std::vector<double>> stage_s;
+  std::map<Stage, std::vector<double>> stage_s, bare_gap_s;
   std::vector<double> span_s;
-  // The last walk's device times (timing on): per stage and the layer's span, both per layer.
-  const auto take_spans = [&](std::map<Stage, double>& per) {
+  // The last walk's device times (timing on): per stage, and from each stage's end to the next one's start (`gap`,
+  // in graph order: the probes' kernels run there; the slowest device's), both per layer; returns the layer's span.
+  const auto take_spans = [&](std::map<Stage, double>& per, std::map<Stage, double>& gap) {
     std::map<std::tuple<int, Stage, int>, std::pair<double, double>> st_span;  // (layer, stage, device)
     std::map<std::pair<int, int>, std::pair<double, double>> layer_span;      // (layer, device)
     const auto widen = [](auto& m, const auto& key, double s, double e) {
@@ -272,6 +273,19 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
       v = std::max(v, se.second - se.first);
     }
     for (const auto& [key, v] : slowest) per[key.second] += v / spec.layers;
+    std::map<std::pair<int, Stage>, double> gap_slowest;  // (layer, stage) -> the slowest device's gap after it
+    for (const auto& [key, se] : st_span) {
+      const auto [layer, stage, device] = key;
+      for (size_t i = 0; i + 1 < graph.stages.size(); ++i) {
+        if (graph.stages[i].stage != stage) continue;
+        const auto next = st_span.find(std::make_tuple(layer, graph.stages[i + 1].stage, device));
+        if (next == st_span.end()) break;
+        double& v = gap_slowest[{layer, stage}];
+        v = std::max(v, next->second.first - se.second);
+        break;
+      }
+    }
+    for (const auto& [key, v] : gap_slowest) gap[key.second] += v / spec.layers;
     std::map<int, double> layer_slowest;
     for (const auto& [key, se] : layer_span) layer_slowest[key.first] = std::max(layer_slowest[key.first], se.second - se.first);
     double span = 0;
@@ -281,9 +295,12 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   engine.set_device_timing(true);
   for (int i = 0; i < o.repeats; ++i) {
     walk(nullptr);
-    std::map<Stage, double> per;
-    span_s.push_back(take_spans(per));
-    for (const auto& st : graph.stages) stage_s[st.stage].push_back(per[st.stage]);
+    std::map<Stage, double> per, gap;
+    span_s.push_back(take_spans(per, gap));
+    for (const auto& st : graph.stages) {
+      stage_s[st.stage].push_back(per[st.stage]);
+      bare_gap_s[st.stage].push_back(gap[st.stage]);
+    }
   }
   engine.set_device_timing(false);
 
@@ -313,14 +330,16 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // The device's side of it: the layer's span (first stage start to last stage end, the probes' kernels between
   // the stages included) with probes at each level, from walks of their own (stage events on).
   std::vector<std::vector<double>> dev_s(levels.size());
+  std::vector<std::map<Stage, std::vector<double>>> gap_s(levels.size());
   engine.set_device_timing(true);
   for (int i = 0; i < probe_rounds; ++i)
     for (size_t k = 0; k < levels.size(); ++k) {
       engine.synchronize();
       walk(&levels[k]);
       engine.synchronize();
-      std::map<Stage, double> per;
-      dev_s[k].push_back(take_spans(per));
+      std::map<Stage, double> per, gap;
+      dev_s[k].push_back(take_spans(per, gap));
+      for (const auto& st : graph.stages) gap_s[k][st.stage].push_back(gap[st.stage]);
     }
   engine.set_device_timing(false);
 
@@ -350,6 +369,14 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
                         Timing::of(dev_s[k]), over_rounds(h, &WalkHost::probe_starts),
                         over_rounds(h, &WalkHost::stage_calls), over_rounds(h, &WalkHost::builds),
                         over_rounds(h, &WalkHost::last_build)});
+    // Each round's gap after a stage less the bare layer's median gap there.
+    for (size_t i = 0; i + 1 < graph.stages.size(); ++i) {
+      const StageSpec& st = graph.stages[i];
+      const double bare = Timing::of(bare_gap_s[st.stage]).median;
+      std::vector<double> extra;
+      for (double g : gap_s[k][st.stage]) extra.push_back(g - bare);
+      r.probes.back().after_stage.push_back({stage_name(st.stage), st.outputs, Timing::of(extra)});
+    }
   }
   r.bare_stage_calls = over_rounds(bare_host, &WalkHost::stage_calls);
   return r;
@@ -421,6 +448,22 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.3f", (p.device_span.min - r.layer_time.median) * 1e3) << "..+"
        << fmt("%.3f", (p.device_span.max - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
        << "the stages; the rest of the wall's overhead is the host's and the last records' copies)\n";
+  // Where the span's growth is: the device time after each stage beyond the bare layer's, largest first.
+  for (const auto& p : r.probes) {
+    if (p.after_stage.empty()) continue;
+    auto order = p.after_stage;
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.extra.median > b.extra.median; });
+    os << "  after each stage, its probes' device time (the gap to the next stage beyond the bare layer's, median, "
+       << "ms):";
+    for (const auto& a : order) {
+      std::string names;
+      for (const auto& n : a.probes) names += (names.empty() ? "" : " ") + n;
+      os << "\n    " << a.stage << std::string(a.stage.size() < 16 ? 16 - a.stage.size() : 0, ' ') << " "
+         << fmt("%+8.4f", a.extra.median * 1e3) << "  " << names;
+    }
+    os << "\n";
+  }
   // The all-reduce as NCCL's tests report it: algbw = bytes / time, busbw = algbw · 2(n-1)/n (the rate each
   // link sustains in a ring), with the time of the stage's slowest device.
   for (const auto& s : r.stages)
@@ -728,6 +771,10 @@ nlohmann::json bench_to_json(const BenchResult& r) {
       e["stage_calls"] = timing_json(r.probes[i].stage_calls);
       e["builds"] = timing_json(r.probes[i].builds);
       e["last_build"] = timing_json(r.probes[i].last_build);
+      nlohmann::json after = nlohmann::json::array();
+      for (const auto& a : r.probes[i].after_stage)
+        after.push_back({{"stage", a.stage}, {"probes", a.probes}, {"extra", timing_json(a.extra)}});
+      e["after_stage"] = after;
     }
   }
   return j;

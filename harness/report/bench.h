@@ -77,6 +77,14 @@ struct ProbeOverhead {
   // Device engines: host time per layer building the records from the device's results (Engine::
   // probe_build_seconds), and of the layer's last record (built after the device is done: part of the wall).
   Timing builds, last_build;
+  // Device engines: per stage but the last, the device time from its end to the next stage's start beyond the bare
+  // layer's (the kernels of the stage's probes, on the rank's stream between the stages), in graph order.
+  struct AfterStage {
+    std::string stage;
+    std::vector<std::string> probes;  // the stage's outputs
+    Timing extra;                     // per layer
+  };
+  std::vector<AfterStage> after_stage;
 };
 
 struct BenchResult {

@@ -134,11 +134,31 @@ float median(std::vector<float> v) {
   return v.empty() ? 0.f : v[v.size() / 2];
 }
 
-uint64_t digest(const void* dev, size_t bytes) {
-  std::vector<unsigned char> h(bytes);
-  CUDA_CHECK(cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost));
+// A digest of a launch's records (`out` bytes from `dev`: [rows, kRowStats] stats and [rows] checksums, of which
+// the first units are written, then the per-row maps): the per-row maps' bytes, and of the stats what does not
+// depend on how rows are grouped into units (the checksum's sum, the NaN and Inf counts, the absmax), so that
+// kernels writing per-row and per-tile units agree (the sums' rounding depends on the grouping: left out).
+uint64_t digest(const void* dev, size_t out, int64_t rows) {
+  std::vector<unsigned char> h(out);
+  CUDA_CHECK(cudaMemcpy(h.data(), dev, out, cudaMemcpyDeviceToHost));
+  const auto* st = reinterpret_cast<const double*>(h.data());
+  const auto* check = reinterpret_cast<const unsigned long long*>(st + rows * kRowStats);
+  unsigned long long checksum = 0;
+  double amax = 0, nan = 0, inf = 0;
+  for (int64_t u = 0; u < rows; ++u) {  // units past the launch's are zero (the buffer is zeroed once)
+    amax = std::max(amax, st[u * kRowStats + 2]);
+    nan += st[u * kRowStats + 3];
+    inf += st[u * kRowStats + 4];
+    checksum += check[u];
+  }
   uint64_t d = 0;
-  for (size_t i = 0; i < bytes; ++i) d = (d ^ h[i]) * 0x100000001b3ull;
+  const auto add = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) d = (d ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+  };
+  const size_t maps = rows * (kRowStats * 8 + 8);
+  add(h.data() + maps, out - maps);
+  for (const double v : {amax, nan, inf}) add(&v, sizeof v);
+  add(&checksum, sizeof checksum);
   return d;
 }
 }  // namespace
@@ -225,7 +245,8 @@ int main(int argc, char** argv) {
           "Times the probe kernel (kernels/probe_stats.cu: stats, checksum, head L2 and sketch in one pass) on the\n"
           "DeepSeek-V3 probe shapes against a device-to-device copy of the same bytes, median of `repeats` launches\n"
           "(default 30) after 3 warm-up, inputs rotated past L2; prints time, GB/s read, the copy's GB/s (read +\n"
-          "written), the ratio, and a digest of the records (equal between builds that keep the segment geometry).\n"
+          "written), the ratio, and a digest of the records (equal between builds that keep the segment geometry: the\n"
+          "per-row maps and the stats' checksum, counts and absmax, which do not depend on how rows form units).\n"
           "`patterns`: times read orders alone (linear; the kernel's 16-row tiles, warps contiguous or interleaved;\n"
           "the kernel's cp.async ring alone at several depths and blocks per SM, with the bytes it keeps in flight).\n"
           "scripts/probe_kernel_bench.sh builds tuning and ablation variants of the kernel and runs them.\n");
@@ -334,7 +355,7 @@ int run(int argc, char** argv) {
     const float mp = median(tp) * 1e3f, mc = median(tc) * 1e3f;
     // The copy reads and writes the bytes; the probe reads them once: rates are bytes read (and written) per second.
     std::printf("%-34s %10.1f %9.0f %10.1f %9.0f %6.2fx  %016llx\n", s.name, mp, bytes / (mp * 1e3f), mc,
-                2.0 * bytes / (mc * 1e3f), mp / mc, static_cast<unsigned long long>(digest(dev, out)));
+                2.0 * bytes / (mc * 1e3f), mp / mc, static_cast<unsigned long long>(digest(dev, out, s.rows)));
     layer_us += s.in_layer * mp;
     layer_copy_us += s.in_layer * mc;
     layer_bytes += s.in_layer * static_cast<double>(bytes);

@@ -46,7 +46,7 @@ struct ProbeCapture::Slot {
   // What finish() needs to fold the record.
   ProbeRecord rec;  // shape, dtype, level
   DType dtype = DType::DType_bf16;
-  int64_t rows = 0, heads = 0, numel = 0;
+  int64_t rows = 0, units = 0, heads = 0, numel = 0;  // units: of the stats (probe_stats_units)
   bool sketch = false, full = false;
   size_t off_stats = 0, off_check = 0, off_tok = 0, off_head = 0, off_sketch = 0, off_raw = 0, bytes = 0;
   unsigned seq = 0;
@@ -126,14 +126,21 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   s.sketch = req.level != ProbeLevel::ProbeLevel_stats;
   s.full = req.level == ProbeLevel::ProbeLevel_full;
   const int64_t cols = s.numel / s.rows;
+  ProbeStatsArgs a;
+  a.data = t.buf.get();
+  a.dtype = t.dtype;
+  a.rows = s.rows;
+  a.cols = cols;
+  a.heads = static_cast<int>(s.heads);
+  s.units = s.numel > 0 ? probe_stats_units(a) : 0;
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t at = off;
     off = align8(off + bytes);
     return at;
   };
-  s.off_stats = take(s.rows * kRowStats * sizeof(double));
-  s.off_check = take(s.rows * sizeof(unsigned long long));
+  s.off_stats = take(s.units * kRowStats * sizeof(double));
+  s.off_check = take(s.units * sizeof(unsigned long long));
   s.off_tok = take(s.rows * sizeof(float));
   s.off_head = take(s.rows * s.heads * sizeof(float));
   s.off_sketch = take(s.sketch ? s.rows * kSketchDim * sizeof(float) : 0);
@@ -145,12 +152,6 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
 
   cudaStream_t stream = rc_.stream();
   if (s.numel > 0) {
-    ProbeStatsArgs a;
-    a.data = t.buf.get();
-    a.dtype = t.dtype;
-    a.rows = s.rows;
-    a.cols = cols;
-    a.heads = static_cast<int>(s.heads);
     a.sketch_bits = s.sketch ? sign_bits(req.probe_key, req.col_offset, cols) : nullptr;
     const size_t work = probe_stats_workspace(a);
     auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), s.bytes + work));
@@ -240,14 +241,14 @@ ProbeRecord ProbeCapture::finish(int slot) {
   const auto* check = reinterpret_cast<const unsigned long long*>(host + s.off_check);
   double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;
   uint64_t checksum = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double* p = st + r * kRowStats;
+  for (int64_t u = 0; u < s.units; ++u) {
+    const double* p = st + u * kRowStats;
     sum += p[0];
     sumsq += p[1];
     amax = std::max(amax, p[2]);
     nan += p[3];
     inf += p[4];
-    checksum += check[r];
+    checksum += check[u];
   }
   rec.token_l2 = floats(token_l2, s.off_tok, rows);
   if (s.heads) rec.head_l2 = floats(head_l2, s.off_head, rows * s.heads);

@@ -95,17 +95,24 @@ __device__ inline void warp_fold(RowAcc& q) {
   q.check = warp_sum(q.check);
 }
 
-// A row's record: the stats the host folds, the checksum's partial sum and the token L2.
-__device__ inline void store_row(const ProbeStatsArgs& a, int64_t r, const RowAcc& q) {
-  double* st = a.row_stats + r * kRowStats;
+// A unit's stats (a row's or a tile's: probe_stats_units), which the host folds, and its checksum's partial sum.
+__device__ inline void store_stats(const ProbeStatsArgs& a, int64_t unit, const RowAcc& q) {
+  double* st = a.row_stats + unit * kRowStats;
   st[0] = q.sum;
   st[1] = q.sumsq;
   st[2] = q.amax;
   st[3] = q.nan;
   st[4] = q.inf;
-  a.row_checksum[r] = q.check;
-  // The L2 of every value, as the host sums it: NaN when there is a NaN, else Inf when there is an Inf.
+  a.row_checksum[unit] = q.check;
+}
+// Row r's token L2: of every value, as the host sums it (NaN when there is a NaN, else Inf when there is an Inf).
+__device__ inline void store_token_l2(const ProbeStatsArgs& a, int64_t r, const RowAcc& q) {
   a.token_l2[r] = q.nan > 0 ? CUDART_NAN_F : q.inf > 0 ? CUDART_INF_F : static_cast<float>(sqrt(q.sumsq));
+}
+// A row's record where the unit is the row.
+__device__ inline void store_row(const ProbeStatsArgs& a, int64_t r, const RowAcc& q) {
+  store_stats(a, r, q);
+  store_token_l2(a, r, q);
 }
 
 // Version 2 (fp32 tensors, odd widths): one warp per token row, warp-level reductions only.
@@ -608,12 +615,15 @@ template <bool kShared>
 __device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, int64_t tile, const RowPartial* part,
                           const float* sketch_part, int lane) {
   const int rows_here = static_cast<int>(min(static_cast<int64_t>(kTileRows), a.rows - tile * kTileRows));
+  RowAcc acc;  // zero in lanes past the tile's rows
   if (lane < rows_here) {
-    RowAcc acc;
 #pragma unroll 4
     for (int64_t k = 0; k < g.segs; ++k) acc.add_partial<kShared>(part + lane * g.segs + k);
-    store_row(a, tile * kTileRows + lane, acc);
+    store_token_l2(a, tile * kTileRows + lane, acc);
   }
+  // The tile is the unit: its rows' stats folded here (a fixed order), so the host reads one unit per 16 rows.
+  warp_fold(acc);
+  if (lane == 0) store_stats(a, tile, acc);
   if (a.sketch_out) {
     const float* p = sketch_part + lane;  // row rr, segment k: p + (rr·segs + k)·32
     float sum[kTileRows] = {};
@@ -636,6 +646,12 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
     probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
                        unsigned* tile_done) {
   extern __shared__ TileStage ring[];  // [warps][kStages]
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent (launch_tiles): the blocks may start before the stream's previous kernel
+  // (the one that wrote the tensor) has finished; this waits for it and its writes before any memory access.
+  // Without the launch attribute, a no-op.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int64_t tile = blockIdx.x, seg = warp;
   if constexpr (!kBlockFold) {
@@ -941,25 +957,84 @@ size_t probe_stats_workspace(const ProbeStatsArgs& a) {
   return counter_bytes(g) + n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
 }
 
+namespace {
+// Which kernels a launch takes: the tiles folded in their blocks, the tiles' tasks (folded by a tile's last warp,
+// or fold_rows_kernel when it has many segments; the workspace holds their partials), or a warp per row (fp32,
+// odd widths).
+enum class LaunchPath { kBlockFold, kTasks, kRows };
+LaunchPath launch_path(const TileGeometry& g) {
+  if (g.block_fold && g.row_tiles <= INT_MAX) return LaunchPath::kBlockFold;
+  const int64_t tasks = g.row_tiles * g.segs;
+  if (g.segs > 0 && !g.block_fold && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) return LaunchPath::kTasks;
+  return LaunchPath::kRows;
+}
+}  // namespace
+
+namespace {
+// Programmatic dependent launches of the tile kernels (Hopper on): the launch of a probe's kernel overlaps the end
+// of the stream's previous kernel, the stage that wrote the tensor, and the kernel waits for it before any memory
+// access (griddepcontrol.wait). MLA_PROBE_PDL=0 launches them plainly. Measured in docs/perf-notes.md (session 9).
+bool pdl_launches() {
+  static const bool off = [] {
+    const char* v = std::getenv("MLA_PROBE_PDL");
+    return v && std::string(v) == "0";
+  }();
+  if (off) return false;
+  static std::mutex mutex;
+  static std::map<int, bool> hopper;  // per device: compute capability 9 or later
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = hopper.find(dev); it != hopper.end()) return it->second;
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return hopper.emplace(dev, major >= 9).first->second;
+}
+
+template <bool kBlockFold>
+void launch_tiles(unsigned blocks, int warps, cudaStream_t stream, const ProbeStatsArgs& a, const TileGeometry& g,
+                  RowPartial* part, float* sketch_part, unsigned* tile_done) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = tile_smem(warps);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_launches() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, probe_tiles_kernel<kBlockFold>, a, g, part, sketch_part, tile_done));
+}
+}  // namespace
+
+int64_t probe_stats_units(const ProbeStatsArgs& a) {
+  const TileGeometry g = tile_geometry(a);
+  const LaunchPath path = launch_path(g);
+  const bool tiles = path == LaunchPath::kBlockFold || (path == LaunchPath::kTasks && g.fold_inline);
+  return tiles ? g.row_tiles : a.rows;
+}
+
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.rows > INT_MAX) throw EngineError("probe stats: " + std::to_string(a.rows) + " rows");
   const TileGeometry g = tile_geometry(a);
-  if (g.block_fold && g.row_tiles <= INT_MAX) {
+  const LaunchPath path = launch_path(g);
+  if (path == LaunchPath::kTasks && !a.workspace)
+    throw EngineError("probe stats: no workspace for a [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
+                      "] tensor's partials (probe_stats_workspace bytes)");
+  if (path == LaunchPath::kBlockFold) {
     const int warps = static_cast<int>(g.segs);
-    probe_tiles_kernel<true><<<static_cast<unsigned>(g.row_tiles), warps * 32, tile_smem(warps), stream>>>(
-        a, g, nullptr, nullptr, nullptr);
-    CUDA_CHECK_LAUNCH();
+    launch_tiles<true>(static_cast<unsigned>(g.row_tiles), warps, stream, a, g, nullptr, nullptr, nullptr);
     return;
   }
-  const int64_t tasks = g.row_tiles * g.segs;
-  if (g.segs > 0 && !g.block_fold && a.workspace && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) {
+  if (path == LaunchPath::kTasks) {
+    const int64_t tasks = g.row_tiles * g.segs;
     auto* counters = static_cast<unsigned*>(a.workspace);
     auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + counter_bytes(g));
     auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
-    probe_tiles_kernel<false><<<static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps * 32,
-                                tile_smem(kTileWarps), stream>>>(a, g, part, sketch_part, counters);
-    CUDA_CHECK_LAUNCH();
+    launch_tiles<false>(static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps, stream, a, g, part,
+                        sketch_part, counters);
     if (!g.fold_inline) {
       fold_rows_kernel<<<static_cast<unsigned>((a.rows + 7) / 8), 256, 0, stream>>>(a, g, part, sketch_part);
       CUDA_CHECK_LAUNCH();

@@ -1,6 +1,7 @@
-// Probe records on the device (probes/probe.h): per token row the finite sum / sum of squares / absmax,
-// NaN and Inf counts, the checksum's partial sum, L2 per token and per head, and the sketch. The host folds
-// the per-row partials into the record (fixed order, deterministic).
+// Probe records on the device (probes/probe.h): the finite sum / sum of squares / absmax, NaN and Inf counts and
+// the checksum's partial sum per unit (a 16-row tile where the kernel folds a tile's rows together, else a token
+// row: probe_stats_units), L2 per token and per head, and the sketch. The host folds the units' partials into the
+// record (fixed order, deterministic).
 //
 // The sketch is computed in the same pass as the stats, against a table of sign bits (1: −1/sqrt(32)) built
 // once per (probe, column offset, width) and kept: bf16 tensors on the tensor cores (mma with ±1 operands,
@@ -23,8 +24,8 @@ struct ProbeStatsArgs {
   int64_t rows = 0, cols = 0;
   int heads = 0;                // cols = heads · X; 0: no head map
   const uint32_t* sketch_bits = nullptr;  // the table of launch_sketch_sign_bits for these columns; nullptr: no sketch
-  double* row_stats = nullptr;  // [rows, kRowStats]
-  unsigned long long* row_checksum = nullptr;  // [rows] partial sums of checksum_term (mod 2^64)
+  double* row_stats = nullptr;  // [probe_stats_units(a), kRowStats]
+  unsigned long long* row_checksum = nullptr;  // [probe_stats_units(a)] partial sums of checksum_term (mod 2^64)
   float* token_l2 = nullptr;    // [rows]
   float* head_l2 = nullptr;     // [rows, heads] (when heads > 0)
   float* sketch_out = nullptr;  // [rows, 32] (when sketch_bits)
@@ -37,6 +38,9 @@ struct ProbeStatsArgs {
 // every launch leaves them zero.
 size_t probe_stats_workspace(const ProbeStatsArgs& a);
 size_t probe_stats_counter_bytes(const ProbeStatsArgs& a);
+// How many units of stats (row_stats, row_checksum) a launch writes: its 16-row tiles where a tile's rows are
+// folded together on the device (then the host reads a sixteenth of the per-row figures), else its rows.
+int64_t probe_stats_units(const ProbeStatsArgs& a);
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream);
 
 // The sign-bit table of the sketch for global columns col0 .. col0 + cols - 1 of the probe keyed `key`:

@@ -17,7 +17,8 @@ struct MhaArgs {
   float scale = 0.f;
   bool causal = true;        // false plants BUGS.md causal-off (no mask among the new tokens)
   bool lse_base2 = false;    // true plants BUGS.md lse-base2 (the context merge reads the LSEs as base 2)
-  int kernel = 2;  // 3/2: flash on the tensor cores (attention_flash.cu; the engine passes 3); 1: the simple core
+  int kernel = 3;  // 3/2: flash on the tensor cores (attention_flash.cu; the engine passes its mha_kernel option,
+                   // 3 unless asked); 1: the simple core
   bf16* attn_out = nullptr;  // [T, Nl, V]
   float* lse = nullptr;      // [T, Nl]
 };

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
     uint32_t bits;
     if constexpr (sizeof(T) == 2) bits = reinterpret_cast<const uint16_t*>(x)[c];
     else bits = __float_as_uint(v);
-    acc.add(v, bits, row_hash * power + kChecksumStep * static_cast<uint64_t>(c & 7));
+    acc.add(v, bits, checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)));
     power *= kA4;
     if (a.sketch_bits) {
       const double d = v;
@@ -318,28 +318,56 @@ constexpr size_t tile_smem(int warps) { return sizeof(TileStage) * warps * kStag
 static_assert(kTileRows * (sizeof(RowPartial) + kSketchLanes * sizeof(float)) <= sizeof(TileStage) * kStages,
               "a block's fold reuses its rings");
 
+// A value computed once per key and kept, for the host's questions to the device (occupancy, geometry, the
+// device's architecture), which every probe asks again. `compute` runs outside the lock (it may ask another Memo);
+// two threads asking at once both compute, and the first to finish is kept.
+template <class Key, class Value>
+class Memo {
+ public:
+  template <class Compute>
+  Value get(const Key& key, Compute&& compute) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto it = known_.find(key); it != known_.end()) return it->second;
+    }
+    Value v = compute();
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return known_.emplace(key, std::move(v)).first->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, Value> known_;
+};
+
+int current_device() {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
 // The current device's SM count and how many blocks of probe_tiles_kernel<kBlockFold> of `warps` warps are
 // resident per SM at once, asked once per (device, kernel, warps).
 struct Occupancy {
   int sms = 0, blocks = 0;
 };
 Occupancy tile_occupancy(bool block_fold, int warps) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, bool, int>, Occupancy> known;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(dev, block_fold, warps);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  Occupancy o;
-  CUDA_CHECK(cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, dev));
-  const void* kernel = block_fold ? reinterpret_cast<const void*>(probe_tiles_kernel<true>)
-                                  : reinterpret_cast<const void*>(probe_tiles_kernel<false>);
-  const size_t smem = tile_smem(warps);
-  if (smem > 48 * 1024)  // past 48 KB a block's dynamic shared memory needs the opt-in
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.blocks, kernel, warps * 32, smem));
-  return known[key] = o;
+  static Memo<std::tuple<int, bool, int>, Occupancy> memo;
+  const int dev = current_device();
+  return memo.get({dev, block_fold, warps}, [&] {
+    Occupancy o;
+    CUDA_CHECK(cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, dev));
+    const void* kernel = block_fold ? reinterpret_cast<const void*>(probe_tiles_kernel<true>)
+                                    : reinterpret_cast<const void*>(probe_tiles_kernel<false>);
+    // Past 48 KB a block's dynamic shared memory needs the opt-in, a maximum per kernel: the largest block the
+    // kernel is ever launched with, whatever size is asked about now (setting each size asked would leave the
+    // last one asked, and a larger block chosen earlier would then fail to launch).
+    const size_t most = tile_smem(block_fold ? kMaxBlockWarps : kTileWarps);
+    if (most > 48 * 1024)
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.blocks, kernel, warps * 32, tile_smem(warps)));
+    return o;
+  });
 }
 
 TileGeometry compute_tile_geometry(const ProbeStatsArgs& a) {
@@ -395,19 +423,10 @@ TileGeometry compute_tile_geometry(const ProbeStatsArgs& a) {
 // and the narrowest width's search asks for up to ten occupancies, each a device query, a lock and a lookup; every
 // layer probes the same shapes again (measured with a switch for it, since removed: docs/perf-notes.md, session 8).
 TileGeometry tile_geometry(const ProbeStatsArgs& a) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, int, int64_t, int64_t, int, bool>, TileGeometry> known;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
+  static Memo<std::tuple<int, int, int64_t, int64_t, int, bool>, TileGeometry> memo;
   const bool aligned = (reinterpret_cast<uintptr_t>(a.data) & 15u) == 0;
-  const auto key = std::make_tuple(dev, static_cast<int>(a.dtype), a.rows, a.cols, a.heads, aligned);
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (const auto it = known.find(key); it != known.end()) return it->second;
-  }
-  const TileGeometry g = compute_tile_geometry(a);  // outside the lock: it takes tile_occupancy's
-  const std::lock_guard<std::mutex> lock(mutex);
-  return known.emplace(key, g).first->second;
+  return memo.get({current_device(), static_cast<int>(a.dtype), a.rows, a.cols, a.heads, aligned},
+                  [&] { return compute_tile_geometry(a); });
 }
 
 // The checksum's dp2a weights (two bytes each: Σ 2b_j and Σ 2j·b_j over a word's two bf16 values j, j + 1) and bf16
@@ -980,15 +999,13 @@ bool pdl_launches() {
     return v && std::string(v) == "0";
   }();
   if (off) return false;
-  static std::mutex mutex;
-  static std::map<int, bool> hopper;  // per device: compute capability 9 or later
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = hopper.find(dev); it != hopper.end()) return it->second;
-  int major = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return hopper.emplace(dev, major >= 9).first->second;
+  static Memo<int, bool> hopper;  // per device: compute capability 9 or later
+  const int dev = current_device();
+  return hopper.get(dev, [&] {
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  });
 }
 
 template <bool kBlockFold>

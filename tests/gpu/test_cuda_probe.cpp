@@ -147,6 +147,15 @@ TEST(CudaProbe, ManyTilesFoldInTheirBlock) {
   expect_synthetic_shapes_match_host({{4500, 64, 0, 0}, {4500, 384, 0, 0}, {4497, 512, 4, 0}, {4500, 1024, 8, 32}});
 }
 
+// Blocks of every size in one process: [4096, 16384] in 128-column heads asks the occupancy of 16 down to 8 warps a
+// block and takes 8; [2112, 16384] (132 tiles: one block per SM of an H200) then takes 16 warps, the larger shared
+// memory. The kernel's opt-in to more than 48 KB was set per size asked, so the last size asked (8 warps) was the
+// limit and the 16-warp launch failed; now it is set once to the largest block.
+TEST(CudaProbe, BlockFoldsOfEverySizeInOneProcess) {
+  MLA_REQUIRE_GPU();
+  expect_synthetic_shapes_match_host({{4096, 16384, 128, 0}, {2112, 16384, 128, 0}, {4096, 7168, 0, 0}});
+}
+
 TEST(CudaProbe, NonFiniteValuesAreCountedLikeTheHost) {
   MLA_REQUIRE_GPU();
   const GpuRun run = make_run(make_case("probe_nonfinite", "tiny", kPrefill, kMha, 2, 6));

@@ -987,9 +987,7 @@ LaunchPath launch_path(const TileGeometry& g) {
   if (g.segs > 0 && !g.block_fold && (tasks + kTileWarps - 1) / kTileWarps <= INT_MAX) return LaunchPath::kTasks;
   return LaunchPath::kRows;
 }
-}  // namespace
 
-namespace {
 // Programmatic dependent launches of the tile kernels (Hopper on): the launch of a probe's kernel overlaps the end
 // of the stream's previous kernel, the stage that wrote the tensor, and the kernel waits for it before any memory
 // access (griddepcontrol.wait). MLA_PROBE_PDL=0 launches them plainly. Measured in docs/perf-notes.md (session 9).

@@ -106,6 +106,8 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
       probed += a.extra.median;
     }
     EXPECT_GT(probed, 0.0) << p.level;
+    EXPECT_EQ(p.after_span.stage, stage_name(stages.back().stage)) << p.level;
+    EXPECT_EQ(p.after_span.probes, stages.back().outputs) << p.level;
     EXPECT_NEAR(p.device_span.median, r.layer_time.median + probed, 1e-9) << p.level;
     // Starting the probes is part of the probe calls; the stages' own calls take host time with and without them.
     EXPECT_EQ(p.host_starts.samples.size(), 2u) << p.level;
@@ -129,12 +131,14 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
   EXPECT_NE(os.str().find(" rounds, each "), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("its probes' device time"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find(std::string("\n    ") + stage_name(stages[0].stage)), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find(std::string("(the last stage's, ") + stage_name(stages.back().stage) + ": "), std::string::npos) << os.str();
   EXPECT_GT(r.bare_stage_calls.median, 0.0);
   const auto j = bench_to_json(r);
   EXPECT_GE(j["probe_overhead"][1]["end_wait"]["median_s"].get<double>(), 2e-3) << j.dump();
   EXPECT_DOUBLE_EQ(j["probe_overhead"][1]["last_build"]["median_s"].get<double>(), 1e-4) << j.dump();
   ASSERT_EQ(j["probe_overhead"][1]["after_stage"].size(), stages.size() - 1) << j.dump();
   EXPECT_EQ(j["probe_overhead"][1]["after_stage"][0]["probes"], stages[0].outputs) << j.dump();
+  EXPECT_EQ(j["probe_overhead"][1]["after_span"]["stage"], stage_name(stages.back().stage)) << j.dump();
 }
 
 }  // namespace

@@ -377,6 +377,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
       for (double g : gap_s[k][st.stage]) extra.push_back(g - bare);
       r.probes.back().after_stage.push_back({stage_name(st.stage), st.outputs, Timing::of(extra)});
     }
+    if (!graph.stages.empty())
+      r.probes.back().after_span = {stage_name(graph.stages.back().stage), graph.stages.back().outputs, Timing{}};
   }
   r.bare_stage_calls = over_rounds(bare_host, &WalkHost::stage_calls);
   return r;
@@ -427,7 +429,7 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
      << " ms; layer bytes = weights + x + h_out + cache rows)\n";
   // A layer wall with probes over the one without (0 when that was not measured).
   const auto over_bare = [&](double s) { return r.layer_wall.median > 0 ? s / r.layer_wall.median : 0.0; };
-  for (const auto& p : r.probes)
+  for (const auto& p : r.probes) {
     os << "probe overhead at " << p.level << ": layer wall " << fmt("%.3f", p.layer_time.median * 1e3) << " ms vs "
        << fmt("%.3f", r.layer_wall.median * 1e3) << " ms without probes = "
        << fmt("%.3f", over_bare(p.layer_time.median)) << "x (+"
@@ -448,21 +450,26 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.3f", (p.device_span.min - r.layer_time.median) * 1e3) << "..+"
        << fmt("%.3f", (p.device_span.max - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
        << "the stages; the rest of the wall's overhead is the host's and the last records' copies)\n";
-  // Where the span's growth is: the device time after each stage beyond the bare layer's, largest first.
-  for (const auto& p : r.probes) {
-    if (p.after_stage.empty()) continue;
-    auto order = p.after_stage;
-    std::stable_sort(order.begin(), order.end(),
-                     [](const auto& a, const auto& b) { return a.extra.median > b.extra.median; });
-    os << "  after each stage, its probes' device time (the gap to the next stage beyond the bare layer's, median, "
-       << "ms):";
-    for (const auto& a : order) {
-      std::string names;
-      for (const auto& n : a.probes) names += (names.empty() ? "" : " ") + n;
-      os << "\n    " << a.stage << std::string(a.stage.size() < 16 ? 16 - a.stage.size() : 0, ' ') << " "
-         << fmt("%+8.4f", a.extra.median * 1e3) << "  " << names;
+    // Where the span's growth is: the device time after each stage beyond the bare layer's, largest first.
+    if (!p.after_stage.empty()) {
+      auto order = p.after_stage;
+      std::stable_sort(order.begin(), order.end(),
+                       [](const auto& a, const auto& b) { return a.extra.median > b.extra.median; });
+      os << "  after each stage, its probes' device time (the gap to the next stage beyond the bare layer's, median, "
+         << "ms):";
+      const auto names = [](const std::vector<std::string>& probes) {
+        std::string all;
+        for (const auto& n : probes) all += (all.empty() ? "" : " ") + n;
+        return all;
+      };
+      for (const auto& a : order)
+        os << "\n    " << a.stage << std::string(a.stage.size() < 16 ? 16 - a.stage.size() : 0, ' ') << " "
+           << fmt("%+8.4f", a.extra.median * 1e3) << "  " << names(a.probes);
+      if (!p.after_span.stage.empty())
+        os << "\n    (the last stage's, " << p.after_span.stage << ": " << names(p.after_span.probes)
+           << ", run after the span: with their copies and records, the wall's tail)";
+      os << "\n";
     }
-    os << "\n";
   }
   // The all-reduce as NCCL's tests report it: algbw = bytes / time, busbw = algbw · 2(n-1)/n (the rate each
   // link sustains in a ring), with the time of the stage's slowest device.
@@ -775,6 +782,7 @@ nlohmann::json bench_to_json(const BenchResult& r) {
       for (const auto& a : r.probes[i].after_stage)
         after.push_back({{"stage", a.stage}, {"probes", a.probes}, {"extra", timing_json(a.extra)}});
       e["after_stage"] = after;
+      e["after_span"] = {{"stage", r.probes[i].after_span.stage}, {"probes", r.probes[i].after_span.probes}};
     }
   }
   return j;

@@ -78,13 +78,15 @@ struct ProbeOverhead {
   // probe_build_seconds), and of the layer's last record (built after the device is done: part of the wall).
   Timing builds, last_build;
   // Device engines: per stage but the last, the device time from its end to the next stage's start beyond the bare
-  // layer's (the kernels of the stage's probes, on the rank's stream between the stages), in graph order.
+  // layer's (the kernels of the stage's probes, on the rank's stream between the stages), in graph order; the last
+  // stage's probes run after the layer's span (part of what the wall pays after the device), named apart.
   struct AfterStage {
     std::string stage;
     std::vector<std::string> probes;  // the stage's outputs
     Timing extra;                     // per layer
   };
   std::vector<AfterStage> after_stage;
+  AfterStage after_span;  // the last stage and its probes (no time)
 };
 
 struct BenchResult {

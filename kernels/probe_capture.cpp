@@ -46,12 +46,13 @@ struct ProbeCapture::Slot {
   // What finish() needs to fold the record.
   ProbeRecord rec;  // shape, dtype, level
   DType dtype = DType::DType_bf16;
-  int64_t rows = 0, units = 0, heads = 0, numel = 0;  // units: of the stats (probe_stats_units)
+  int64_t rows = 0, heads = 0, numel = 0;
+  ProbeStatsPlan plan;  // the launch's units of stats and workspace (probe_stats_plan)
   bool sketch = false, full = false;
   size_t off_stats = 0, off_check = 0, off_tok = 0, off_head = 0, off_sketch = 0, off_raw = 0, bytes = 0;
   unsigned seq = 0;
   bool busy = false;
-  const void* zeroed_at = nullptr;  // the stats kernel's counters last zeroed here (probe_stats_counter_bytes)
+  const void* zeroed_at = nullptr;  // the stats kernel's counters last zeroed here (ProbeStatsPlan::counter_bytes)
   size_t zeroed_bytes = 0;
   PinnedBuffer host;
   PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
@@ -132,15 +133,15 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   a.rows = s.rows;
   a.cols = cols;
   a.heads = static_cast<int>(s.heads);
-  s.units = s.numel > 0 ? probe_stats_units(a) : 0;
+  s.plan = s.numel > 0 ? probe_stats_plan(a) : ProbeStatsPlan{};
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t at = off;
     off = align8(off + bytes);
     return at;
   };
-  s.off_stats = take(s.units * kRowStats * sizeof(double));
-  s.off_check = take(s.units * sizeof(unsigned long long));
+  s.off_stats = take(s.plan.units * kRowStats * sizeof(double));
+  s.off_check = take(s.plan.units * sizeof(unsigned long long));
   s.off_tok = take(s.rows * sizeof(float));
   s.off_head = take(s.rows * s.heads * sizeof(float));
   s.off_sketch = take(s.sketch ? s.rows * kSketchDim * sizeof(float) : 0);
@@ -153,7 +154,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   cudaStream_t stream = rc_.stream();
   if (s.numel > 0) {
     a.sketch_bits = s.sketch ? sign_bits(req.probe_key, req.col_offset, cols) : nullptr;
-    const size_t work = probe_stats_workspace(a);
+    const size_t work = s.plan.workspace;
     auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), s.bytes + work));
     a.row_stats = reinterpret_cast<double*>(dev + s.off_stats);
     a.row_checksum = reinterpret_cast<unsigned long long*>(dev + s.off_check);
@@ -166,7 +167,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
       CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
       stream = copy_;
     }
-    const size_t counters = probe_stats_counter_bytes(a);
+    const size_t counters = s.plan.counter_bytes;
     if (counters > 0 && (s.zeroed_at != a.workspace || s.zeroed_bytes < counters)) {  // new memory or layout
       CUDA_CHECK(cudaMemsetAsync(a.workspace, 0, counters, stream));
       s.zeroed_at = a.workspace;
@@ -241,7 +242,7 @@ ProbeRecord ProbeCapture::finish(int slot) {
   const auto* check = reinterpret_cast<const unsigned long long*>(host + s.off_check);
   double sum = 0, sumsq = 0, amax = 0, nan = 0, inf = 0;
   uint64_t checksum = 0;
-  for (int64_t u = 0; u < s.units; ++u) {
+  for (int64_t u = 0; u < s.plan.units; ++u) {
     const double* p = st + u * kRowStats;
     sum += p[0];
     sumsq += p[1];

@@ -95,7 +95,7 @@ __device__ inline void warp_fold(RowAcc& q) {
   q.check = warp_sum(q.check);
 }
 
-// A unit's stats (a row's or a tile's: probe_stats_units), which the host folds, and its checksum's partial sum.
+// A unit's stats (a row's or a tile's: ProbeStatsPlan::units), which the host folds, and its checksum's partial sum.
 __device__ inline void store_stats(const ProbeStatsArgs& a, int64_t unit, const RowAcc& q) {
   double* st = a.row_stats + unit * kRowStats;
   st[0] = q.sum;
@@ -252,11 +252,6 @@ constexpr int kMaxHeadCols = 1024;
 // 0: never fold a tile in its block (version 6's way for every shape: A/B timing).
 #ifndef MLA_PROBE_BLOCK_FOLD
 #define MLA_PROBE_BLOCK_FOLD 1
-#endif
-// 0: the checksum's dp2a weights as literals (set into uniform registers again every half step), not read from
-// constant memory (DotWeights).
-#ifndef MLA_PROBE_CONST_WEIGHTS
-#define MLA_PROBE_CONST_WEIGHTS 1
 #endif
 // 0: the rows' sums on the tensor cores per half step only (1: per whole step where heads allow, one vote a step).
 #ifndef MLA_PROBE_STEP_SUMS
@@ -437,12 +432,8 @@ struct DotWeights {
   uint32_t two = 0x0202u, j01 = 0x0200u, j23 = 0x0604u, j45 = 0x0A08u, j67 = 0x0E0Cu;
   static constexpr uint32_t ones = 0x3F803F80u;
 };
-#if MLA_PROBE_CONST_WEIGHTS
 __constant__ DotWeights kDotWeights{};
 __device__ __forceinline__ const DotWeights& dot_weights() { return kDotWeights; }
-#else
-__device__ __forceinline__ DotWeights dot_weights() { return DotWeights{}; }
-#endif
 
 // Per row, one lane's accumulators. The finite sum and sum of squares of a run (a step's 64 columns of the row, or a
 // half step's 32) come from the tensor cores (ring_sums below), and each of the row's four lanes adds them (the same
@@ -967,15 +958,6 @@ size_t counter_bytes(const TileGeometry& g) {
 }
 }  // namespace
 
-size_t probe_stats_counter_bytes(const ProbeStatsArgs& a) { return counter_bytes(tile_geometry(a)); }
-
-size_t probe_stats_workspace(const ProbeStatsArgs& a) {
-  const TileGeometry g = tile_geometry(a);
-  if (g.segs == 0 || g.block_fold) return 0;
-  const size_t n = static_cast<size_t>(a.rows * g.segs);
-  return counter_bytes(g) + n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
-}
-
 namespace {
 // Which kernels a launch takes: the tiles folded in their blocks, the tiles' tasks (folded by a tile's last warp,
 // or fold_rows_kernel when it has many segments; the workspace holds their partials), or a warp per row (fp32,
@@ -1023,12 +1005,20 @@ void launch_tiles(unsigned blocks, int warps, cudaStream_t stream, const ProbeSt
 }
 }  // namespace
 
-int64_t probe_stats_units(const ProbeStatsArgs& a) {
+ProbeStatsPlan probe_stats_plan(const ProbeStatsArgs& a) {
   const TileGeometry g = tile_geometry(a);
   const LaunchPath path = launch_path(g);
-  const bool tiles = path == LaunchPath::kBlockFold || (path == LaunchPath::kTasks && g.fold_inline);
-  return tiles ? g.row_tiles : a.rows;
+  ProbeStatsPlan p;
+  p.units = path == LaunchPath::kBlockFold || (path == LaunchPath::kTasks && g.fold_inline) ? g.row_tiles : a.rows;
+  if (path == LaunchPath::kTasks) {
+    const size_t n = static_cast<size_t>(a.rows * g.segs);
+    p.counter_bytes = counter_bytes(g);
+    p.workspace = p.counter_bytes + n * sizeof(RowPartial) + n * kSketchLanes * sizeof(float);
+  }
+  return p;
 }
+
+size_t probe_stats_workspace(const ProbeStatsArgs& a) { return probe_stats_plan(a).workspace; }
 
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
@@ -1037,7 +1027,7 @@ void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream) {
   const LaunchPath path = launch_path(g);
   if (path == LaunchPath::kTasks && !a.workspace)
     throw EngineError("probe stats: no workspace for a [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
-                      "] tensor's partials (probe_stats_workspace bytes)");
+                      "] tensor's partials (probe_stats_plan(a).workspace bytes)");
   if (path == LaunchPath::kBlockFold) {
     const int warps = static_cast<int>(g.segs);
     launch_tiles<true>(static_cast<unsigned>(g.row_tiles), warps, stream, a, g, nullptr, nullptr, nullptr);

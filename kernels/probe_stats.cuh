@@ -1,6 +1,6 @@
 // Probe records on the device (probes/probe.h): the finite sum / sum of squares / absmax, NaN and Inf counts and
 // the checksum's partial sum per unit (a 16-row tile where the kernel folds a tile's rows together, else a token
-// row: probe_stats_units), L2 per token and per head, and the sketch. The host folds the units' partials into the
+// row: ProbeStatsPlan::units), L2 per token and per head, and the sketch. The host folds the units' partials into the
 // record (fixed order, deterministic).
 //
 // The sketch is computed in the same pass as the stats, against a table of sign bits (1: −1/sqrt(32)) built
@@ -24,23 +24,26 @@ struct ProbeStatsArgs {
   int64_t rows = 0, cols = 0;
   int heads = 0;                // cols = heads · X; 0: no head map
   const uint32_t* sketch_bits = nullptr;  // the table of launch_sketch_sign_bits for these columns; nullptr: no sketch
-  double* row_stats = nullptr;  // [probe_stats_units(a), kRowStats]
-  unsigned long long* row_checksum = nullptr;  // [probe_stats_units(a)] partial sums of checksum_term (mod 2^64)
+  double* row_stats = nullptr;  // [probe_stats_plan(a).units, kRowStats]
+  unsigned long long* row_checksum = nullptr;  // [probe_stats_plan(a).units] partial sums of checksum_term (mod 2^64)
   float* token_l2 = nullptr;    // [rows]
   float* head_l2 = nullptr;     // [rows, heads] (when heads > 0)
   float* sketch_out = nullptr;  // [rows, 32] (when sketch_bits)
   void* workspace = nullptr;    // probe_stats_workspace(a) bytes of device memory
 };
 
-// Device memory launch_probe_stats needs beside its outputs (0 for the one-warp-per-row kernel, and when each
-// 16-row tile is folded in its block: T >= 16 rows per SM). Its first
-// probe_stats_counter_bytes(a) bytes are counters that must be zero before the first launch on that memory;
-// every launch leaves them zero.
-size_t probe_stats_workspace(const ProbeStatsArgs& a);
-size_t probe_stats_counter_bytes(const ProbeStatsArgs& a);
-// How many units of stats (row_stats, row_checksum) a launch writes: its 16-row tiles where a tile's rows are
-// folded together on the device (then the host reads a sixteenth of the per-row figures), else its rows.
-int64_t probe_stats_units(const ProbeStatsArgs& a);
+// What a launch for `a` needs around it, from one lookup of its geometry (kept per shape):
+struct ProbeStatsPlan {
+  // Units of stats (row_stats, row_checksum) it writes: its 16-row tiles where a tile's rows are folded together
+  // on the device (then the host reads a sixteenth of the per-row figures), else its rows.
+  int64_t units = 0;
+  // Device memory it needs beside its outputs (0 for the one-warp-per-row kernel, and when each 16-row tile is
+  // folded in its block: T >= 16 rows per SM), of which the first counter_bytes are counters that must be zero
+  // before the first launch on that memory (every launch leaves them zero).
+  size_t workspace = 0, counter_bytes = 0;
+};
+ProbeStatsPlan probe_stats_plan(const ProbeStatsArgs& a);
+size_t probe_stats_workspace(const ProbeStatsArgs& a);  // probe_stats_plan(a).workspace
 void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream);
 
 // The sign-bit table of the sketch for global columns col0 .. col0 + cols - 1 of the probe keyed `key`:

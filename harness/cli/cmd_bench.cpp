@@ -69,7 +69,8 @@ void setup_bench(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "Untimed rounds first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--probe-repeats", o->probe_repeats,
-                  "Device engines: rounds of the probe-overhead comparison (at most --repeats; 0: skip it)")
+                  "Device engines: rounds of the probe-overhead comparison (the layer's wall with and without probes, its host "
+                  "and device parts, and each stage's probes' device time; at most --repeats; 0: skip it)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json, "Also write the figures (every sample included) to this JSON file");

@@ -253,6 +253,8 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
   // time is the slowest device's.
   std::map<Stage, std::vector<double>> stage_s, bare_gap_s;
   std::vector<double> span_s;
+  std::map<Stage, Stage> next_stage;  // in graph order
+  for (size_t i = 0; i + 1 < graph.stages.size(); ++i) next_stage[graph.stages[i].stage] = graph.stages[i + 1].stage;
   // The last walk's device times (timing on): per stage, and from each stage's end to the next one's start (`gap`,
   // in graph order: the probes' kernels run there; the slowest device's), both per layer; returns the layer's span.
   const auto take_spans = [&](std::map<Stage, double>& per, std::map<Stage, double>& gap) {
@@ -276,14 +278,12 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, const Runner
     std::map<std::pair<int, Stage>, double> gap_slowest;  // (layer, stage) -> the slowest device's gap after it
     for (const auto& [key, se] : st_span) {
       const auto [layer, stage, device] = key;
-      for (size_t i = 0; i + 1 < graph.stages.size(); ++i) {
-        if (graph.stages[i].stage != stage) continue;
-        const auto next = st_span.find(std::make_tuple(layer, graph.stages[i + 1].stage, device));
-        if (next == st_span.end()) break;
-        double& v = gap_slowest[{layer, stage}];
-        v = std::max(v, next->second.first - se.second);
-        break;
-      }
+      const auto after = next_stage.find(stage);
+      if (after == next_stage.end()) continue;  // the last stage
+      const auto next = st_span.find(std::make_tuple(layer, after->second, device));
+      if (next == st_span.end()) continue;
+      double& v = gap_slowest[{layer, stage}];
+      v = std::max(v, next->second.first - se.second);
     }
     for (const auto& [key, v] : gap_slowest) gap[key.second] += v / spec.layers;
     std::map<int, double> layer_slowest;

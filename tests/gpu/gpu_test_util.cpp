@@ -215,9 +215,10 @@ void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host,
   // half step in a segment's last partial step and where heads are an odd number of 32-column halves; versions 6-8
   // always 32; the row kernel sums in double) on the tensor cores in fp32 — up to four mma k-steps, each adding 16
   // exact bf16 products to the accumulator and rounding once, so within ~4·2^-23 (4.8e-7) of the sum of their
-  // magnitudes — then adds the steps in double; the host sums in double. 1e-6 leaves 2x for the hardware's
-  // rounding (truncation, not to nearest); every CudaProbe case passed at it on an H200. A non-finite host value
-  // (NaN and Inf propagate into the per-token maps) must match exactly.
+  // magnitudes — then adds the steps, the rows and (where a 16-row tile is folded on the device) the tiles in
+  // double; the host sums in double, row by row. 1e-6 leaves 2x for the hardware's rounding (truncation, not to
+  // nearest); every CudaProbe case passed at it on an H200. A non-finite host value (NaN and Inf propagate into
+  // the per-token maps) must match exactly.
   auto near = [](double a, double b, double scale) {
     if (!std::isfinite(b)) return std::isnan(a) == std::isnan(b) && (std::isnan(b) || a == b);
     return std::fabs(a - b) <= 1e-6 * scale + 1e-30;

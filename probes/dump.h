@@ -1,4 +1,4 @@
-// Dumps: what one run recorded, as an HDF5 file (schema_version 1, DESIGN.md "Probes and the dump"),
+// Dumps: what one run recorded, as an HDF5 file (schema_version 1, docs/dump-format.md),
 // written crash-safely: during the run every record goes to an append-only journal beside the file
 // (FILE.h5.journal, CRC'd records); the journal is folded into the HDF5 file at the end of the run or by
 // any later command that opens the dump, so probes recorded before a crash survive it.
@@ -107,7 +107,9 @@ struct DumpReadOptions {
 // the status says where the run stopped. If the writer is still alive (it holds the journal's lock), the
 // journal is read as it stands, nothing is written, and the status says "running: ...". (Where FILE.h5 cannot
 // be written, e.g. a read-only directory, the fold is returned from memory and the journal stays.) Throws UsageError
-// with the path and what is wrong for a missing, truncated, corrupt or foreign file.
+// with the path and what is wrong for a missing, truncated, corrupt or foreign file, or for one that
+// docs/dump-format.md calls invalid (naming the object inside the file: "d.h5:/layer0/q_c/rank0: ..."). A record
+// with its tensor ('data') may leave out its statistics, maps and sketch: they are computed from the tensor.
 // One process per rank: where FILE.h5 does not exist but FILE.rank0.h5 ... do (rank_dump_path), they are read and
 // merged into one Dump with every rank, as one process's tp-N dump reads; they must agree on the model, run
 // options, engine, mode, seed, injections, probe level and inputs, else a UsageError names the file that differs

@@ -77,6 +77,8 @@ bool numeric_class(hid_t type) {
   return c == H5T_INTEGER || c == H5T_FLOAT;
 }
 
+bool integer_type(Type t) { return t == Type::Type_i32 || t == Type::Type_i64 || t == Type::Type_u64; }
+
 }  // namespace
 
 Id& Id::operator=(Id&& o) noexcept {
@@ -189,9 +191,20 @@ template <class T>
 std::vector<T> read_numeric_attr(hid_t obj, const std::string& name, const std::string& where, Type t) {
   OpenAttr a = open_attr(obj, name, where);
   if (!numeric_class(a.type.get())) fail_at(where, "attribute is not a number:", name);
+  // HDF5 would convert 2.7 to 2 without a word: a float where an integer belongs is an error instead.
+  if (integer_type(t) && H5Tget_class(a.type.get()) != H5T_INTEGER)
+    throw UsageError(where + ": attribute '" + name + "' holds floating-point values where integers belong");
   const int64_t n = space_points(a.space.get());
   if (n < 0) fail_at(where, "cannot read the size of attribute", name);
   std::vector<T> v(static_cast<size_t>(n));
+  if (n > 0 && t == Type::Type_u64 && H5Tget_sign(a.type.get()) == H5T_SGN_2) {
+    // A signed integer read as uint64 keeps its 64 bits (two's complement): checksums are defined mod 2^64,
+    // and h5py writes a Python int as int64 unless told otherwise. HDF5's conversion would clamp negatives to 0.
+    std::vector<int64_t> s(static_cast<size_t>(n));
+    if (H5Aread(a.attr.get(), H5T_NATIVE_INT64, s.data()) < 0) fail_at(where, "cannot read attribute", name);
+    for (size_t i = 0; i < s.size(); ++i) v[i] = static_cast<T>(static_cast<uint64_t>(s[i]));
+    return v;
+  }
   if (n > 0 && H5Aread(a.attr.get(), mem_type(t), v.data()) < 0) fail_at(where, "cannot read attribute", name);
   return v;
 }
@@ -266,6 +279,8 @@ void Dataset::read_raw(Type t, void* out, int64_t n) const {
   Id type(H5Dget_type(id()), H5Tclose);
   if (!type) fail("cannot read the type of dataset", "");
   if (!numeric_class(type.get())) fail("dataset does not hold numbers", "");
+  if (integer_type(t) && H5Tget_class(type.get()) != H5T_INTEGER)
+    throw UsageError(where_ + ": dataset holds floating-point values where integers belong");
   Id s(H5Dget_space(id()), H5Sclose);
   const int64_t have = s ? space_points(s.get()) : -1;
   if (have != n)

@@ -60,7 +60,8 @@ class Object {
   void set_attr(const std::string& name, double value);
   void set_attr(const std::string& name, const std::vector<int64_t>& values);  // 1-D int64
 
-  // Readers convert from any integer/float the file holds; a missing attribute or a wrong class
+  // Readers convert from any integer/float the file holds, except that the integer readers refuse floats (HDF5
+  // would truncate 2.7 to 2) and attr_uint keeps a signed integer's 64 bits; a missing attribute or a wrong class
   // (a string where a number belongs) is a UsageError.
   std::string attr_string(const std::string& name) const;  // variable- or fixed-length
   int64_t attr_int(const std::string& name) const;
@@ -83,7 +84,7 @@ class Object {
 class Dataset : public Object {
  public:
   std::vector<int64_t> shape() const;
-  // Reads the whole dataset converted to T; n must equal the element count.
+  // Reads the whole dataset converted to T (an integer T refuses a float dataset); n must equal the element count.
   template <class T> void read(T* out, int64_t n) const;
 
  private:

@@ -13,8 +13,9 @@ if [[ "${MLA_SKIP_SETUP:-0}" != 1 ]]; then
 fi
 
 # The Python the tests use: the project venv when there is one, else whatever python3 is.
-if [[ -x .venv/bin/python ]]; then
-  MLA_PYTHON="$PWD/.venv/bin/python"
+venv="$(./scripts/venv_path.sh)"
+if [[ -x "$venv/bin/python" ]]; then
+  MLA_PYTHON="$venv/bin/python"
 else
   MLA_PYTHON="$(command -v python3 || true)"
 fi

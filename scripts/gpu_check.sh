@@ -67,8 +67,9 @@ run_all() {
   nvcc --version 2>&1 | tail -n 2
 
   local py_args=()
-  if [[ -x .venv/bin/python ]] && .venv/bin/python -c '' 2>/dev/null; then
-    py_args=(-DMLA_PYTHON="$PWD/.venv/bin/python")
+  venv="$(./scripts/venv_path.sh)"
+  if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c '' 2>/dev/null; then
+    py_args=(-DMLA_PYTHON="$venv/bin/python")
   elif command -v python3 >/dev/null 2>&1; then
     py_args=(-DMLA_PYTHON="$(command -v python3)")
   fi

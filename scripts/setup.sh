@@ -6,15 +6,18 @@
 #   ./scripts/setup.sh          run it
 #   . scripts/setup.sh          source it: same, then MLA_PYTHON is exported into the calling shell
 #
-# Env: PYTHON (base interpreter for the venv, default python3), MLA_SETUP_NO_APT=1, MLA_SETUP_NO_PIP=1.
+# Env: PYTHON (base interpreter for the venv, default python3), MLA_SETUP_NO_APT=1, MLA_SETUP_NO_PIP=1,
+#      MLA_VENV (where the venv lives; default ~/.cache/mla-bisect/venv, outside the clone: scripts/venv_path.sh).
 
 # Sourced: do the work in a child shell so that set -e, cd and exit cannot reach the caller's shell.
 if [[ "${BASH_SOURCE[0]}" != "$0" ]]; then
   bash "${BASH_SOURCE[0]}" "$@" || return $?
   _mla_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  if [[ -x "$_mla_root/.venv/bin/python" ]]; then
-    export MLA_PYTHON="$_mla_root/.venv/bin/python"
+  _mla_venv="$("$_mla_root/scripts/venv_path.sh")"
+  if [[ -x "$_mla_venv/bin/python" ]]; then
+    export MLA_PYTHON="$_mla_venv/bin/python"
   fi
+  unset _mla_venv
   unset _mla_root
   return 0
 fi
@@ -111,11 +114,14 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------------------
-# Python: a project-local .venv with numpy, h5py and the independent file producers. Offline, the venv
-# sees the system site-packages instead. Tests that need a missing module skip themselves.
+# Python: a venv in a cache folder outside the clone (scripts/venv_path.sh) with numpy, h5py, the independent
+# file producers (gguf, safetensors, ml_dtypes) and HF transformers with torch (the capture tests run real HF MLA
+# modules). Offline, the venv sees the system site-packages instead. Tests that need a missing module skip
+# themselves.
 # ---------------------------------------------------------------------------------------------------
-PY_MODULES=(numpy h5py gguf safetensors ml_dtypes)   # import name == PyPI name for all of these
-VENV=.venv
+PY_MODULES=(numpy h5py gguf safetensors ml_dtypes pytest torch transformers)   # import name == PyPI name for all
+VENV="$(./scripts/venv_path.sh)"
+mkdir -p "$(dirname "$VENV")"
 VPY="$VENV/bin/python"
 BASE_PY="${PYTHON:-python3}"
 
@@ -163,11 +169,12 @@ pip_ok=0
 if [[ "${MLA_SETUP_NO_PIP:-0}" != 1 ]] && "$VPY" -m pip --version >/dev/null 2>&1; then
   pip_args=(install -q --disable-pip-version-check --retries 1 --timeout 15)
   [[ -d .whl ]] && pip_args+=(--find-links .whl)   # a local wheel cache, when one was carried along
-  say "pip install $missing"
-  # shellcheck disable=SC2086  # $missing is a space-separated list of plain module names
-  if "$VPY" -m pip "${pip_args[@]}" $missing >/dev/null 2>&1; then
-    pip_ok=1
-  fi
+  # One module at a time: torch (gigabytes, the first time) failing must not keep numpy and h5py out.
+  pip_ok=1
+  for m in $missing; do
+    say "pip install $m"
+    "$VPY" -m pip "${pip_args[@]}" "$m" >/dev/null 2>&1 || { warn "pip install $m failed"; pip_ok=0; }
+  done
 fi
 
 if (( pip_ok == 0 )); then

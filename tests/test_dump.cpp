@@ -725,6 +725,7 @@ TEST(DumpCorrupt, ForeignAndMalformedFilesNameTheProblem) {
     f.set_attr("format", "mla-bisect-dump");
     f.set_attr("schema_version", 1);
     f.set_attr("tp", 2);
+    f.set_attr("status", "stopped: after layer 0 probe q_nope rank 0");  // rank1 absent: a complete dump has both
     auto l = f.create_group("layer0");
     auto p = l.create_group("q_nope");
     p.set_attr("order", 4);

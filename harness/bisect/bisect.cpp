@@ -108,8 +108,10 @@ BisectReport run_bisect(const BisectOptions& opt) {
     return rep;
   }
   if (rep.compare.first_divergence < 0) {
-    rep.exit_code = ExitCode_ok;
-    rep.headline = "no divergence: every probe within its calibrated tolerance";
+    // A candidate that finished without recording every probe of the graph has not passed.
+    rep.exit_code = rep.compare.exit_code();
+    rep.headline = rep.exit_code == ExitCode_ok ? "no divergence: every probe within its calibrated tolerance"
+                                                : "probes missing: " + rep.compare.verdict_line();
     rep.seconds = timer.s();
     return rep;
   }
@@ -165,14 +167,7 @@ void print_bisect(std::ostream& os, const BisectReport& r) {
     os << "error     " << f.why << "\n";
     os << "tolerance " << f.tol.origin << "\n";
     if (!r.isolation.empty()) os << "isolation " << r.isolation << "\n";
-    if (!r.diagnosis.pattern.empty()) {
-      os << "\ndiagnosis (" << r.diagnosis.confidence << " confidence): " << r.diagnosis.pattern << "\n";
-      for (auto& e : r.diagnosis.evidence) os << "  - " << e << "\n";
-    }
-    if (!r.drill.lines.empty()) {
-      os << "\ndrill-down\n";
-      for (auto& l : r.drill.lines) os << "  " << l << "\n";
-    }
+    print_findings(os, Findings{r.drill, r.diagnosis});
   }
   if (!r.compare.results.empty()) {
     os << "\nprobes (candidate vs reference, graph order)\n";
@@ -194,10 +189,9 @@ nlohmann::json bisect_to_json(const BisectReport& r) {
                              {"why", r.first->why}, {"tolerance", r.first->tol.rel_l2},
                              {"tolerance_origin", r.first->tol.origin}};
     j["isolation"] = r.isolation;
-    j["diagnosis"] = {{"pattern", r.diagnosis.pattern}, {"confidence", r.diagnosis.confidence},
-                      {"evidence", r.diagnosis.evidence}};
-    j["drill_down"] = {{"ranks_off", r.drill.ranks_off}, {"heads_off", r.drill.heads_off},
-                       {"tokens_off", r.drill.tokens_off}, {"channels", r.drill.channels}, {"lines", r.drill.lines}};
+    const auto f = findings_to_json(Findings{r.drill, r.diagnosis});
+    j["diagnosis"] = f["diagnosis"];
+    j["drill_down"] = f["drill_down"];
     if (!r.full.basis.empty()) j["full_metrics"] = metrics_to_json(r.full);
   } else {
     j["first_divergence"] = nullptr;

@@ -6,6 +6,7 @@
 #include "harness/report/compare_report.h"
 #include "harness/run/runner.h"
 #include "probes/collect.h"
+#include "reference/reference_engine.h"
 
 namespace mla {
 
@@ -56,6 +57,77 @@ IsolationResult judge_isolation(const Dump& iso, const Dump& ref_full, const Pro
   res.sentence = "amplified: on the reference's exact inputs stage " + first.stage + " is right (rel_l2 " +
                  fmt_num(res.isolated.rel_l2) + "); error below tolerance upstream grew, fastest at " + where +
                  " (x" + fmt_num(best, 3) + " relative to tolerance)";
+  return res;
+}
+
+namespace {
+// Every rank's full tensor of a probe.
+bool has_full(const Dump& d, int layer, const std::string& name) {
+  const DumpProbe* p = d.find(layer, name);
+  if (!p || p->ranks.empty() || static_cast<int>(p->ranks.size()) < std::max(d.meta.tp, 1)) return false;
+  for (const auto& r : p->ranks)
+    if (r.data.numel() == 0) return false;
+  return true;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+}  // namespace
+
+IsolationResult isolate_on_captured_inputs(const Dump& cand, const MlaConfig& cfg, const RunSpec& spec,
+                                           const std::vector<LayerWeights>& w, const Inputs& in,
+                                           const ProbeResult& first, const CompareReport& rep) {
+  IsolationResult res;
+  const StageGraph graph = build_graph(cfg, spec.graph_shape());
+  const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
+  if (!stage) {
+    res.sentence = "not isolated: stage " + first.stage + " is not in this run's graph";
+    return res;
+  }
+  if (stage->inputs.empty()) {
+    res.introduced = true;
+    res.sentence = "introduced by stage " + first.stage + ": it reads only the captured /inputs, which the reference "
+                   "ran on too";
+    return res;
+  }
+  std::vector<std::string> lacking;
+  for (const auto& n : stage->inputs)
+    if (graph.find(n) && !has_full(cand, first.layer, n)) lacking.push_back(n);
+  if (!lacking.empty()) {
+    res.sentence = "not isolated: the capture lacks the full tensors of stage " + first.stage + "'s inputs (" +
+                   joined(lacking) + "); capture them to tell whether the stage introduced the error";
+    return res;
+  }
+  ReferenceEngine engine(std::map<std::string, std::string>{});
+  const Dump iso = run_in_process(engine, cfg, spec, w, in, &cand, first.layer, stage);
+  const DumpProbe* pi = iso.find(first.layer, first.name);
+  const DumpProbe* pc = cand.find(first.layer, first.name);
+  if (!pi || !pc) return res;
+  res.judged = true;
+  res.isolated = compare_gathered(gather(*pc), gather(*pi), *pi, first.layer, {});
+  res.introduced = !res.isolated.nonfinite_agree || res.isolated.rel_l2 > first.tol.rel_l2 ||
+                   res.isolated.max_token_rel > first.tol.token_rel;
+  if (res.introduced) {
+    res.sentence = "introduced by stage " + first.stage + ": on the candidate's own inputs (" + joined(stage->inputs) +
+                   ") the reference's " + first.stage + " gives a different " + first.name + " (rel_l2 " +
+                   fmt_num(res.isolated.rel_l2) + " > " + fmt_num(first.tol.rel_l2) + ")";
+    return res;
+  }
+  std::string worst_in;
+  double worst = -1;
+  for (const auto& r : rep.results)
+    for (const auto& n : stage->inputs)
+      if (r.layer == first.layer && r.name == n && r.m.rel_l2 > worst) {
+        worst = r.m.rel_l2;
+        worst_in = n + " (rel_l2 " + fmt_num(r.m.rel_l2) + ")";
+      }
+  res.sentence = "carried in: on the candidate's own inputs the reference's " + first.stage + " agrees with it (" +
+                 first.name + " rel_l2 " + fmt_num(res.isolated.rel_l2) + " <= " + fmt_num(first.tol.rel_l2) +
+                 "); the error arrived with its inputs" + (worst_in.empty() ? "" : ", largest in " + worst_in) +
+                 ": an earlier stage that was not captured, or error below tolerance amplified here";
   return res;
 }
 

@@ -28,4 +28,13 @@ struct IsolationResult {
 IsolationResult judge_isolation(const Dump& iso, const Dump& ref_full, const ProbeResult& first,
                                 const CompareReport& growth);
 
+// Isolation of a captured candidate, whose engine cannot run here (HF transformers, vLLM, ...): the FP32 reference's
+// stage fed the candidate's own captured inputs to it (full tensors of every rank), against the candidate's output.
+// Still different: the stage introduced the error. Agrees: the stage is right and the error came in with its inputs
+// (`rep`, the candidate against the reference, says which input was off most). Without the inputs' full tensors in
+// `cand`, judged is false and the sentence says which inputs to capture.
+IsolationResult isolate_on_captured_inputs(const Dump& cand, const MlaConfig& cfg, const RunSpec& spec,
+                                           const std::vector<LayerWeights>& w, const Inputs& in,
+                                           const ProbeResult& first, const CompareReport& rep);
+
 }  // namespace mla

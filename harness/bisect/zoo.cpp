@@ -1,4 +1,5 @@
-// Scoring one zoo case: localized means the first divergence is one of the probes BUGS.md names.
+// Scoring one zoo case: localized means the first divergence is one of the probes the zoo table names; the pattern is
+// right when the diagnosis names the bug's mechanism in the words below.
 #include "harness/bisect/zoo.h"
 
 #include <algorithm>
@@ -8,6 +9,33 @@
 #include "harness/report/compare_report.h"
 
 namespace mla {
+
+std::string zoo_pattern_words(const std::string& inject) {
+  // Words of the rule that describes each planted bug's mechanism (not the symptom another rule would also see).
+  static const std::pair<const char*, const char*> words[] = {
+      {"rope-neox", "RoPE layout or frequency"},
+      {"rope-mscale", "pure scale"},
+      {"position-offset", "positions offset"},
+      {"softmax-scale", "the softmax scale"},
+      {"causal-off", "causal mask is missing"},
+      {"kv-b-split", "layout"},
+      {"kv-norm-skip", "scale per token"},
+      {"tp-head-offset", "sharding"},
+      {"allreduce-skip", "the all-reduce"},
+      {"wuk-transpose", "layout"},
+      {"lse-base2", "cached context"},
+      {"page-off-by-one", "paging"},
+      {"decode-empty-cache", "all zeros"},
+      {"fp8-scale-transpose", "block-shaped"},
+      {"nvfp4-nibble-swap", "layout"},
+      {"nvfp4-global-recip", "pure scale"},
+      {"nan-at", "NaN/Inf originates here"},
+  };
+  const std::string name = inject.substr(0, inject.find(':'));
+  for (const auto& [n, w] : words)
+    if (name == n) return w;
+  return "";
+}
 
 ZooRow run_zoo_case(const ZooCase& c) {
   ZooRow row;
@@ -25,6 +53,7 @@ ZooRow run_zoo_case(const ZooCase& c) {
     } else if (rep.exit_code == 1) {
       row.ok = std::find(c.expected.begin(), c.expected.end(), row.found) != c.expected.end();
       row.verdict = row.ok ? "localized" : "wrong probe";
+      row.pattern_ok = row.ok && !c.pattern_words.empty() && row.pattern.find(c.pattern_words) != std::string::npos;
     } else {
       row.verdict = rep.exit_code == 0 ? "MISSED" : "engine failed: " + rep.headline;
     }
@@ -36,25 +65,35 @@ ZooRow run_zoo_case(const ZooCase& c) {
 
 void print_zoo(std::ostream& os, const std::vector<ZooRow>& rows) {
   char line[1024];
-  std::snprintf(line, sizeof line, "%-22s %-9s %-3s %-22s %-12s %-12s %s\n", "injection", "mode", "tp", "expected",
-                "found", "verdict", "pattern named");
+  std::snprintf(line, sizeof line, "%-22s %-9s %-3s %-22s %-12s %-12s %-7s %s\n", "injection", "mode", "tp", "expected",
+                "found", "verdict", "pattern", "pattern named");
   os << line;
-  int ok = 0, missed = 0, false_alarm = 0;
+  int ok = 0, missed = 0, false_alarm = 0, injected = 0, probe_right = 0, scored = 0, pattern_right = 0;
+  std::vector<std::string> wrong;
   for (const auto& r : rows) {
     std::string exp;
     for (auto& e : r.c.expected) exp += (exp.empty() ? "" : "|") + e;
     if (exp.empty()) exp = "(none)";
-    std::snprintf(line, sizeof line, "%-22s %-9s %-3d %-22s %-12s %-12s %s\n",
-                  (r.c.inject.empty() ? "clean seed " + std::to_string(r.c.options.spec.seed) : r.c.inject).c_str(),
-                  mode_name(r.c.options.spec.mode), r.c.options.spec.tp, exp.c_str(), r.found.c_str(),
-                  r.verdict.c_str(), r.pattern.substr(0, 90).c_str());
+    const bool scores = !r.c.expected.empty() && !r.c.pattern_words.empty();
+    const std::string name = r.c.inject.empty() ? "clean seed " + std::to_string(r.c.options.spec.seed) : r.c.inject;
+    std::snprintf(line, sizeof line, "%-22s %-9s %-3d %-22s %-12s %-12s %-7s %s\n", name.c_str(),
+                  mode_name(r.c.options.spec.mode), r.c.options.spec.tp, exp.c_str(), r.found.c_str(), r.verdict.c_str(),
+                  !scores ? "-" : r.pattern_ok ? "right" : "WRONG", r.pattern.substr(0, 90).c_str());
     os << line;
     ok += r.ok;
     missed += !r.ok && !r.c.expected.empty();
     false_alarm += !r.ok && r.c.expected.empty();
+    injected += !r.c.expected.empty();
+    probe_right += r.ok && !r.c.expected.empty();
+    scored += scores;
+    pattern_right += scores && r.pattern_ok;
+    if (scores && !r.pattern_ok) wrong.push_back(name + " (expected \"" + r.c.pattern_words + "\")");
   }
   os << "\n" << ok << " of " << rows.size() << " as expected; " << missed << " injected bugs missed or mislocated, "
      << false_alarm << " clean or benign runs flagged\n";
+  os << "probe right " << probe_right << " of " << injected << " injected; pattern right " << pattern_right << " of "
+     << scored << "\n";
+  for (const auto& w : wrong) os << "  pattern not named: " << w << "\n";
 }
 
 }  // namespace mla

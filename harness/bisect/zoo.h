@@ -12,6 +12,7 @@ struct ZooCase {
   std::string inject;                 // "" = clean
   std::vector<std::string> expected;  // probes; {} = must not be flagged
   std::string expected_pattern;
+  std::string pattern_words;          // the diagnosis must contain these words ("" = not scored)
   BisectOptions options;
 };
 
@@ -20,11 +21,17 @@ struct ZooRow {
   std::string found;     // probe of the first divergence, or "-"
   std::string pattern;   // diagnosis
   std::string verdict;   // "localized", "MISSED", "FALSE ALARM", "clean", "wrong probe", "error: ..."
-  bool ok = false;
+  bool ok = false;       // localization as expected (the exit code)
+  bool pattern_ok = false;  // localized and the diagnosis holds c.pattern_words
   double seconds = 0;
 };
 
+// The words a right diagnosis of injection `inject` contains ("nan-at:..." by its name), "" for benign ones and
+// names the zoo does not know. Only the zoo's scorer reads them: the diagnosis is never told the injection.
+std::string zoo_pattern_words(const std::string& inject);
+
 ZooRow run_zoo_case(const ZooCase& c);
+// The table, then the counts: as expected, probe right and pattern right of the injected cases.
 void print_zoo(std::ostream& os, const std::vector<ZooRow>& rows);
 
 }  // namespace mla

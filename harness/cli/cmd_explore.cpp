@@ -207,6 +207,9 @@ int run_explore(const ExploreCmdOptions& o) {
   Dump b = read_dump(o.b);
   require_every_rank(a, "explore");
   require_every_rank(b, "explore");
+  require_comparable(a, b);  // before calibration: dumps of different shapes are refused, exit 2
+  require_readable(a);
+  require_readable(b);
   const std::string dtype = a.meta.engine_dtype.empty() ? "fp32" : a.meta.engine_dtype;
   const bool calibrating = o.tolerance == "calibrate" || (o.tolerance == "auto" && dtype != "fp32");
   const auto t0 = std::chrono::steady_clock::now();

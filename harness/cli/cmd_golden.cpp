@@ -28,7 +28,7 @@ struct GoldenMakeOptions {
 
 struct GoldenCheckCmdOptions {
   std::string golden, engine = "reference", inject, json, junit, manifest;
-  std::vector<std::string> tol;
+  std::vector<std::string> tol, probes, allow_missing;
   double k = 4.0, timeout = 0;
   int tp = 0;
   bool brief = false, no_manifest = false;
@@ -121,6 +121,10 @@ int run_check(const GoldenCheckCmdOptions& o) {
   c.k = o.k;
   c.overrides = parse_tol_overrides(o.tol);
   c.timeout_s = o.timeout;
+  for (const auto& i : o.probes)
+    for (auto& n : split_list(i)) c.only.push_back(n);
+  for (const auto& i : o.allow_missing)
+    for (auto& n : split_list(i)) c.allow_missing.push_back(n);
   const std::string suite = "mla-bisect.golden." + fs::path(o.golden).stem().string();
   // A hang ends the process from the watchdog thread: leave CI a JUnit error naming where it stopped.
   const auto on_stop = [&](const std::string& status) {
@@ -135,10 +139,11 @@ int run_check(const GoldenCheckCmdOptions& o) {
   };
   const GoldenCheck res = check_golden(golden, c, on_stop);
   const CompareReport& rep = res.report;
+  const auto findings = explain_first_divergence(rep, batch_of(golden, res.candidate));
   std::cout << "golden check " << o.golden << " (" << golden.meta.command << ")\n";
-  print_compare(std::cout, rep, !o.brief);
+  print_compare(std::cout, rep, !o.brief, findings ? &*findings : nullptr);
   if (!o.json.empty()) {
-    auto j = compare_to_json(rep);
+    auto j = compare_to_json(rep, findings ? &*findings : nullptr);
     j["golden"] = {{"path", o.golden}, {"command", golden.meta.command}, {"tool_version", golden.tool_version},
                    {"created", golden.created_utc}};
     j["engine"] = o.engine;
@@ -146,20 +151,17 @@ int run_check(const GoldenCheckCmdOptions& o) {
     write_text_file(o.json, j.dump(2));
   }
   if (!o.junit.empty()) write_text_file(o.junit, compare_to_junit(rep, suite));
-  int code = ExitCode_ok;
-  if (rep.stopped_early()) {
-    std::cout << "\nstopped early: "
+  const int code = rep.exit_code();
+  const char* verdict = code == ExitCode_ok ? "PASSED" : code == ExitCode_engine ? "STOPPED" : "FAILED";
+  std::cout << "\ngolden check " << verdict << ": " << o.engine << (o.inject.empty() ? "" : " --inject " + o.inject)
+            << " vs " << o.golden << "\n";
+  if (code == ExitCode_engine)
+    std::cout << "stopped early: "
               << (res.candidate.complete() ? golden.path + ": " + golden.status : "candidate: " + res.candidate.status)
               << "\n";
-    code = ExitCode_engine;
-  } else if (rep.first_divergence >= 0) {
-    code = ExitCode_divergence;
-  }
-  std::cout << "\ngolden check " << (code == ExitCode_ok ? "PASSED" : "FAILED") << ": " << o.engine
-            << (o.inject.empty() ? "" : " --inject " + o.inject) << " vs " << o.golden << "\n";
   if (code == ExitCode_divergence && !o.inject.empty())
     std::cout << "(a planted bug was expected to fail)\n";
-  else if (code == ExitCode_divergence)
+  else if (code == ExitCode_divergence && rep.first_divergence >= 0)
     std::cout << "if the change is intended, regenerate the golden from the repository root with:\n  "
               << golden.meta.command << "\n";
   return code;
@@ -197,8 +199,9 @@ void setup_golden(CLI::App& app, int& exit_code) {
 
   auto co = std::make_shared<GoldenCheckCmdOptions>();
   auto* check = golden->add_subcommand("check", "Re-run an engine in process on a golden's inputs, config and run "
-                                                "spec and compare probe by probe; exit 0 pass, 1 divergence, 2 "
-                                                "unreadable or stale golden, 3 a run that stopped");
+                                                "spec and compare probe by probe, every probe of its graph "
+                                                "matched; exit 0 pass, 1 divergence or a missing probe, 2 unreadable "
+                                                "or stale golden, 3 a run that stopped");
   check->add_option("golden", co->golden, "Golden dump (.h5)")->required();
   check->add_option("--engine", co->engine, "Engine to check, e.g. reference, reference:precision=bf16, cuda")
       ->capture_default_str();
@@ -207,6 +210,12 @@ void setup_golden(CLI::App& app, int& exit_code) {
   check->add_option("--json", co->json, "Write the comparison as JSON");
   check->add_option("--junit", co->junit, "Write JUnit XML, one testcase per probe");
   check->add_option("--tol", co->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
+  check->add_option("--probes", co->probes,
+                    "Check only these probes (comma list: NAME for every layer, or layerL/NAME); the rest are not "
+                    "expected");
+  check->add_option("--allow-missing", co->allow_missing,
+                    "Probes the engine may leave out without failing (comma list: NAME or layerL/NAME); still "
+                    "reported");
   check->add_option("--tol-factor", co->k, "Tolerance = factor x calibrated noise floor (non-FP32 engines)")
       ->capture_default_str();
   check->add_option("--timeout", co->timeout, "Per-stage watchdog in seconds: a hung engine exits 3 (0: off)")

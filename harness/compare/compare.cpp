@@ -1,13 +1,16 @@
-// Metrics, tolerances, verdicts and the first divergence.
+// Metrics, tolerances, verdicts, the first divergence, and what is comparable and expected.
 #include "harness/compare/compare.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <sstream>
 
+#include "harness/model/errors.h"
 #include "harness/run/runner.h"
 #include "probes/collect.h"
+#include "probes/h5.h"
 #include "reference/reference_engine.h"
 
 namespace mla {
@@ -67,6 +70,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   std::vector<double> th_d(T * N), th_b(T * N);
   m.channel_err2.assign(row, 0.0);
   m.channel_ref2.assign(row, 0.0);
+  m.channel_cand2.assign(row, 0.0);
+  m.channel_dot.assign(row, 0.0);
   auto coord_of = [&](int64_t t, int64_t c) {
     const int64_t h = N > 0 ? c / X : -1;
     return Coord{layer, N > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
@@ -105,6 +110,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
     tok_ab[t] += x * y;
     m.channel_err2[c] += d * d;
     m.channel_ref2[c] += y * y;
+    m.channel_cand2[c] += x * x;
+    m.channel_dot[c] += x * y;
     if (N > 0) {
       head_d[h] += d * d;
       head_b[h] += y * y;
@@ -252,51 +259,371 @@ Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& 
   return sketch_metrics(a, b, p);
 }
 
+// ---------------------------------------------------------------------------------------------------
+// What can be compared, and what is expected
+// ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string probe_label(int layer, const std::string& name, bool multi_layer) {
+  return multi_layer ? "layer" + std::to_string(layer) + "/" + name : name;
+}
+
+std::optional<MlaConfig> config_of(const Dump& d) {
+  if (d.meta.model.is_null()) return std::nullopt;
+  try {
+    return d.config();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<RunSpec> spec_of(const Dump& d) {
+  if (d.meta.run_options.is_null() || !d.meta.run_options.is_object()) return std::nullopt;
+  try {
+    return d.spec();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// Cached tokens per sequence, one value each (the run spec allows one value for all, or none).
+std::vector<int> context_per_sequence(const RunSpec& s) {
+  std::vector<int> c(std::max(s.batch, 0), 0);
+  for (size_t i = 0; i < c.size(); ++i)
+    if (!s.context.empty()) c[i] = s.context.size() == 1 ? s.context[0] : (i < s.context.size() ? s.context[i] : 0);
+  return c;
+}
+
+std::string ints_text(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s.empty() ? "none" : s;
+}
+
+// The effective tp of a dump: its tp attribute, or more where the records say so (in-memory dumps made without
+// provenance carry the default tp 1).
+int ranks_of(const Dump& d) {
+  int tp = std::max(d.meta.tp, 1);
+  for (const auto& p : d.probes) tp = std::max(tp, static_cast<int>(p.ranks.size()));
+  return tp;
+}
+
+// What a dump holds, for a message: its HDF5 file's top-level groups where it has a file, else its layers.
+std::string groups_text(const Dump& d) {
+  const std::string file = !d.parts.empty() ? d.parts.front() : d.path;
+  std::string out;
+  try {
+    if (h5::File::is_hdf5(file)) {
+      const auto f = h5::File::open_read(file);
+      for (const auto& c : f.children()) out += (out.empty() ? "" : ", ") + c;
+      out = out.empty() ? "no groups" : "groups " + out;
+    }
+  } catch (const std::exception&) {
+    out.clear();
+  }
+  std::map<int, int> per_layer;
+  for (const auto& p : d.probes) ++per_layer[p.layer];
+  std::string layers;
+  for (const auto& [l, n] : per_layer)
+    layers += (layers.empty() ? "" : ", ") + ("layer" + std::to_string(l) + " (" + std::to_string(n) + " probes)");
+  if (layers.empty()) layers = "no probes read";
+  return out.empty() ? layers : out + "; probes read: " + layers;
+}
+
+// "layer1/q_c" or "1/q_c" -> {1, "q_c"}; "q_c" -> {-1, "q_c"}.
+std::pair<int, std::string> parse_probe_name(const std::string& text) {
+  const auto slash = text.find('/');
+  if (slash == std::string::npos) return {-1, text};
+  std::string l = text.substr(0, slash);
+  if (l.rfind("layer", 0) == 0) l = l.substr(5);
+  if (l.empty() || l.size() > 6 || l.find_first_not_of("0123456789") != std::string::npos)
+    throw UsageError("probe '" + text + "': expected NAME, layerL/NAME or L/NAME");
+  return {std::stoi(l), text.substr(slash + 1)};
+}
+
+}  // namespace
+
+std::string ProbeResult::label() const { return probe_label(layer, name, multi_layer); }
+
+std::vector<std::string> check_comparable(const Dump& a, const Dump& b) {
+  std::vector<std::string> diff;
+  auto differ = [&](const std::string& what, const std::string& x, const std::string& y) {
+    if (x != y) diff.push_back(what + ": " + x + " vs " + y);
+  };
+  const auto ca = config_of(a), cb = config_of(b);
+  if (ca && cb) {
+    differ("hidden size", std::to_string(ca->hidden), std::to_string(cb->hidden));
+    differ("attention heads", std::to_string(ca->heads), std::to_string(cb->heads));
+    differ("q LoRA rank", std::to_string(ca->q_lora_rank), std::to_string(cb->q_lora_rank));
+    differ("kv LoRA rank", std::to_string(ca->kv_lora_rank), std::to_string(cb->kv_lora_rank));
+    differ("qk nope head dim", std::to_string(ca->qk_nope), std::to_string(cb->qk_nope));
+    differ("qk rope head dim", std::to_string(ca->qk_rope), std::to_string(cb->qk_rope));
+    differ("v head dim", std::to_string(ca->v_head), std::to_string(cb->v_head));
+  }
+  const auto sa = spec_of(a), sb = spec_of(b);
+  if (sa && sb) {
+    differ("mode", mode_name(sa->mode), mode_name(sb->mode));
+    differ("tokens per sequence", std::to_string(sa->tokens), std::to_string(sb->tokens));
+    differ("batch", std::to_string(sa->batch), std::to_string(sb->batch));
+    differ("context", ints_text(context_per_sequence(*sa)), ints_text(context_per_sequence(*sb)));
+    differ("layer input", sa->graph_shape().input_norm ? "h (input_norm)" : "x",
+           sb->graph_shape().input_norm ? "h (input_norm)" : "x");
+  } else {
+    if (!a.meta.mode.empty() && !b.meta.mode.empty()) differ("mode", a.meta.mode, b.meta.mode);
+    if (a.has_inputs && b.has_inputs) {
+      differ("inputs x", shape_string(a.inputs.x.shape), shape_string(b.inputs.x.shape));
+      differ("new tokens per sequence", ints_text(a.inputs.batch.new_lens), ints_text(b.inputs.batch.new_lens));
+      differ("context", ints_text(a.inputs.batch.context_lens), ints_text(b.inputs.batch.context_lens));
+    }
+  }
+  std::vector<std::string> shapes;
+  for (const auto& pb : b.probes)
+    if (const DumpProbe* pa = a.find(pb.layer, pb.name); pa && pa->shape != pb.shape)
+      shapes.push_back("layer" + std::to_string(pb.layer) + "/" + pb.name + " " + shape_string(pa->shape) + " vs " +
+                       shape_string(pb.shape));
+  if (!shapes.empty()) {
+    std::string s = "probe shapes: ";
+    for (size_t i = 0; i < shapes.size() && i < 6; ++i) s += (i ? ", " : "") + shapes[i];
+    if (shapes.size() > 6) s += " and " + std::to_string(shapes.size() - 6) + " more";
+    diff.push_back(s);
+  }
+  return diff;
+}
+
+void require_comparable(const Dump& a, const Dump& b) {
+  const auto diff = check_comparable(a, b);
+  if (diff.empty()) return;
+  std::string msg = "cannot compare " + a.path + " with " + b.path + ", runs of different shapes (each line: " + a.path +
+                    " vs " + b.path + "):";
+  for (const auto& d : diff) msg += "\n  " + d;
+  throw UsageError(msg);
+}
+
+void require_readable(const Dump& d) {
+  const int tp = ranks_of(d);
+  for (const auto& p : d.probes) {
+    const std::string where = d.path + ": layer" + std::to_string(p.layer) + "/" + p.name;
+    if (p.ranks.empty())
+      throw UsageError(where + " has no rank records (rank0/ ... with the probe's stats and data): its data is "
+                       "somewhere an mla-bisect dump does not keep it; the dump cannot be read");
+    if (d.complete() && static_cast<int>(p.ranks.size()) != tp)
+      throw UsageError(where + " has records for " + std::to_string(p.ranks.size()) + " of " + std::to_string(tp) +
+                       " ranks, yet the dump says it is complete; the dump cannot be read");
+    for (size_t r = 0; r < p.ranks.size(); ++r)
+      if (p.ranks[r].level == ProbeLevel::ProbeLevel_full && p.ranks[r].data.numel() == 0)
+        throw UsageError(where + "/rank" + std::to_string(d.rank_of(r)) +
+                         " says level full but holds no data (no 'data' dataset where the dump keeps it); the dump "
+                         "cannot be read");
+  }
+}
+
+ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOptions& opt) {
+  ExpectedProbes ex;
+  const auto cb = config_of(b);
+  const auto sb = spec_of(b);
+  std::optional<StageGraph> graph;
+  if (cb && sb) {
+    try {
+      graph = build_graph(*cb, sb->graph_shape());
+    } catch (const std::exception&) {
+      graph.reset();
+    }
+  }
+  if (graph) {
+    ex.from = "the stage graph of " + b.path + "'s config and run spec";
+    // Another attention form computes the same attention through other intermediates: those are not expected.
+    std::optional<StageGraph> graph_a;
+    const auto ca = config_of(a);
+    const auto sa = spec_of(a);
+    if (ca && sa && sa->form != sb->form) {
+      try {
+        graph_a = build_graph(*ca, sa->graph_shape());
+      } catch (const std::exception&) {
+        graph_a.reset();
+      }
+    }
+    std::string other_form;
+    for (int l = 0; l < std::max(sb->layers, 1); ++l)
+      for (const auto& p : graph->probes) {
+        if (graph_a && !graph_a->find(p.name)) {
+          if (l == 0) other_form += (other_form.empty() ? "" : ", ") + p.name;
+          continue;
+        }
+        ex.probes.push_back({l, p.name, stage_name(p.stage), contract_name(p.contract), p.shape, p.order, false});
+      }
+    if (!other_form.empty())
+      ex.notes.push_back(std::string("attention forms differ (") + form_name(sa->form) + " vs " + form_name(sb->form) +
+                         "): " + other_form + " exist only in the reference's form, not compared");
+  } else {
+    ex.from = b.path + "'s own probes (it has no model configuration and run options to build the stage graph from)";
+    for (const auto& p : b.probes) ex.probes.push_back({p.layer, p.name, p.stage, p.contract, p.shape, p.order, false});
+  }
+  int max_layer = 0;
+  for (const auto& p : ex.probes) max_layer = std::max(max_layer, p.layer);
+  ex.multi_layer = max_layer > 0;
+
+  // A name matches every layer's probe of that name, or one layer's.
+  auto matches = [](const ExpectedProbe& p, const std::pair<int, std::string>& want) {
+    return p.name == want.second && (want.first < 0 || want.first == p.layer);
+  };
+  auto check_names = [&](const std::vector<std::string>& names, const char* option) {
+    std::vector<std::pair<int, std::string>> out;
+    for (const auto& n : names) {
+      if (n.empty()) continue;
+      const auto want = parse_probe_name(n);
+      const bool known = std::any_of(ex.probes.begin(), ex.probes.end(), [&](const auto& p) { return matches(p, want); });
+      if (!known) {
+        std::string have;
+        for (const auto& p : ex.probes)
+          if (p.layer == 0) have += (have.empty() ? "" : ", ") + p.name;
+        throw UsageError(std::string(option) + " " + n + ": no such probe in " + ex.from + " (" +
+                         (max_layer == 0 ? std::string("layer 0 only") : "layers 0-" + std::to_string(max_layer)) +
+                         "; probes: " + have + ")");
+      }
+      out.push_back(want);
+    }
+    return out;
+  };
+  const auto only = check_names(opt.only, "--probes");
+  const auto allowed = check_names(opt.allow_missing, "--allow-missing");
+  if (!only.empty()) {
+    std::vector<ExpectedProbe> kept;
+    for (const auto& p : ex.probes)
+      if (std::any_of(only.begin(), only.end(), [&](const auto& w) { return matches(p, w); })) kept.push_back(p);
+    ex.probes = std::move(kept);
+    ex.from += ", narrowed to the selected probes";
+  }
+  for (auto& p : ex.probes)
+    p.allowed_missing = std::any_of(allowed.begin(), allowed.end(), [&](const auto& w) { return matches(p, w); });
+  return ex;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The comparison and its verdict
+// ---------------------------------------------------------------------------------------------------
+
+int CompareReport::divergent() const {
+  int n = 0;
+  for (const auto& r : results) n += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite;
+  return n;
+}
+
+std::vector<const ProbeResult*> CompareReport::missing(bool allowed) const {
+  std::vector<const ProbeResult*> out;
+  for (const auto& r : results)
+    if (r.verdict == Verdict::Verdict_missing && r.missing_allowed == allowed) out.push_back(&r);
+  return out;
+}
+
+int CompareReport::exit_code() const {
+  if (stopped_early()) return ExitCode_engine;
+  if (matched == 0) return ExitCode_usage;
+  if (first_divergence >= 0 || missing_fails()) return ExitCode_divergence;
+  return ExitCode_ok;
+}
+
+namespace {
+std::string name_list(const std::vector<const ProbeResult*>& v, size_t max_items = 8) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < max_items; ++i) s += (i ? ", " : "") + v[i]->label();
+  if (v.size() > max_items) s += ", ... " + std::to_string(v.size() - max_items) + " more";
+  return s;
+}
+}  // namespace
+
+std::string CompareReport::verdict_line() const {
+  std::ostringstream os;
+  os << matched << " of " << expected << " probes matched";
+  const auto miss = missing(false), allowed = missing(true);
+  if (!miss.empty()) os << ", " << miss.size() << " missing (" << name_list(miss) << ")";
+  if (!allowed.empty()) os << ", " << allowed.size() << " missing but allowed (" << name_list(allowed) << ")";
+  if (miss.empty() && allowed.empty()) os << ", none missing";
+  const int div = divergent();
+  if (div > 0)
+    os << ", " << div << " beyond tolerance (first: " << results[first_divergence].label() << ")";
+  else if (matched > 0)
+    os << ", " << (miss.empty() && allowed.empty() ? "every probe" : "every matched probe") << " within its tolerance";
+  switch (exit_code()) {
+    case ExitCode_engine:
+      os << ": INCOMPLETE (a dump stopped early: "
+         << (a_status != "complete" ? "candidate " + a_status : "reference " + b_status) << ")";
+      break;
+    case ExitCode_usage: os << ": NOTHING COMPARED"; break;
+    case ExitCode_divergence: os << ": FAIL"; break;
+    default: os << ": PASS"; break;
+  }
+  return os.str();
+}
+
 CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& tol, const CompareOptions& opt) {
   require_every_rank(a, "compare");  // gathering needs every rank's shard
   require_every_rank(b, "compare");
+  require_comparable(a, b);
+  require_readable(a);
+  require_readable(b);
+  const ExpectedProbes ex = expected_probes(a, b, opt);
   CompareReport rep;
   rep.a_path = a.path;
   rep.b_path = b.path;
   rep.a_status = a.status;
   rep.b_status = b.status;
+  rep.expected = static_cast<int>(ex.probes.size());
+  rep.expected_from = ex.from;
+  rep.notes = ex.notes;
+  const int tp_a = ranks_of(a), tp_b = ranks_of(b);
   bool said_sketch = false;
-  for (const auto& pb : b.probes) {
-    const DumpProbe* pa = a.find(pb.layer, pb.name);
+  for (const auto& e : ex.probes) {
+    const DumpProbe* pa = a.find(e.layer, e.name);
+    const DumpProbe* pb = b.find(e.layer, e.name);
     ProbeResult r;
-    r.layer = pb.layer;
-    r.name = pb.name;
-    r.stage = pb.stage;
-    r.contract = pb.contract;
-    r.shape = pb.shape;
-    r.order = pb.order;
-    r.tol = tol.for_probe(pb.name, pb.layer);
-    if (!pa) {
+    r.layer = e.layer;
+    r.name = e.name;
+    r.stage = pb ? pb->stage : pa ? pa->stage : e.stage;
+    r.contract = pb ? pb->contract : pa ? pa->contract : e.contract;
+    r.shape = pb ? pb->shape : pa ? pa->shape : e.shape;
+    r.order = pb ? pb->order : pa ? pa->order : e.order;
+    r.multi_layer = ex.multi_layer;
+    r.tol = tol.for_probe(e.name, e.layer);
+    // Not compared: say why, from the side that lacks it (a stopped run's missing probes are where it stopped).
+    auto lacking = [](const Dump& d, const DumpProbe* p, int tp, const char* side) -> std::string {
+      if (!p) return std::string("not in the ") + side + (d.complete() ? "" : ", which stopped before recording it");
+      if (static_cast<int>(p->ranks.size()) < tp)
+        return std::string("the ") + side + " recorded it on " + std::to_string(p->ranks.size()) + " of " +
+               std::to_string(tp) + " ranks before it stopped";
+      return "";
+    };
+    std::string why = lacking(a, pa, tp_a, "candidate");
+    const std::string why_b = lacking(b, pb, tp_b, "reference");
+    if (!why_b.empty()) why = why.empty() ? why_b : why + "; " + why_b;
+    if (!why.empty()) {
       r.verdict = Verdict::Verdict_missing;
-      r.why = "only in " + b.path;
+      r.missing_allowed = e.allowed_missing;
+      r.why = why + (e.allowed_missing ? " (allowed by --allow-missing)" : "");
       rep.results.push_back(std::move(r));
       continue;
     }
-    if (pa->shape != pb.shape) {
+    ++rep.matched;
+    if (pa->shape != pb->shape) {  // check_comparable refuses these; kept for callers that skip it
       r.verdict = Verdict::Verdict_diverge;
-      r.why = "shape " + shape_string(pa->shape) + " vs " + shape_string(pb.shape);
+      r.why = "shape " + shape_string(pa->shape) + " vs " + shape_string(pb->shape);
       rep.results.push_back(std::move(r));
       continue;
     }
-    const Gathered ga = gather(*pa), gb = gather(pb);
+    const Gathered ga = gather(*pa), gb = gather(*pb);
     for (auto& s : ga.problems) r.problems.push_back("candidate: " + s);
     for (auto& s : gb.problems) r.problems.push_back("reference: " + s);
-    r.m = compare_gathered(ga, gb, pb, pb.layer, opt);
+    r.m = compare_gathered(ga, gb, *pb, pb->layer, opt);
     if (r.m.basis != "full" && !said_sketch) {
       rep.notes.push_back("some probes lack full tensors on one side: their metrics come from sketches (estimates, "
                           "about ±25%) or, without sketches, from norms (a lower bound)");
       said_sketch = true;
     }
     // Per-rank partial sums (allreduce bugs leave every o_partial right and o wrong; a sharding bug shows here).
-    if (pb.contract == "partial" && pa->ranks.size() == pb.ranks.size()) {
+    if (pb->contract == "partial" && pa->ranks.size() == pb->ranks.size()) {
       r.m.rank_rel.clear();
-      for (size_t k = 0; k < pb.ranks.size(); ++k) {
-        const auto &ra = pa->ranks[k], &rb = pb.ranks[k];
+      for (size_t k = 0; k < pb->ranks.size(); ++k) {
+        const auto &ra = pa->ranks[k], &rb = pb->ranks[k];
         if (ra.data.numel() && ra.data.numel() == rb.data.numel()) {
           double d = 0, n = 0;
           for (int64_t i = 0; i < ra.data.numel(); ++i) {
@@ -314,37 +641,37 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
         }
       }
     }
-    std::ostringstream why;
+    std::ostringstream os;
     if (!r.m.nonfinite_agree) {
       r.verdict = Verdict::Verdict_nonfinite;
-      why << "NaN/Inf positions differ: " << r.m.first_nonfinite;
+      os << "NaN/Inf positions differ: " << r.m.first_nonfinite;
     } else if (!(r.m.rel_l2 <= r.tol.rel_l2)) {
       r.verdict = Verdict::Verdict_diverge;
-      why << "rel_l2 " << r.m.rel_l2 << " > " << r.tol.rel_l2;
+      os << "rel_l2 " << r.m.rel_l2 << " > " << r.tol.rel_l2;
     } else if (!(r.m.max_token_rel <= r.tol.token_rel)) {
       r.verdict = Verdict::Verdict_diverge;
-      why << "worst token rel_l2 " << r.m.max_token_rel << " > " << r.tol.token_rel;
+      os << "worst token rel_l2 " << r.m.max_token_rel << " > " << r.tol.token_rel;
     } else if (!ga.problems.empty()) {
       r.verdict = Verdict::Verdict_diverge;
-      why << ga.problems.front();
+      os << ga.problems.front();
     } else {
-      why << "rel_l2 " << r.m.rel_l2 << " <= " << r.tol.rel_l2;
+      os << "rel_l2 " << r.m.rel_l2 << " <= " << r.tol.rel_l2;
     }
-    r.why = why.str();
+    r.why = os.str();
     rep.results.push_back(std::move(r));
   }
-  for (const auto& pa : a.probes)
-    if (!b.find(pa.layer, pa.name)) {
-      ProbeResult r;
-      r.layer = pa.layer;
-      r.name = pa.name;
-      r.stage = pa.stage;
-      r.shape = pa.shape;
-      r.order = pa.order;
-      r.verdict = Verdict::Verdict_missing;
-      r.why = "only in " + a.path;
-      rep.results.push_back(std::move(r));
-    }
+  // Probes outside the expected set are not compared; say so unless the user narrowed the set.
+  if (opt.only.empty()) {
+    std::set<std::pair<int, std::string>> known, said;
+    for (const auto& e : ex.probes) known.insert({e.layer, e.name});
+    std::string extra;
+    for (const Dump* d : {&a, &b})
+      for (const auto& p : d->probes)
+        if (!known.count({p.layer, p.name}) && said.insert({p.layer, p.name}).second)
+          extra += (extra.empty() ? "" : ", ") + ("layer" + std::to_string(p.layer) + "/" + p.name) + " (" +
+                   (d == &a ? "candidate" : "reference") + ")";
+    if (!extra.empty()) rep.notes.push_back("not expected by " + ex.from + ", not compared: " + extra);
+  }
   for (size_t i = 0; i < rep.results.size(); ++i) {
     const auto v = rep.results[i].verdict;
     if (v == Verdict::Verdict_diverge || v == Verdict::Verdict_nonfinite) {
@@ -352,6 +679,10 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
       break;
     }
   }
+  if (rep.matched == 0 && !rep.stopped_early())
+    throw UsageError("no probe of " + b.path + " matched in " + a.path + ": candidate has " + groups_text(a) +
+                     ", reference " + groups_text(b) + " (expected: " + ex.from + "; probes live in groups "
+                     "/layer<L>/<probe>/rank<R>)");
   return rep;
 }
 

@@ -1,6 +1,7 @@
-// Compare two dumps probe by probe (DESIGN.md "Compare"): gather shards to the global layout, measure the
-// error (full tensors when both sides have them, else stats and sketches), hold it against a tolerance
-// that says where it came from, and name the first divergence in graph order.
+// Compare two dumps probe by probe: refuse dumps that cannot be compared, gather shards to the global layout, measure
+// the error (full tensors when both sides have them, else stats and sketches), hold it against a tolerance that says
+// where it came from, name the first divergence in graph order, and account for every probe the reference's stage
+// graph expects (matched, or missing with the reason).
 #pragma once
 #include <map>
 #include <optional>
@@ -23,7 +24,9 @@ struct Gathered {
   int64_t nan = 0, inf = 0;
   std::vector<float> token_l2;  // [T] global
   std::vector<float> head_l2;   // [T, N] global (heads probes)
-  std::vector<std::string> problems;  // e.g. "replicated probe differs on rank 3 (checksum)"
+  // e.g. "replicated probe differs on rank 3 (full data vs rank 0: ...)": replicas are judged on the most their
+  // records carry (full data, else sketches, else stats; checksums only where both ranks have one)
+  std::vector<std::string> problems;
   int missing_ranks = 0;
 };
 Gathered gather(const DumpProbe& p);
@@ -60,6 +63,9 @@ struct Metrics {
   // trailing dims flattened (heads probes: head-major, h·X + c). channel_block_rel groups them into blocks: a
   // block-scaled weight (FP8, 128x128) read with the wrong scales leaves error that is uniform within blocks.
   std::vector<double> channel_err2, channel_ref2;  // [row]
+  // Σa² and Σa·b per channel (full basis; empty otherwise): per-channel factor and cosine over tokens, which tell
+  // a per-channel scale (a norm without its weight) from other per-channel error.
+  std::vector<double> channel_cand2, channel_dot;  // [row]
   struct Element {
     Coord at;
     double a = 0, b = 0;
@@ -92,21 +98,71 @@ struct ProbeResult {
   Metrics m;
   Tolerance tol;
   Verdict verdict = Verdict::Verdict_pass;
-  std::string why;        // one line: which limit, by how much
+  std::string why;        // one line: which limit, by how much (missing: why it was not compared)
   std::vector<std::string> problems;
+  bool missing_allowed = false;  // Verdict_missing that the user allowed (--allow-missing): reported, not failed
+  bool matched() const { return verdict != Verdict::Verdict_missing; }
+  std::string label() const;     // "q_c", or "layer1/q_c" where layers matter (set by compare_dumps)
+  bool multi_layer = false;
 };
 
 struct CompareReport {
   std::string a_path, b_path, a_status, b_status;
-  std::vector<ProbeResult> results;  // (layer, order)
+  // Every expected probe in (layer, graph order): matched ones with their metrics, the others Verdict_missing.
+  std::vector<ProbeResult> results;
   int first_divergence = -1;         // index into results
   std::vector<std::string> notes;    // e.g. "b has no full tensors: metrics from sketches"
+  int expected = 0;                  // probes expected: the reference's stage graph, or the --probes selection
+  int matched = 0;                   // of those, present in both dumps and compared
+  std::string expected_from;         // where the expected list came from, in words
   bool stopped_early() const { return a_status != "complete" || b_status != "complete"; }
+  int divergent() const;             // results beyond tolerance (diverge or NaN/Inf)
+  std::vector<const ProbeResult*> missing(bool allowed) const;  // missing probes, not allowed / allowed ones
+  bool missing_fails() const { return !missing(false).empty(); }
+  // 3 a dump stopped early, 2 nothing matched, 1 a divergence or a missing probe not allowed, 0 pass.
+  int exit_code() const;
+  // One line that counts: "17 of 19 probes matched, 2 missing (o_partial, o): FAIL". Never a pass for a dump
+  // that stopped early, for missing probes or for nothing matched.
+  std::string verdict_line() const;
 };
 
+// Which probes a comparison expects. Names are probe names ("q_c": every layer) or one layer's ("layer1/q_c",
+// "1/q_c"); a name the reference's graph does not have is a UsageError.
 struct CompareOptions {
   double atol = 1e-3, rtol = 1e-2;  // for the mismatch fraction only (bf16-sized)
+  std::vector<std::string> only;           // --probes: compare only these (the rest are not expected)
+  std::vector<std::string> allow_missing;  // --allow-missing: may be absent without failing the comparison
 };
+
+// The differences that make two dumps incomparable: model dimensions, mode, tokens / batch / context, where the
+// layer starts (h or x), the inputs' shape, and the shapes of probes both hold. Empty: comparable. A different tp
+// is not a difference (each side is gathered to the global layout first), nor are engine, dtype or input seed.
+std::vector<std::string> check_comparable(const Dump& a, const Dump& b);
+// Throws UsageError ("cannot compare A with B: ...") listing check_comparable's differences.
+void require_comparable(const Dump& a, const Dump& b);
+
+// One expected probe: its place in the graph and where the expectation came from.
+struct ExpectedProbe {
+  int layer = 0;
+  std::string name, stage, contract;
+  std::vector<int64_t> shape;
+  int order = 0;
+  bool allowed_missing = false;
+};
+struct ExpectedProbes {
+  std::vector<ExpectedProbe> probes;  // (layer, graph order)
+  std::string from;                   // "the stage graph of REFERENCE's config and run spec", ...
+  std::vector<std::string> notes;     // e.g. the probes one attention form has and the other lacks
+  bool multi_layer = false;
+};
+// The probes `b` (the reference) expects of `a`: build_graph of b's config and run spec for each of its layers
+// (without a config or run spec: b's own probes), less the probes of another attention form when a's differs,
+// narrowed to opt.only. Throws UsageError for a name in opt.only or opt.allow_missing that the graph lacks.
+ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOptions& opt);
+
+// Throws UsageError when a dump cannot be read as mla-bisect writes it: a probe with no rank records (its data
+// somewhere else), a complete dump whose probe lacks ranks, a full-level record without data.
+void require_readable(const Dump& d);
 
 // rel_l2 per group of `block` consecutive entries of per-channel sums (Metrics::channel_err2 / channel_ref2);
 // the last group may be shorter.
@@ -114,7 +170,9 @@ std::vector<double> channel_block_rel(const std::vector<double>& err2, const std
 
 Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& spec, int layer,
                          const CompareOptions& opt);
-// `a` is the candidate, `b` the reference (rel_l2 is relative to b).
+// `a` is the candidate, `b` the reference (rel_l2 is relative to b). Throws UsageError when the dumps are not
+// comparable (require_comparable), not readable (require_readable), or when nothing expected matched while both
+// dumps are complete ("no probe of B matched in A: ...").
 CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& tol, const CompareOptions& opt = {});
 
 // Calibrates tolerances: runs the reference at FP32 and at `precision` on the same config, weights and inputs,

@@ -1,5 +1,5 @@
 // Drill-down and diagnosis of a divergent probe: which ranks, heads, tokens and channels carry the error,
-// and the pattern it shows in plain words (BUGS.md's right column), with how sure it is.
+// and the pattern it shows in plain words, with how sure it is and the numbers that say so.
 #pragma once
 #include <string>
 #include <vector>
@@ -18,10 +18,13 @@ struct DrillDown {
   std::vector<std::string> lines;   // readable summary
 };
 
+// Each rule fires on its own evidence (rows of exact zeros, a position where the error starts, the channels or
+// heads that hold it, a neighbouring probe whose energy it has, per-token or per-channel factors, ...) and says which
+// numbers it used; when none fits, the pattern is "no known pattern" and the evidence says where the error sits.
 struct Diagnosis {
   std::string pattern;     // plain words; "no known pattern" when nothing fits
   std::string confidence;  // high | medium | low
-  std::vector<std::string> evidence;
+  std::vector<std::string> evidence;  // the overall numbers, then the rule's own (or where the error sits)
 };
 
 DrillDown drill_down(const ProbeResult& r, const Metrics& m, const Tolerance& tol);

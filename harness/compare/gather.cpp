@@ -1,13 +1,115 @@
-// Gathering a probe's shards to its global layout: concatenate head blocks, sum partials, check replicas.
+// Gathering a probe's shards to its global layout: concatenate head blocks, sum partials, check that replicas agree
+// on the most their records carry (full data, else sketches, else stats).
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <sstream>
+#include <string>
 
 #include "harness/compare/compare.h"
 
 namespace mla {
 
 namespace {
+
+// Equal as stored: the same bits, or both NaN (payloads aside).
+bool same_value(float x, float y) {
+  if (std::isnan(x) && std::isnan(y)) return true;
+  uint32_t bx, by;
+  std::memcpy(&bx, &x, 4);
+  std::memcpy(&by, &y, 4);
+  return bx == by;
+}
+
+std::string num_text(double v) {
+  std::ostringstream os;
+  os.precision(6);
+  os << v;
+  return os.str();
+}
+
+// How two ranks' copies of a replicated probe differ, judged on the most both records carry: the full tensors
+// (element by element), else the sketches, else the stats (l2, absmax, mean, std, NaN and Inf counts, per-token
+// norms). Checksums count where both ranks carry one (0: the producer wrote none), never as agreement on their own.
+struct ReplicaDiff {
+  bool differs = false;
+  std::string basis;   // "full data", "sketch", "stats", "checksum"
+  std::string detail;  // how: count, largest difference and where
+};
+
+ReplicaDiff replica_diff(const ProbeRecord& x, const ProbeRecord& y, int64_t row) {
+  ReplicaDiff d;
+  row = std::max<int64_t>(row, 1);
+  if (x.data.numel() > 0 && x.data.numel() == y.data.numel()) {
+    d.basis = "full data";
+    int64_t n = 0, first = -1, at = -1, nonfinite = 0;
+    double worst = -1;
+    for (int64_t i = 0; i < x.data.numel(); ++i) {
+      const float a = x.data.data[i], b = y.data.data[i];
+      if (same_value(a, b)) continue;
+      ++n;
+      if (first < 0) first = i;
+      if (!std::isfinite(a) || !std::isfinite(b)) {
+        ++nonfinite;
+        continue;
+      }
+      const double diff = std::fabs(static_cast<double>(a) - b);
+      if (diff > worst) worst = diff, at = i;
+    }
+    if (n > 0) {
+      d.differs = true;
+      const int64_t i = at >= 0 ? at : first;
+      d.detail = std::to_string(n) + " of " + std::to_string(x.data.numel()) + " elements differ, max |difference| " +
+                 (at >= 0 ? num_text(worst) : std::string("non-finite")) + " at token " + std::to_string(i / row) +
+                 " column " + std::to_string(i % row) + " (" + num_text(y.data.data[i]) + " vs " +
+                 num_text(x.data.data[i]) + ")" +
+                 (nonfinite ? ", " + std::to_string(nonfinite) + " NaN/Inf at different places" : "");
+      return d;
+    }
+  } else if (!x.sketch.empty() && x.sketch.size() == y.sketch.size()) {
+    d.basis = "sketch";
+    int64_t n = 0, at = -1;
+    double worst = -1;
+    for (size_t i = 0; i < x.sketch.size(); ++i) {
+      if (same_value(x.sketch[i], y.sketch[i])) continue;
+      ++n;
+      const double diff = std::fabs(static_cast<double>(x.sketch[i]) - y.sketch[i]);
+      if (at < 0 || diff > worst) worst = diff, at = static_cast<int64_t>(i);
+    }
+    if (n > 0) {
+      d.differs = true;
+      d.detail = std::to_string(n) + " of " + std::to_string(x.sketch.size()) + " sketch values differ, max |difference| " +
+                 num_text(worst) + " at token " + std::to_string(at / kSketchDim);
+      return d;
+    }
+  } else {
+    d.basis = "stats";
+    auto stat = [&](const char* what, double a, double b) {
+      if (d.differs || (std::isnan(a) && std::isnan(b)) || a == b) return;
+      d.differs = true;
+      d.detail = std::string(what) + " " + num_text(b) + " vs " + num_text(a);
+    };
+    stat("l2", x.l2, y.l2);
+    stat("absmax", x.absmax, y.absmax);
+    stat("mean", x.mean, y.mean);
+    stat("std", x.std, y.std);
+    stat("NaN count", static_cast<double>(x.nan), static_cast<double>(y.nan));
+    stat("Inf count", static_cast<double>(x.inf), static_cast<double>(y.inf));
+    if (!d.differs && x.token_l2.size() == y.token_l2.size())
+      for (size_t t = 0; t < x.token_l2.size() && !d.differs; ++t)
+        if (!same_value(x.token_l2[t], y.token_l2[t]))
+          stat(("token " + std::to_string(t) + " norm").c_str(), x.token_l2[t], y.token_l2[t]);
+    if (d.differs) return d;
+  }
+  if (x.checksum != 0 && y.checksum != 0 && x.checksum != y.checksum) {
+    d.differs = true;
+    d.detail = "checksum " + std::to_string(y.checksum) + " vs " + std::to_string(x.checksum) + " (equal as " +
+               d.basis + ")";
+    d.basis = "checksum";
+  }
+  return d;
+}
+
 bool all_have(const DumpProbe& p, bool (*has)(const ProbeRecord&)) {
   if (p.ranks.empty()) return false;
   for (auto& r : p.ranks)
@@ -32,31 +134,45 @@ Gathered gather(const DumpProbe& p) {
     g.inf += r.inf;
   }
   if (!heads && !partial) {
-    // Replicated: the ranks must agree bit for bit. The copy most ranks hold speaks for all (the lowest such rank),
-    // so a rank that differs is the one named, rank 0 included.
-    std::map<uint64_t, int> votes;
-    for (auto& r : p.ranks) ++votes[r.checksum];
+    // Replicated: the ranks must agree bit for bit. Ranks that agree form a group; the largest group's copy speaks
+    // for all (its lowest rank), so a rank that differs is the one named, rank 0 included.
+    std::vector<int> group(tp, -1), leaders;
+    std::vector<int> size;
+    for (int r = 0; r < tp; ++r) {
+      for (size_t k = 0; k < leaders.size() && group[r] < 0; ++k)
+        if (!replica_diff(p.ranks[leaders[k]], p.ranks[r], row).differs) group[r] = static_cast<int>(k);
+      if (group[r] < 0) {
+        group[r] = static_cast<int>(leaders.size());
+        leaders.push_back(r);
+        size.push_back(0);
+      }
+      ++size[group[r]];
+    }
     // Ties (no majority, e.g. tp 2): the copy with fewer NaN/Inf speaks (a non-finite copy is the likelier bad one).
-    int speaker = 0;
     const auto bad = [&](int r) { return p.ranks[r].nan + p.ranks[r].inf; };
-    for (int r = 1; r < tp; ++r) {
-      const int v = votes[p.ranks[r].checksum], vs = votes[p.ranks[speaker].checksum];
+    int speaker = leaders[0];
+    for (size_t k = 1; k < leaders.size(); ++k) {
+      const int r = leaders[k];
+      const int v = size[k], vs = size[group[speaker]];
       if (v > vs || (v == vs && bad(r) < bad(speaker))) speaker = r;
     }
     const auto& r0 = p.ranks[speaker];
-    const bool majority = 2 * votes[r0.checksum] > tp;
+    const bool majority = 2 * size[group[speaker]] > tp;
     g.nan = r0.nan;
     g.inf = r0.inf;
-    for (int r = 0; r < tp; ++r)
-      if (p.ranks[r].checksum != r0.checksum)
-        g.problems.push_back(
-            "replicated probe differs on rank " + std::to_string(r) + " (checksum " + std::to_string(p.ranks[r].checksum) +
-            " vs rank " + std::to_string(speaker) + " " + std::to_string(r0.checksum) +
-            (p.ranks[r].nan || p.ranks[r].inf
-                 ? "; NaN " + std::to_string(p.ranks[r].nan) + ", Inf " + std::to_string(p.ranks[r].inf) + " on rank " +
-                       std::to_string(r) + " vs " + std::to_string(r0.nan) + ", " + std::to_string(r0.inf)
-                 : "") +
-            (majority ? "" : "; no majority: either may be wrong") + ")");
+    for (int r = 0; r < tp; ++r) {
+      if (group[r] == group[speaker]) continue;
+      const ReplicaDiff d = replica_diff(r0, p.ranks[r], row);
+      const auto& pr = p.ranks[r];
+      g.problems.push_back(
+          "replicated probe differs on rank " + std::to_string(r) + " (" + d.basis + " vs rank " +
+          std::to_string(speaker) + ": " + d.detail +
+          (pr.nan || pr.inf
+               ? "; NaN " + std::to_string(pr.nan) + ", Inf " + std::to_string(pr.inf) + " on rank " + std::to_string(r) +
+                     " vs " + std::to_string(r0.nan) + ", " + std::to_string(r0.inf)
+               : "") +
+          (majority ? "" : "; no majority: either may be wrong") + ")");
+    }
     g.l2 = r0.l2;
     g.absmax = r0.absmax;
     g.token_l2 = r0.token_l2;

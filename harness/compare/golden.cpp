@@ -196,6 +196,12 @@ GoldenCheck check_golden(const Dump& golden, const GoldenCheckOptions& opt,
     throw UsageError(g + ": /inputs/x is " + shape_string(golden.inputs.x.shape) + " but the model's hidden size is " +
                      std::to_string(cfg.hidden));
 
+  if (!opt.only.empty() || !opt.allow_missing.empty()) {  // unknown probe names: a usage error before the run
+    CompareOptions names;
+    names.only = opt.only;
+    names.allow_missing = opt.allow_missing;
+    expected_probes(golden, golden, names);
+  }
   Runner runner(cfg, spec);
   auto engine = make_engine(EngineSpec::parse(opt.engine));
   engine->set_injections(parse_injections(opt.inject));
@@ -221,7 +227,10 @@ GoldenCheck check_golden(const Dump& golden, const GoldenCheckOptions& opt,
   out.candidate = sink.take();
   ToleranceModel tol = tolerance_for(out.candidate, golden, "auto", opt.k);
   tol.overrides = opt.overrides;
-  out.report = compare_dumps(out.candidate, golden, tol);
+  CompareOptions copt;
+  copt.only = opt.only;
+  copt.allow_missing = opt.allow_missing;
+  out.report = compare_dumps(out.candidate, golden, tol, copt);
   return out;
 }
 

@@ -25,6 +25,8 @@ struct GoldenCheckOptions {
   double k = 4.0;                    // tolerance = k x calibrated noise floor (non-FP32 candidates)
   std::map<std::string, double> overrides;  // --tol probe=value
   double timeout_s = 0;              // per-stage watchdog (0: off); a hang exits 3 after `on_stop`
+  std::vector<std::string> only;           // --probes: check only these (CompareOptions::only)
+  std::vector<std::string> allow_missing;  // --allow-missing (CompareOptions::allow_missing)
 };
 
 struct GoldenCheck {
@@ -34,7 +36,8 @@ struct GoldenCheck {
 
 // Re-runs the engine on the golden's inputs, config and run spec (Dump::config(), Dump::spec(), /inputs, synthetic
 // weights from meta.run_options' weight_seed) and compares at tolerance_for(candidate, golden, "auto", k): an FP32
-// candidate is held to the FP32 floor, a bf16/fp16 one to the calibrated noise floor. An EngineError ends the
+// candidate is held to the FP32 floor, a bf16/fp16 one to the calibrated noise floor. Every probe of the golden's
+// stage graph must be matched (report.exit_code(): a missing one fails unless allowed). An EngineError ends the
 // candidate's run early: its status says "stopped: ..." and so does the report. Throws UsageError when the golden
 // cannot be re-run (no inputs, no run options, non-synthetic weights). `on_stop` (optional) is called with the
 // status before a watchdog ends the process.

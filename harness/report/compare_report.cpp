@@ -1,4 +1,4 @@
-// Terminal, JSON and JUnit renderings of a comparison.
+// Terminal, JSON and JUnit renderings of a comparison, and the diagnosis of its first divergence.
 #include "harness/report/compare_report.h"
 
 #include <cmath>
@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "harness/model/batch.h"
 #include "harness/model/errors.h"
 
 namespace mla {
@@ -42,9 +43,49 @@ void write_text_file(const std::string& path, const std::string& text) {
   if (!f) throw UsageError("failed writing " + path);
 }
 
-void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows) {
+std::optional<Findings> explain_first_divergence(const CompareReport& rep, const Batch& batch) {
+  if (rep.first_divergence < 0) return std::nullopt;
+  const ProbeResult& r = rep.results[rep.first_divergence];
+  Findings f;
+  f.drill = drill_down(r, r.m, r.tol);
+  f.diagnosis = diagnose(r, r.m, r.tol, batch, rep);
+  return f;
+}
+
+Batch batch_of(const Dump& reference, const Dump& candidate) {
+  if (reference.has_inputs) return reference.inputs.batch;
+  if (candidate.has_inputs) return candidate.inputs.batch;
+  for (const Dump* d : {&reference, &candidate}) {
+    if (d->meta.run_options.is_null()) continue;
+    try {
+      return make_batch(d->spec());
+    } catch (const std::exception&) {
+      // No layout: the diagnoses that read positions say less.
+    }
+  }
+  return {};
+}
+
+void print_findings(std::ostream& os, const Findings& f) {
+  if (!f.diagnosis.pattern.empty()) {
+    os << "\ndiagnosis (" << f.diagnosis.confidence << " confidence): " << f.diagnosis.pattern << "\n";
+    for (auto& e : f.diagnosis.evidence) os << "  - " << e << "\n";
+  }
+  if (!f.drill.lines.empty()) {
+    os << "\ndrill-down\n";
+    for (auto& l : f.drill.lines) os << "  " << l << "\n";
+  }
+}
+
+void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows, const Findings* findings) {
   os << "candidate " << rep.a_path << " (" << rep.a_status << ")\nreference " << rep.b_path << " (" << rep.b_status
      << ")\n";
+  if (rep.stopped_early()) {
+    os << "\nSTOPPED EARLY: " << (rep.a_status != "complete" ? "the candidate " + rep.a_status : "")
+       << (rep.a_status != "complete" && rep.b_status != "complete" ? "; " : "")
+       << (rep.b_status != "complete" ? "the reference " + rep.b_status : "")
+       << "\n  the comparison covers only the probes recorded before it stopped\n";
+  }
   if (rep.first_divergence >= 0) {
     const auto& r = rep.results[rep.first_divergence];
     os << "\nFIRST DIVERGENCE: layer " << r.layer << " probe " << r.name << " (stage " << r.stage << "): " << r.why << "\n";
@@ -52,25 +93,52 @@ void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows) {
       os << "  worst element " << fmt_num(r.m.a_at_max, 6) << " vs " << fmt_num(r.m.b_at_max, 6) << " at "
          << r.m.max_at.to_string() << "\n";
     os << "  tolerance " << fmt_num(r.tol.rel_l2) << ": " << r.tol.origin << "\n";
-  } else {
-    os << "\nno divergence: every probe within its tolerance\n";
+    if (findings) print_findings(os, *findings);
+  } else if (!rep.stopped_early() && rep.matched > 0 && !rep.missing_fails()) {
+    os << "\nno divergence: every " << (rep.missing(true).empty() ? "" : "matched ") << "probe within its tolerance\n";
+  }
+  const auto miss = rep.missing(false), allowed = rep.missing(true);
+  if (!miss.empty() || !allowed.empty()) {
+    os << "\nMISSING: " << miss.size() + allowed.size() << " of " << rep.expected << " expected probes not compared"
+       << (allowed.empty() ? "" : " (" + std::to_string(allowed.size()) + " allowed)") << " (expected: "
+       << rep.expected_from << ")\n";
+    for (const auto* list : {&miss, &allowed})
+      for (const auto* r : *list) os << "  " << r->label() << ": " << r->why << "\n";
   }
   for (auto& n : rep.notes) os << "note: " << n << "\n";
-  if (!all_rows) return;
-  char line[512];
-  std::snprintf(line, sizeof line, "\n%-3s %-12s %-8s %10s %9s %9s %10s %9s %10s  %s\n", "L", "probe", "basis", "rel_l2",
-                "cosine", "norm", "worst tok", "mismatch", "tol", "verdict");
-  os << line;
-  for (size_t i = 0; i < rep.results.size(); ++i) {
-    const auto& r = rep.results[i];
-    std::snprintf(line, sizeof line, "%-3d %-12s %-8s %10s %9s %9s %10s %9s %10s  %s%s\n", r.layer, r.name.c_str(),
-                  r.m.basis.substr(0, 8).c_str(), fmt_num(r.m.rel_l2).c_str(), fmt_num(r.m.cosine, 5).c_str(),
-                  fmt_num(r.m.norm_ratio, 4).c_str(), fmt_num(r.m.max_token_rel).c_str(),
-                  r.m.basis == "full" ? fmt_num(r.m.mismatch, 2).c_str() : "-", fmt_num(r.tol.rel_l2).c_str(),
-                  verdict_name(r.verdict), static_cast<int>(i) == rep.first_divergence ? "  <- first" : "");
+  if (all_rows) {
+    char line[512];
+    std::snprintf(line, sizeof line, "\n%-3s %-12s %-8s %10s %9s %9s %10s %9s %10s  %s\n", "L", "probe", "basis",
+                  "rel_l2", "cosine", "norm", "worst tok", "mismatch", "tol", "verdict");
     os << line;
-    for (auto& p : r.problems) os << "      " << p << "\n";
+    for (size_t i = 0; i < rep.results.size(); ++i) {
+      const auto& r = rep.results[i];
+      if (!r.matched()) {
+        // Nothing was measured: no number may stand in for one.
+        // (widths +2 for the dash's extra UTF-8 bytes)
+        std::snprintf(line, sizeof line, "%-3d %-12s %-10s %12s %11s %11s %12s %11s %10s  %s\n", r.layer, r.name.c_str(),
+                      "—", "—", "—", "—", "—", "—", fmt_num(r.tol.rel_l2).c_str(),
+                      r.missing_allowed ? "missing (allowed)" : "MISSING");
+        os << line;
+        continue;
+      }
+      std::snprintf(line, sizeof line, "%-3d %-12s %-8s %10s %9s %9s %10s %9s %10s  %s%s\n", r.layer, r.name.c_str(),
+                    r.m.basis.substr(0, 8).c_str(), fmt_num(r.m.rel_l2).c_str(), fmt_num(r.m.cosine, 5).c_str(),
+                    fmt_num(r.m.norm_ratio, 4).c_str(), fmt_num(r.m.max_token_rel).c_str(),
+                    r.m.basis == "full" ? fmt_num(r.m.mismatch, 2).c_str() : "-", fmt_num(r.tol.rel_l2).c_str(),
+                    verdict_name(r.verdict), static_cast<int>(i) == rep.first_divergence ? "  <- first" : "");
+      os << line;
+      for (auto& p : r.problems) os << "      " << p << "\n";
+    }
   }
+  os << "\n" << rep.verdict_line() << "\n";
+}
+
+nlohmann::json findings_to_json(const Findings& f) {
+  return {{"diagnosis", {{"pattern", f.diagnosis.pattern}, {"confidence", f.diagnosis.confidence},
+                         {"evidence", f.diagnosis.evidence}}},
+          {"drill_down", {{"ranks_off", f.drill.ranks_off}, {"heads_off", f.drill.heads_off},
+                          {"tokens_off", f.drill.tokens_off}, {"channels", f.drill.channels}, {"lines", f.drill.lines}}}};
 }
 
 nlohmann::json metrics_to_json(const Metrics& m) {
@@ -97,10 +165,27 @@ nlohmann::json metrics_to_json(const Metrics& m) {
   return j;
 }
 
-nlohmann::json compare_to_json(const CompareReport& rep) {
+nlohmann::json compare_to_json(const CompareReport& rep, const Findings* findings) {
   nlohmann::json j;
+  j["schema_version"] = 1;
+  const int code = rep.exit_code();
+  j["verdict"] = code == ExitCode_ok ? "pass" : code == ExitCode_divergence ? "fail" : code == ExitCode_engine ? "stopped"
+                                                                                                              : "nothing compared";
+  j["verdict_line"] = rep.verdict_line();
+  j["exit_code"] = code;
   j["candidate"] = {{"path", rep.a_path}, {"status", rep.a_status}};
   j["reference"] = {{"path", rep.b_path}, {"status", rep.b_status}};
+  j["stopped_early"] = rep.stopped_early();
+  j["expected"] = rep.expected;
+  j["expected_from"] = rep.expected_from;
+  j["matched"] = rep.matched;
+  j["divergent"] = rep.divergent();
+  nlohmann::json missing = nlohmann::json::array();
+  for (const auto& r : rep.results)
+    if (!r.matched())
+      missing.push_back({{"layer", r.layer}, {"probe", r.name}, {"stage", r.stage}, {"reason", r.why},
+                         {"allowed", r.missing_allowed}});
+  j["missing"] = std::move(missing);
   j["notes"] = rep.notes;
   j["first_divergence"] = nullptr;
   nlohmann::json probes = nlohmann::json::array();
@@ -109,18 +194,25 @@ nlohmann::json compare_to_json(const CompareReport& rep) {
     nlohmann::json p{{"layer", r.layer},  {"probe", r.name},         {"stage", r.stage},
                      {"shape", r.shape},  {"verdict", verdict_name(r.verdict)}, {"why", r.why},
                      {"tolerance", {{"rel_l2", r.tol.rel_l2}, {"token_rel", r.tol.token_rel}, {"origin", r.tol.origin}}},
-                     {"metrics", metrics_to_json(r.m)}, {"problems", r.problems}};
+                     {"metrics", r.matched() ? metrics_to_json(r.m) : nlohmann::json(nullptr)}, {"problems", r.problems}};
+    if (!r.matched()) p["missing_allowed"] = r.missing_allowed;
     if (static_cast<int>(i) == rep.first_divergence) j["first_divergence"] = p;
     probes.push_back(std::move(p));
   }
   j["probes"] = std::move(probes);
+  if (findings) {
+    const auto f = findings_to_json(*findings);
+    j["diagnosis"] = f["diagnosis"];
+    j["drill_down"] = f["drill_down"];
+  }
   return j;
 }
 
 std::string compare_to_junit(const CompareReport& rep, const std::string& suite) {
   int failures = 0;
   for (auto& r : rep.results)
-    failures += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite;
+    failures += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite ||
+                (r.verdict == Verdict::Verdict_missing && !r.missing_allowed);
   std::ostringstream os;
   os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"" << xml_escape(suite)
      << "\" tests=\"" << rep.results.size() << "\" failures=\"" << failures << "\" errors=\""
@@ -131,8 +223,11 @@ std::string compare_to_junit(const CompareReport& rep, const std::string& suite)
     if (r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite)
       os << "<failure message=\"" << xml_escape(r.why) << "\">" << xml_escape(r.why + "\ntolerance: " + r.tol.origin)
          << "</failure>";
+    else if (r.verdict == Verdict::Verdict_missing && r.missing_allowed)
+      os << "<skipped message=\"" << xml_escape("missing: " + r.why) << "\"/>";
     else if (r.verdict == Verdict::Verdict_missing)
-      os << "<skipped message=\"" << xml_escape(r.why) << "\"/>";
+      os << "<failure type=\"missing\" message=\"" << xml_escape("missing: " + r.why) << "\">"
+         << xml_escape("missing: " + r.why + "\nexpected: " + rep.expected_from) << "</failure>";
     os << "</testcase>\n";
   }
   if (rep.stopped_early())

@@ -1,18 +1,36 @@
-// Rendering a CompareReport: terminal table (first divergence on top), JSON, JUnit XML.
+// Rendering a CompareReport: terminal table (first divergence on top, the verdict line that counts matched and
+// missing probes at the end), JSON, JUnit XML; and the drill-down and diagnosis of the first divergence.
 #pragma once
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/compare/compare.h"
+#include "harness/compare/diagnose.h"
 
 namespace mla {
 
-void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows = true);
-nlohmann::json compare_to_json(const CompareReport& rep);
+// The drill-down and diagnosis of a report's first divergence (harness/compare/diagnose.h).
+struct Findings {
+  DrillDown drill;
+  Diagnosis diagnosis;
+};
+// Empty when the report has no first divergence. `batch`: the run's token layout (the reference's inputs).
+std::optional<Findings> explain_first_divergence(const CompareReport& rep, const Batch& batch);
+// The token layout of two dumps' run: the reference's inputs, else the candidate's, else its run spec, else none.
+Batch batch_of(const Dump& reference, const Dump& candidate);
+
+// `findings` (optional) is printed under the first divergence.
+void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows = true, const Findings* findings = nullptr);
+void print_findings(std::ostream& os, const Findings& f);
+// {"schema_version": 1, "verdict", "verdict_line", "exit_code", "expected", "matched", "missing": [{layer, probe,
+// stage, reason, allowed}], "first_divergence", "probes", ...}; with `findings`, also "diagnosis" and "drill_down".
+nlohmann::json compare_to_json(const CompareReport& rep, const Findings* findings = nullptr);
+nlohmann::json findings_to_json(const Findings& f);  // {"diagnosis": {...}, "drill_down": {...}}
 nlohmann::json metrics_to_json(const Metrics& m);
-// One testcase per probe; a divergence is a <failure> with the reason and the tolerance's origin.
+// One testcase per probe: a divergence and a missing probe (unless allowed) are <failure>s with the reason.
 std::string compare_to_junit(const CompareReport& rep, const std::string& suite_name);
 void write_text_file(const std::string& path, const std::string& text);  // throws UsageError
 std::string xml_escape(const std::string& s);

@@ -173,9 +173,10 @@ void Explorer::print_intro() {
   if (rep_.first_divergence >= 0) {
     const auto& r = rep_.results[rep_.first_divergence];
     os_ << "first divergence: layer " << r.layer << " " << r.name << " (stage " << r.stage << "): " << r.why << "\n";
-  } else {
+  } else if (rep_.exit_code() == 0) {
     os_ << "no divergence: every probe within its tolerance\n";
   }
+  if (rep_.exit_code() != 0) os_ << rep_.verdict_line() << "\n";  // missing probes, a stopped run: never a pass
   for (auto& n : rep_.notes) os_ << "note: " << n << "\n";
   if (cur_ >= 0) os_ << "current probe: " << rep_.results[cur_].name << ".  ";
   os_ << "Type help for the commands.\n";
@@ -811,6 +812,28 @@ void Explorer::cmd_isolate(int i) {
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
+  const auto names = engine_names();
+  if (std::find(names.begin(), names.end(), cand_.meta.engine) == names.end()) {
+    // A capture from another system (HF transformers, vLLM, ...): its engine cannot run here, so the reference's
+    // stage runs on the candidate's own captured inputs instead.
+    std::vector<LayerWeights> weights;
+    try {
+      weights = load_weights(ws, cfg, spec, weight_seed).layers;
+    } catch (const UsageError& e) {
+      os_ << "isolate needs the weights the reference was made with ('" << ws.source << "'): " << e.what() << "\n";
+      return;
+    }
+    os_ << "candidate: " << (cand_.meta.engine.empty() ? "a capture" : cand_.meta.engine)
+        << " (captured: it cannot run here); the reference's " << r.stage << " of layer " << r.layer
+        << " fed the capture's own inputs ..." << std::endl;
+    const IsolationResult res = isolate_on_captured_inputs(cand_, cfg, spec, weights, in_dump.inputs, r, rep_);
+    if (res.judged)
+      os_ << "isolated " << r.name << ": rel_l2 " << fmt_num(res.isolated.rel_l2) << ", worst token "
+          << fmt_num(res.isolated.max_token_rel) << " (tolerance " << fmt_num(r.tol.rel_l2) << ")\n";
+    os_ << "isolation: " << res.sentence << "   ("
+        << fmt_num(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3) << " s)\n";
+    return;
+  }
   std::vector<LayerWeights> weights, cand_weights;
   try {
     weights = load_weights(ws, cfg, spec, weight_seed).layers;

@@ -50,10 +50,14 @@ void profile_svg(std::ostream& os, const CompareReport& rep) {
     const auto& r = rep.results[i];
     const double ratio = r.m.rel_l2 / std::max(r.tol.rel_l2, 1e-30);
     const double x = left + step * (i + 0.5), y = y_of(ratio);
-    os << "<rect x='" << x - step * 0.35 << "' y='" << y << "' width='" << step * 0.7 << "' height='"
-       << std::max(1.0, H - bottom - y) << "' fill='" << color_for(ratio) << "'><title>layer " << r.layer << " "
-       << xml_escape(r.name) << ": rel_l2 " << fmt_num(r.m.rel_l2) << " / tol " << fmt_num(r.tol.rel_l2)
-       << "</title></rect>\n";
+    if (!r.matched())  // no bar: nothing was measured
+      os << "<text x='" << x - 3 << "' y='" << H - bottom - 4 << "' fill='#c00'>&#8709;<title>layer " << r.layer << " "
+         << xml_escape(r.name) << ": missing (" << xml_escape(r.why) << ")</title></text>\n";
+    else
+      os << "<rect x='" << x - step * 0.35 << "' y='" << y << "' width='" << step * 0.7 << "' height='"
+         << std::max(1.0, H - bottom - y) << "' fill='" << color_for(ratio) << "'><title>layer " << r.layer << " "
+         << xml_escape(r.name) << ": rel_l2 " << fmt_num(r.m.rel_l2) << " / tol " << fmt_num(r.tol.rel_l2)
+         << "</title></rect>\n";
     os << "<text transform='translate(" << x + 3 << "," << H - bottom + 6 << ") rotate(60)'>"
        << (r.layer ? "L" + std::to_string(r.layer) + " " : "") << xml_escape(r.name) << "</text>\n";
   }
@@ -133,11 +137,19 @@ std::string bisect_to_html(const BisectReport& r) {
       heatmap_svg(os, m, f.tol.rel_l2);
     }
   }
+  os << "<p><b>" << xml_escape(r.compare.verdict_line()) << "</b></p>\n";
   os << "<h2>Error across the graph (rel_l2 / tolerance, log scale)</h2>\n";
   profile_svg(os, r.compare);
   os << "<h2>Probes</h2><table><tr><th>layer</th><th>probe</th><th>basis</th><th>rel_l2</th><th>cosine</th>"
         "<th>norm ratio</th><th>worst token</th><th>tolerance</th><th>verdict</th><th>tolerance origin</th></tr>\n";
   for (auto& p : r.compare.results) {
+    if (!p.matched()) {  // nothing measured: no number stands in for one
+      os << "<tr" << (p.missing_allowed ? "" : " class='bad'") << "><td>" << p.layer << "</td><td>" << xml_escape(p.name)
+         << "</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>"
+         << fmt_num(p.tol.rel_l2) << "</td><td>" << (p.missing_allowed ? "missing (allowed)" : "MISSING")
+         << "</td><td style='text-align:left'>" << xml_escape(p.why) << "</td></tr>\n";
+      continue;
+    }
     const bool bad = p.verdict == Verdict::Verdict_diverge || p.verdict == Verdict::Verdict_nonfinite;
     os << "<tr" << (bad ? " class='bad'" : "") << "><td>" << p.layer << "</td><td>" << xml_escape(p.name) << "</td><td>"
        << xml_escape(p.m.basis) << "</td><td>" << fmt_num(p.m.rel_l2) << "</td><td>" << fmt_num(p.m.cosine, 5)

@@ -1,0 +1,233 @@
+// Replay of a captured MLA layer: the reference on the capture's own inputs and the checkpoint's weights.
+#include "harness/bisect/replay.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "harness/bisect/isolate.h"
+#include "harness/model/errors.h"
+#include "harness/report/compare_report.h"
+#include "harness/weights/loader.h"
+#include "probes/h5.h"
+#include "reference/reference_engine.h"
+
+namespace mla {
+
+namespace {
+
+struct Timer {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+bool close_rel(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b)); }
+
+// The reference's dump of the replay, with the provenance `compare` and `explore` need to calibrate from it later.
+DumpMeta reference_meta(const MlaConfig& cfg, const RunSpec& spec, const ReplayOptions& opt, int layer) {
+  DumpMeta m;
+  m.engine = "reference";
+  m.engine_dtype = "fp32";
+  m.model = cfg.to_json();
+  m.run_options = run_spec_to_json(spec);
+  m.run_options["weights"] = opt.weights;
+  m.run_options["layer_range"] = std::to_string(layer) + ":" + std::to_string(layer + spec.layers);
+  m.tp = spec.tp;
+  m.mode = mode_name(spec.mode);
+  m.probe_level = "full";
+  m.command = "mla-bisect replay " + opt.capture + " --weights " + opt.weights + " --layer " + std::to_string(layer);
+  return m;
+}
+
+// The real model's layer that a capture's layer 0 holds: the root attribute layer_index (-1 when absent). A per-rank
+// capture (FILE.rank0.h5 ...) carries it in every part.
+int capture_layer_index(const std::string& path) {
+  const std::string file = std::filesystem::exists(path) ? path : rank_dump_path(path, 0);
+  if (!h5::File::is_hdf5(file)) return -1;  // read_dump has read it already: a journal-only capture
+  const auto f = h5::File::open_read(file);
+  return static_cast<int>(f.attr_int_or("layer_index", -1));
+}
+
+}  // namespace
+
+std::vector<std::string> config_differences(const MlaConfig& a, const MlaConfig& b) {
+  std::vector<std::string> out;
+  auto num = [&](const char* field, double x, double y) {
+    if (!close_rel(x, y)) {
+      std::ostringstream os;
+      os << field << ": capture " << x << ", checkpoint " << y;
+      out.push_back(os.str());
+    }
+  };
+  num("hidden_size", a.hidden, b.hidden);
+  num("num_attention_heads", a.heads, b.heads);
+  num("q_lora_rank", a.q_lora_rank, b.q_lora_rank);
+  num("kv_lora_rank", a.kv_lora_rank, b.kv_lora_rank);
+  num("qk_nope_head_dim", a.qk_nope, b.qk_nope);
+  num("qk_rope_head_dim", a.qk_rope, b.qk_rope);
+  num("v_head_dim", a.v_head, b.v_head);
+  num("rope_theta", a.rope_theta, b.rope_theta);
+  num("rms_norm_eps", a.rms_eps, b.rms_eps);
+  if (a.rope_scaling != b.rope_scaling)
+    out.push_back(std::string("rope_scaling: capture ") +
+                  (a.rope_scaling == RopeScaling::RopeScaling_yarn ? "yarn" : "none") + ", checkpoint " +
+                  (b.rope_scaling == RopeScaling::RopeScaling_yarn ? "yarn" : "none"));
+  else if (a.rope_scaling == RopeScaling::RopeScaling_yarn) {
+    num("rope_scaling.factor", a.yarn.factor, b.yarn.factor);
+    num("rope_scaling.original_max_position_embeddings", a.yarn.original_max_position, b.yarn.original_max_position);
+    num("rope_scaling.beta_fast", a.yarn.beta_fast, b.yarn.beta_fast);
+    num("rope_scaling.beta_slow", a.yarn.beta_slow, b.yarn.beta_slow);
+    num("rope_scaling.mscale", a.yarn.mscale, b.yarn.mscale);
+    num("rope_scaling.mscale_all_dim", a.yarn.mscale_all_dim, b.yarn.mscale_all_dim);
+  }
+  if (a.rope_style != b.rope_style)
+    out.push_back(std::string("rope lane order: capture ") +
+                  (a.rope_style == RopeStyle::RopeStyle_neox ? "neox" : "interleaved") + ", checkpoint " +
+                  (b.rope_style == RopeStyle::RopeStyle_neox ? "neox" : "interleaved"));
+  return out;
+}
+
+BisectReport run_replay(const ReplayOptions& opt) {
+  Timer timer;
+  auto step = [&](const std::string& what) {
+    if (opt.progress) std::cerr << "[" << fmt_num(timer.s(), 3) << " s] " << what << "\n";
+  };
+  BisectReport rep;
+  rep.candidate_dump = opt.capture;
+
+  step("reading the capture " + opt.capture);
+  const Dump cap = read_dump(opt.capture);
+  require_every_rank(cap, "replay");
+  rep.candidate_engine = cap.meta.engine.empty() ? "capture" : cap.meta.engine;
+  if (!cap.has_inputs)
+    throw UsageError(opt.capture + ": no /inputs group: replay needs the layer's inputs (x or h, positions)");
+  if (cap.probes.empty()) throw UsageError(opt.capture + ": holds no probes (nothing to compare)");
+  if (cap.meta.run_options.is_null() || !cap.meta.run_options.is_object())
+    throw UsageError(opt.capture + ": root attribute 'run_options' is missing (mode, tokens, tp, input_norm)");
+
+  const MlaConfig cfg = load_model_config(opt.weights);
+  if (!cap.meta.model.is_null()) {
+    MlaConfig cap_cfg;
+    try {
+      cap_cfg = cap.config();
+    } catch (const UsageError& e) {
+      throw UsageError(opt.capture + ": root attribute 'model' is not an MLA config: " + e.what());
+    }
+    const auto diff = config_differences(cap_cfg, cfg);
+    if (!diff.empty()) {
+      std::string s;
+      for (const auto& d : diff) s += "\n  " + d;
+      throw UsageError("the capture's config (" + opt.capture + ": /model) disagrees with the checkpoint's (" +
+                       opt.weights + "):" + s);
+    }
+  }
+  RunSpec spec = cap.spec();
+  spec.tp = cap.meta.tp > 0 ? cap.meta.tp : spec.tp;
+  spec.validate(cfg);
+  // The root attribute is the documented place; run_options.layer_index (the Python writer puts it there too) is what
+  // survives when mla-bisect folds a killed capture's journal, which carries run_options but not extra root attributes.
+  int layer = opt.layer >= 0 ? opt.layer : capture_layer_index(opt.capture);
+  if (layer < 0) layer = static_cast<int>(cap.meta.run_options.value("layer_index", 0));
+  if (layer < 0) throw UsageError(opt.capture + ": layer_index " + std::to_string(layer) + " is negative");
+
+  // The capture's inputs must have the shape the graph starts from.
+  const Inputs& inputs = cap.inputs;
+  if (inputs.x.shape.size() != 2 || inputs.x.shape[0] != spec.graph_shape().tokens || inputs.x.shape[1] != cfg.hidden)
+    throw UsageError(opt.capture + ": /inputs/x is " + shape_string(inputs.x.shape) + ", expected [" +
+                     std::to_string(spec.graph_shape().tokens) + "," + std::to_string(cfg.hidden) +
+                     "] (tokens of run_options, hidden_size of the checkpoint)");
+
+  step("loading layer " + std::to_string(layer) + " of " + opt.weights);
+  WeightSpec ws;
+  ws.source = opt.weights;
+  ws.layer_range = std::to_string(layer) + ":" + std::to_string(layer + spec.layers);
+  const auto weights = load_weights(ws, cfg, spec, 0).layers;
+
+  step("reference (fp32) on the captured inputs");
+  ReferenceEngine ref_engine(std::map<std::string, std::string>{});
+  Dump ref = run_in_process(ref_engine, cfg, spec, weights, inputs);
+  ref.path = opt.reference_out.empty() ? "reference (in memory)" : opt.reference_out;
+  ref.meta = reference_meta(cfg, spec, opt, layer);
+  ref.has_inputs = true;
+  ref.inputs = inputs;
+  ref.status = "complete";
+  if (!opt.reference_out.empty()) {
+    write_dump_h5(ref, opt.reference_out);
+    rep.reference_dump = opt.reference_out;
+  }
+
+  // The graph's probes the capture does not hold are not expected: a capture may hold any subset.
+  Dump ref_sel = ref;
+  ref_sel.probes.clear();
+  std::vector<std::string> not_captured;
+  for (const auto& p : ref.probes) {
+    if (cap.find(p.layer, p.name))
+      ref_sel.probes.push_back(p);
+    else
+      not_captured.push_back("layer" + std::to_string(p.layer) + "/" + p.name);
+  }
+  if (ref_sel.probes.empty()) {
+    std::string have;
+    for (const auto& p : cap.probes) have += (have.empty() ? "" : ", ") + ("layer" + std::to_string(p.layer) + "/" + p.name);
+    std::string want;
+    for (const auto& p : ref.probes) want += (want.empty() ? "" : ", ") + p.name;
+    throw UsageError(opt.capture + ": none of its probes (" + have + ") is a probe of the graph (layer0/: " + want +
+                     "): nothing to compare");
+  }
+
+  const std::string dtype = cap.meta.engine_dtype.empty() ? "fp32" : cap.meta.engine_dtype;
+  Precision precision;
+  try {
+    precision = parse_precision(dtype);
+  } catch (const UsageError& e) {
+    throw UsageError(opt.capture + ": root attribute engine_dtype: " + e.what());
+  }
+  step("calibrating tolerances (reference fp32 vs " + dtype + ")");
+  ToleranceModel tol = calibrate(cfg, spec, weights, inputs, precision, opt.k);
+  tol.overrides = opt.overrides;
+
+  CompareOptions captured;  // the graph's other probes are not expected of a capture
+  for (const auto& p : ref_sel.probes) captured.only.push_back("layer" + std::to_string(p.layer) + "/" + p.name);
+  rep.compare = compare_dumps(cap, ref_sel, tol, captured);
+  if (!not_captured.empty()) {
+    std::string s;
+    for (const auto& n : not_captured) s += (s.empty() ? "" : ", ") + n;
+    rep.compare.notes.push_back("not captured (not compared): " + s);
+  }
+  if (!cap.complete()) {
+    rep.exit_code = ExitCode_engine;
+    rep.crash = "the capture stopped early; it says: " + cap.status;
+    rep.last_stage = cap.last_stage;
+    rep.headline = "capture STOPPED early";
+    if (rep.compare.first_divergence >= 0) rep.first = rep.compare.results[rep.compare.first_divergence];
+    rep.seconds = timer.s();
+    return rep;
+  }
+  if (rep.compare.first_divergence < 0) {
+    rep.exit_code = ExitCode_ok;
+    rep.headline = "no divergence: the " + std::to_string(ref_sel.probes.size()) +
+                   " captured probes are within their calibrated tolerances";
+    rep.seconds = timer.s();
+    return rep;
+  }
+  rep.exit_code = ExitCode_divergence;
+  rep.first = rep.compare.results[rep.compare.first_divergence];
+  const ProbeResult& first = *rep.first;
+  rep.full = first.m;
+
+  // Isolation on the candidate's own inputs: the reference's stage fed the capture's tensors.
+  step("isolation: the reference's " + first.stage + " on the capture's own inputs");
+  const IsolationResult iso = isolate_on_captured_inputs(cap, cfg, spec, weights, inputs, first, rep.compare);
+  rep.isolation = iso.sentence;
+  if (iso.judged) rep.isolated = iso.isolated;
+  rep.drill = drill_down(first, first.m, first.tol);
+  rep.diagnosis = diagnose(first, first.m, first.tol, inputs.batch, rep.compare);
+  rep.headline = "first divergence: layer " + std::to_string(first.layer) + " " + first.name + " (stage " + first.stage +
+                 ")";
+  rep.seconds = timer.s();
+  return rep;
+}
+
+}  // namespace mla

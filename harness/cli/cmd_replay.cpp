@@ -1,0 +1,85 @@
+// `mla-bisect replay CAPTURE.h5 --weights CKPT`: a layer captured from another system against the reference.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "harness/bisect/replay.h"
+#include "harness/cli/commands.h"
+#include "harness/model/errors.h"
+#include "harness/report/compare_report.h"
+#include "harness/report/html.h"
+
+namespace mla::cli {
+
+std::map<std::string, double> parse_tol_overrides(const std::vector<std::string>& items);
+
+namespace {
+struct ReplayCmdOptions {
+  std::string capture, weights, reference_out, json, junit, html;
+  int layer = -1;
+  double k = 4.0;
+  std::vector<std::string> tol;
+  bool brief = false, quiet = false;
+};
+
+int run_replay_cmd(const ReplayCmdOptions& o) {
+  ReplayOptions r;
+  r.capture = o.capture;
+  r.weights = o.weights;
+  r.layer = o.layer;
+  r.reference_out = o.reference_out;
+  r.k = o.k;
+  r.overrides = parse_tol_overrides(o.tol);
+  r.progress = !o.quiet;
+  const BisectReport rep = run_replay(r);
+  if (o.brief) {
+    std::cout << rep.headline << "\n";
+    if (!rep.crash.empty()) std::cout << "why: " << rep.crash << "\n";
+    if (rep.first) {
+      if (!rep.isolation.empty()) std::cout << "isolation: " << rep.isolation << "\n";
+      std::cout << "diagnosis: " << rep.diagnosis.pattern << "\n";
+    }
+  } else {
+    print_bisect(std::cout, rep);
+  }
+  if (!o.json.empty()) {
+    auto j = bisect_to_json(rep);
+    j["command"] = "replay";
+    write_text_file(o.json, j.dump(2));
+  }
+  if (!o.junit.empty()) write_text_file(o.junit, bisect_to_junit(rep));
+  if (!o.html.empty()) write_text_file(o.html, bisect_to_html(rep));
+  return rep.exit_code;
+}
+}  // namespace
+
+void setup_replay(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<ReplayCmdOptions>();
+  auto* cmd = app.add_subcommand(
+      "replay",
+      "Debug your own system: replay an MLA layer captured from it (HF transformers, vLLM, SGLang, your kernels; "
+      "python/mla_bisect writes captures, docs/capture.md shows where) against the FP32 reference run on the "
+      "captured inputs with the checkpoint's weights for that layer. Reports the first divergent probe, whether the "
+      "stage introduced it (the reference's stage re-run on the capture's own inputs), the ranks, heads and tokens "
+      "off, and the pattern. A capture may hold any subset of probes; those it lacks are listed. Exit 0 none, "
+      "1 divergence, 2 bad input (a capture or checkpoint that cannot be replayed), 3 a capture that stopped early");
+  cmd->add_option("capture", o->capture, "The captured dump (.h5; FILE.h5 also reads a per-rank set FILE.rank*.h5)")
+      ->required();
+  cmd->add_option("--weights", o->weights, "The checkpoint the captured system ran: a directory of safetensors with "
+                                           "config.json, a .safetensors file (config.json beside it) or a .gguf")
+      ->required();
+  cmd->add_option("--layer", o->layer, "The checkpoint layer the capture holds (default: the capture's layer_index "
+                                       "attribute, else 0)");
+  cmd->add_option("--reference-out", o->reference_out,
+                  "Write the reference's dump here (then `mla-bisect explore CAPTURE REF` explores the pair)");
+  cmd->add_option("--json", o->json, "Write the report as JSON");
+  cmd->add_option("--junit", o->junit, "Write JUnit XML (one testcase per probe)");
+  cmd->add_option("--html", o->html, "Write a self-contained HTML report");
+  cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str();
+  cmd->add_option("--tol", o->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
+  cmd->add_flag("--brief", o->brief, "Print only the headline, isolation and diagnosis");
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
+  cmd->callback([o, &exit_code] { exit_code = run_replay_cmd(*o); });
+}
+
+}  // namespace mla::cli

@@ -1,0 +1,259 @@
+"""Probe records computed in numpy exactly as the C++ side computes them (probes/probe.cpp compute_probe_record,
+probes/probe_hash.h): stats, per-token and per-head L2 maps, the sketch, and the checksum over raw bit patterns.
+
+Exactness: the checksum is bit for bit the C++ one; l2/mean/std/absmax and token_l2/head_l2 are summed
+left to right in float64 as the C++ loops do (numpy's cumulative sums are sequential), so they match bit for bit
+too; the sketch is a float64 matrix product (summation order differs from the C++ loop: equal to float rounding).
+
+Checksum bits per dtype: fp32 the float's 32-bit pattern; bf16 / fp16 the 16-bit pattern the C++ conversions
+(to_bf16_bits / to_fp16_bits of harness/model/tensor.cpp: round to nearest even, NaN made quiet) give for the
+stored float32 value; fp8_e4m3 / fp8_e5m2 (a Python-side extension, the 8-bit analogue) the 8-bit code of the
+stored value in OCP float8 e4m3fn / e5m2 (exact: an fp8 value converts to float32 without rounding), NaN
+canonicalised to sign|0x7f (e4m3) or sign|0x7e (e5m2). The term of each element is multiplier(row, col) *
+(2 * bits + 1) mod 2^64 for every dtype, so the 8-bit checksum keeps the 16/32-bit one's guarantees.
+"""
+import numpy as np
+
+SKETCH_DIM = 32
+SKETCH_SCALE = np.float32(0.17677669529663687)  # 1/sqrt(32) as float32, as kSketchScale
+CHECKSUM_STEP = np.uint64(0x9E3779B97F4A7C16)
+CHECKSUM_BASE = np.uint64(0xD1B54A32D192ED03)
+LEVELS = ("stats", "sketch", "full")  # ProbeLevel enumerators 0, 1, 2
+DTYPES = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+
+_U = np.uint64
+_ROW_CHUNK_ELEMS = 1 << 22  # elements per block of rows (bounds temporaries to tens of MB)
+
+
+def fnv1a(data: bytes, h: int = 1469598103934665603) -> int:
+    for b in data:
+        h ^= b
+        h = (h * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def probe_key(name: str) -> int:
+    """Seed of a probe's sketch matrix: FNV-1a of its name (probes/probe.cpp probe_key)."""
+    return fnv1a(name.encode())
+
+
+def splitmix64(x):
+    x = np.asarray(x, dtype=_U)
+    with np.errstate(over="ignore"):
+        x = x + _U(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> _U(27))) * _U(0x94D049BB133111EB)
+    return x ^ (x >> _U(31))
+
+
+def sketch_coeffs(key: int, col_offset: int, cols: int) -> np.ndarray:
+    """[cols, 32] float32: sketch_coeff(key, col_offset + c, lane), +-1/sqrt(32) by the sign bit of a counter hash."""
+    c = np.arange(col_offset, col_offset + cols, dtype=_U)[:, None]
+    lane = np.arange(SKETCH_DIM, dtype=_U)[None, :]
+    with np.errstate(over="ignore"):
+        h = splitmix64(_U(key) ^ splitmix64(c * _U(SKETCH_DIM) + lane))
+    return np.where((h >> _U(63)) != 0, SKETCH_SCALE, -SKETCH_SCALE).astype(np.float32)
+
+
+def _pow_mod64(base, e):
+    r = np.ones_like(e)
+    b = np.full_like(e, base)
+    e = e.copy()
+    with np.errstate(over="ignore"):
+        while e.any():
+            r = np.where(e & _U(1), r * b, r)
+            b = b * b
+            e >>= _U(1)
+    return r
+
+
+def checksum(bits: np.ndarray) -> int:
+    """Sum mod 2^64 of (H(row) * A^(col >> 3) + step * (col & 7)) * (2 * bits + 1) over bits viewed as [rows, cols]."""
+    rows, cols = bits.shape
+    col = np.arange(cols, dtype=_U)
+    with np.errstate(over="ignore"):
+        power = _pow_mod64(CHECKSUM_BASE, col >> _U(3))
+        step = CHECKSUM_STEP * (col & _U(7))
+    total = _U(0)
+    chunk = max(1, _ROW_CHUNK_ELEMS // max(cols, 1))
+    with np.errstate(over="ignore"):
+        for r0 in range(0, rows, chunk):
+            b = bits[r0:r0 + chunk].astype(_U)
+            h = splitmix64(np.arange(r0, r0 + b.shape[0], dtype=_U)) | _U(1)
+            m = h[:, None] * power[None, :] + step[None, :]
+            total = total + (m * (_U(2) * b + _U(1))).sum(dtype=_U)
+    return int(total)
+
+
+# --- bit patterns ----------------------------------------------------------------------------------------------
+
+def to_bf16_bits(v: np.ndarray) -> np.ndarray:
+    """harness/model/tensor.cpp to_bf16_bits over float32 values: round to nearest even, NaN -> (u >> 16) | 0x40."""
+    u = np.ascontiguousarray(v, dtype=np.float32).view(np.uint32)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    with np.errstate(over="ignore"):
+        r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    return np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), r).astype(np.uint16)
+
+
+def to_fp16_bits(v: np.ndarray) -> np.ndarray:
+    """harness/model/tensor.cpp to_fp16_bits over float32 values (round to nearest even, NaN -> sign|0x7e00)."""
+    f = np.ascontiguousarray(v, dtype=np.float32)
+    x = f.view(np.uint32)
+    sign = (x >> np.uint32(16)) & np.uint32(0x8000)
+    ax = x & np.uint32(0x7FFFFFFF)
+    # normal range
+    mant = ax & np.uint32(0x7FFFFF)
+    with np.errstate(over="ignore"):
+        exp = (ax >> np.uint32(23)) - np.uint32(127 - 15)
+        h = (exp << np.uint32(10)) | (mant >> np.uint32(13))
+    rest = mant & np.uint32(0x1FFF)
+    up = (rest > np.uint32(0x1000)) | ((rest == np.uint32(0x1000)) & ((h & np.uint32(1)) == 1))
+    with np.errstate(over="ignore"):
+        normal = h + up.astype(np.uint32)
+    # subnormal or zero: round |f| * 2^24 to nearest even
+    with np.errstate(over="ignore", invalid="ignore"):
+        sub = np.rint(np.abs(f) * np.float32(16777216.0)).astype(np.float32)
+    sub = np.where(ax < np.uint32(0x38800000), sub, 0).astype(np.uint32)
+    out = np.where(ax < np.uint32(0x38800000), sub, normal)
+    out = np.where(ax >= np.uint32(0x477FF000), np.uint32(0x7C00), out)
+    out = np.where(ax > np.uint32(0x7F800000), np.uint32(0x7E00), out)
+    return (sign | out).astype(np.uint16)
+
+
+def _fp8_table(exp_bits: int) -> np.ndarray:
+    """float32 value of each of the 256 codes of OCP float8 e4m3fn (exp_bits 4) or e5m2 (exp_bits 5)."""
+    mant_bits = 7 - exp_bits
+    bias = (1 << (exp_bits - 1)) - 1
+    out = np.empty(256, dtype=np.float32)
+    for code in range(256):
+        s = -1.0 if code & 0x80 else 1.0
+        e = (code >> mant_bits) & ((1 << exp_bits) - 1)
+        m = code & ((1 << mant_bits) - 1)
+        if exp_bits == 4 and e == 15 and m == 7:
+            val = float("nan")
+        elif exp_bits == 5 and e == 31:
+            val = float("inf") * s if m == 0 else float("nan")
+        elif e == 0:
+            val = s * m / (1 << mant_bits) * 2.0 ** (1 - bias)
+        else:
+            val = s * (1 + m / (1 << mant_bits)) * 2.0 ** (e - bias)
+        out[code] = val
+    return out
+
+
+_FP8 = {"fp8_e4m3": _fp8_table(4), "fp8_e5m2": _fp8_table(5)}
+_FP8_NAN = {"fp8_e4m3": 0x7F, "fp8_e5m2": 0x7E}
+
+
+def fp8_to_float(codes: np.ndarray, dtype: str) -> np.ndarray:
+    return _FP8[dtype][np.asarray(codes, dtype=np.uint8)]
+
+
+def to_fp8_bits(v: np.ndarray, dtype: str):
+    """The fp8 code of each float32 value. Returns (codes, bad): bad is a flat index of a value the format cannot
+    hold exactly (codes are then meaningless), or -1."""
+    table = _FP8[dtype]
+    finite_codes = np.array([c for c in range(256) if not np.isnan(table[c])], dtype=np.uint8)
+    keys = table[finite_codes].view(np.uint32)
+    order = np.argsort(keys)
+    keys, finite_codes = keys[order], finite_codes[order]
+    f = np.ascontiguousarray(v, dtype=np.float32)
+    u = f.view(np.uint32)
+    pos = np.clip(np.searchsorted(keys, u), 0, len(keys) - 1)
+    found = keys[pos] == u
+    nan = np.isnan(f)
+    codes = np.where(nan, np.uint8(_FP8_NAN[dtype]) | ((u >> np.uint32(24)) & np.uint32(0x80)).astype(np.uint8),
+                     finite_codes[pos])
+    bad = np.flatnonzero(~(found | nan).reshape(-1))
+    return codes.astype(np.uint8), (int(bad[0]) if bad.size else -1)
+
+
+def checksum_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """The raw patterns the checksum covers for float32 `values` recorded as `dtype` (module docstring)."""
+    if dtype == "bf16":
+        return to_bf16_bits(values)
+    if dtype == "fp16":
+        return to_fp16_bits(values)
+    if dtype in _FP8:
+        codes, bad = to_fp8_bits(values, dtype)
+        if bad >= 0:
+            raise ValueError(f"value {values.reshape(-1)[bad]!r} at flat index {bad} is not an {dtype} value")
+        return codes
+    return np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+
+
+# --- the record --------------------------------------------------------------------------------------------------
+
+def _seq_sum(a: np.ndarray, axis: int) -> np.ndarray:
+    """Left-to-right float64 sum along `axis` (the C++ loops' order; np.sum would sum pairwise)."""
+    if a.shape[axis] == 0:
+        return np.zeros(np.delete(a.shape, axis), dtype=np.float64)
+    return np.take(np.cumsum(a, axis=axis, dtype=np.float64), -1, axis=axis)
+
+
+def compute_record(values: np.ndarray, dtype: str, tokens: int, heads: int, col_offset: int, key: int,
+                   level: str = "full") -> dict:
+    """compute_probe_record of probes/probe.cpp: values is the rank's float32 shard (its local shape), viewed as
+    [tokens, cols]. Returns a dict with the fields of a rank record."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    n = values.size
+    T = tokens if tokens > 0 else 1
+    C = n // T
+    m = values.reshape(T, C)
+    bits = checksum_bits(m, dtype)
+
+    total_nan = total_inf = 0
+    s = sq = 0.0
+    amax = 0.0
+    token_l2 = np.zeros(T, dtype=np.float32)
+    head_l2 = np.zeros((T, heads), dtype=np.float32) if heads > 0 else None
+    chunk = max(1, _ROW_CHUNK_ELEMS // max(C, 1))
+    for r0 in range(0, T, chunk):
+        blk = m[r0:r0 + chunk].astype(np.float64)
+        flat = blk.reshape(-1)
+        nan = np.isnan(flat)
+        inf = np.isinf(flat)
+        total_nan += int(nan.sum())
+        total_inf += int(inf.sum())
+        fin = flat[~(nan | inf)]
+        if fin.size:
+            # Running sums continue from the previous block, left to right as the C++ loop.
+            s = float(np.cumsum(np.concatenate(([s], fin)))[-1])
+            sq = float(np.cumsum(np.concatenate(([sq], fin * fin)))[-1])
+            amax = max(amax, float(np.abs(fin).max()))
+        sqr = blk * blk
+        token_l2[r0:r0 + blk.shape[0]] = np.sqrt(_seq_sum(sqr, 1)).astype(np.float32)
+        if heads > 0:
+            X = C // heads
+            hs = _seq_sum(sqr.reshape(blk.shape[0], heads, X), 2)
+            head_l2[r0:r0 + blk.shape[0]] = np.sqrt(hs).astype(np.float32)
+    finite = n - total_nan - total_inf
+    mean = s / finite if finite else 0.0
+    std = float(np.sqrt(max(0.0, sq / finite - mean * mean))) if finite else 0.0
+    rec = {
+        "shape": tuple(int(d) for d in values.shape),
+        "dtype": dtype,
+        "l2": float(np.sqrt(sq)),
+        "absmax": amax,
+        "mean": mean,
+        "std": std,
+        "nan": total_nan,
+        "inf": total_inf,
+        "checksum": checksum(bits),
+        "level": level,
+        "token_l2": token_l2,
+        "head_l2": head_l2,
+        "sketch": None,
+        "data": None,
+    }
+    if level != "stats":
+        coeff = sketch_coeffs(key, col_offset, C).astype(np.float64)
+        sk = np.empty((T, SKETCH_DIM), dtype=np.float32)
+        for r0 in range(0, T, chunk):
+            with np.errstate(invalid="ignore", over="ignore"):
+                sk[r0:r0 + chunk] = (m[r0:r0 + chunk].astype(np.float64) @ coeff).astype(np.float32)
+        rec["sketch"] = sk
+    if level == "full":
+        rec["data"] = values
+    return rec

@@ -1,0 +1,426 @@
+"""The dump journal, FILE.h5.journal, byte for byte as probes/journal.h/.cpp write and read it: an append-only file
+of CRC'd records that the C++ reader (read_dump, `mla-bisect inspect`) folds into FILE.h5 when its writer died.
+
+Record:  [u32 magic 0x4A4C4D41][u32 type][u64 length][payload][u32 crc32 (zlib's) of the payload], little-endian.
+Types:   1 header (magic string, version 1, the meta as JSON, the inputs), 2 probe, 3 stage marker, 4 finish.
+A reader keeps every intact record up to the first truncated one or one that fails its CRC. The writer holds an
+exclusive flock on the journal for its whole life: a reader that cannot take the lock knows the writer is alive.
+"""
+import errno
+import fcntl
+import json
+import mmap
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+RECORD_MAGIC = 0x4A4C4D41
+VERSION = 1
+HEADER_MAGIC = b"mla-bisect-journal"
+HEADER, PROBE, STAGE, FINISH = 1, 2, 3, 4
+_HEAD = struct.Struct("<IIQ")
+_LEVELS = ("stats", "sketch", "full")
+
+
+class FormatError(ValueError):
+    """A record whose CRC is good but whose payload does not parse."""
+
+
+def journal_path(dump_path: str) -> str:
+    return dump_path + ".journal"
+
+
+# --- encoding --------------------------------------------------------------------------------------------------
+
+class _Out:
+    def __init__(self):
+        self.parts = []
+
+    def u32(self, v): self.parts.append(struct.pack("<I", v))
+    def i32(self, v): self.parts.append(struct.pack("<i", v))
+    def u64(self, v): self.parts.append(struct.pack("<Q", v))
+    def i64(self, v): self.parts.append(struct.pack("<q", v))
+    def f64(self, v): self.parts.append(struct.pack("<d", v))
+
+    def str(self, s):
+        b = s.encode() if isinstance(s, str) else bytes(s)
+        self.u64(len(b))
+        self.parts.append(b)
+
+    def vec(self, arr, dtype):
+        a = np.ascontiguousarray(np.asarray(arr if arr is not None else [], dtype=dtype)).reshape(-1)
+        self.u64(a.size)
+        self.parts.append(a.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
+
+    def tensor(self, arr):
+        if arr is None:
+            self.vec([], np.int64)
+            self.vec([], np.float32)
+            return
+        a = np.asarray(arr, dtype=np.float32)
+        self.vec(a.shape, np.int64)
+        self.vec(a, np.float32)
+
+    def take(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def encode_header(meta: dict, inputs: Optional[dict]) -> bytes:
+    """meta: the JSON object the C++ header carries (engine ... git_sha); inputs: the /inputs arrays or None."""
+    o = _Out()
+    o.str(HEADER_MAGIC)
+    o.u32(VERSION)
+    o.str(json.dumps(meta, separators=(",", ":"), default=str))  # a transformers config may hold odd values
+    o.u32(1 if inputs is not None else 0)
+    if inputs is not None:
+        o.tensor(inputs["x"])
+        o.vec(inputs["seq_lens"], np.int32)
+        o.vec(inputs["context_lens"], np.int32)
+        o.vec(inputs["positions"], np.int32)
+        o.vec(inputs["token_seq"], np.int32)
+        o.vec(inputs["block_table"], np.int32)
+        o.i32(int(inputs["block_table"].shape[1]))
+        o.i32(int(inputs["num_blocks"]))
+        kv = inputs.get("kv_cache")
+        o.u64(0 if kv is None else kv.shape[0])
+        if kv is not None:
+            for layer in kv:
+                o.tensor(layer)
+    return o.take()
+
+
+def encode_probe(layer: int, rank: int, spec, rec: dict) -> bytes:
+    o = _Out()
+    o.i32(layer)
+    o.i32(rank)
+    o.str(spec.name)
+    o.str(spec.stage)
+    o.str(spec.contract)
+    o.vec(spec.shape, np.int64)
+    o.i32(spec.order)
+    o.i32(spec.heads_axis)
+    o.i32(spec.rope_from)
+    o.vec(rec["shape"], np.int64)
+    o.str(rec["dtype"])
+    for k in ("l2", "absmax", "mean", "std"):
+        o.f64(rec[k])
+    o.i64(rec["nan"])
+    o.i64(rec["inf"])
+    o.u64(rec["checksum"])
+    o.vec(rec["token_l2"], np.float32)
+    o.vec(rec["head_l2"], np.float32)
+    o.vec(rec["sketch"], np.float32)
+    o.u32(_LEVELS.index(rec["level"]))
+    o.tensor(rec["data"])
+    return o.take()
+
+
+def encode_stage(layer: int, stage: str, rank: int) -> bytes:
+    o = _Out()
+    o.i32(layer)
+    o.str(stage)
+    o.i32(rank)
+    return o.take()
+
+
+def encode_finish(status: str) -> bytes:
+    o = _Out()
+    o.str(status)
+    return o.take()
+
+
+def frame(rtype: int, payload: bytes) -> bytes:
+    return _HEAD.pack(RECORD_MAGIC, rtype, len(payload)) + payload + struct.pack("<I", zlib.crc32(payload))
+
+
+# --- decoding --------------------------------------------------------------------------------------------------
+
+class _In:
+    def __init__(self, buf, copy):
+        self.buf = memoryview(buf)
+        self.pos = 0
+        self.copy = copy
+
+    def _need(self, k):
+        if k > len(self.buf) - self.pos:
+            raise FormatError("record ends early")
+
+    def _unpack(self, fmt, size):
+        self._need(size)
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += size
+        return v
+
+    def u32(self): return self._unpack("<I", 4)
+    def i32(self): return self._unpack("<i", 4)
+    def u64(self): return self._unpack("<Q", 8)
+    def i64(self): return self._unpack("<q", 8)
+    def f64(self): return self._unpack("<d", 8)
+
+    def bytes(self):
+        n = self.u64()
+        self._need(n)
+        b = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return b
+
+    def str(self):
+        return self.bytes().decode("utf-8", errors="replace")
+
+    def vec(self, dtype):
+        n = self.u64()
+        size = np.dtype(dtype).itemsize
+        if n > (len(self.buf) - self.pos) // size:
+            raise FormatError(f"array of {n} runs past the record")
+        a = np.frombuffer(self.buf, dtype=np.dtype(dtype).newbyteorder("<"), count=n, offset=self.pos)
+        self.pos += n * size
+        return a.copy() if self.copy else a
+
+    def tensor(self):
+        shape = self.vec(np.int64)
+        data = self.vec(np.float32)
+        if shape.size == 0 and data.size == 0:
+            return None
+        if (shape < 0).any():
+            raise FormatError("negative extent in a tensor shape")
+        if int(np.prod(shape)) != data.size:
+            raise FormatError(f"tensor of shape {list(shape)} holds {data.size} values")
+        return data.reshape(tuple(int(d) for d in shape))
+
+    def done(self):
+        if self.pos != len(self.buf):
+            raise FormatError(f"{len(self.buf) - self.pos} unread bytes at the end of a record")
+
+
+def decode_header(payload) -> dict:
+    i = _In(payload, True)
+    if i.bytes() != HEADER_MAGIC:
+        raise FormatError("not an mla-bisect journal (bad header magic)")
+    version = i.u32()
+    if version != VERSION:
+        raise FormatError(f"journal version {version} (this reader reads {VERSION})")
+    try:
+        meta = json.loads(i.str())
+    except json.JSONDecodeError as e:
+        raise FormatError(f"header metadata: {e}") from None
+    out = {"meta": meta, "inputs": None}
+    if i.u32():
+        x = i.tensor()
+        seq_lens = i.vec(np.int32)
+        context_lens = i.vec(np.int32)
+        positions = i.vec(np.int32)
+        token_seq = i.vec(np.int32)
+        block_table = i.vec(np.int32)
+        max_blocks = i.i32()
+        num_blocks = i.i32()
+        layers = i.u64()
+        if layers > (1 << 20):
+            raise FormatError("implausible layer count in the header")
+        kv = [i.tensor() for _ in range(layers)]
+        B = seq_lens.size
+        if block_table.size != B * max_blocks:
+            raise FormatError("block table size does not match its sequences and columns")
+        out["inputs"] = {
+            "x": x, "positions": positions, "seq_lens": seq_lens, "context_lens": context_lens,
+            "block_table": block_table.reshape(B, max_blocks), "num_blocks": num_blocks, "token_seq": token_seq,
+            "kv_cache": np.stack(kv) if kv else None,
+        }
+    i.done()
+    return out
+
+
+def decode_probe(payload, copy=True) -> dict:
+    i = _In(payload, copy)
+    e = {"layer": i.i32(), "rank": i.i32(), "name": i.str(), "stage": i.str(), "contract": i.str()}
+    e["shape"] = tuple(int(d) for d in i.vec(np.int64))
+    e["order"] = i.i32()
+    e["heads_axis"] = i.i32()
+    e["rope_from"] = i.i32()
+    rec = {"shape": tuple(int(d) for d in i.vec(np.int64)), "dtype": i.str()}
+    for k in ("l2", "absmax", "mean", "std"):
+        rec[k] = i.f64()
+    rec["nan"] = i.i64()
+    rec["inf"] = i.i64()
+    rec["checksum"] = i.u64()
+    rec["token_l2"] = i.vec(np.float32)
+    head_l2 = i.vec(np.float32)
+    sketch = i.vec(np.float32)
+    level = i.u32()
+    if level > 2:
+        raise FormatError("bad probe level")
+    rec["level"] = _LEVELS[level]
+    rec["data"] = i.tensor()
+    i.done()
+    if e["layer"] < 0 or e["rank"] < 0 or not e["name"]:
+        raise FormatError("bad probe record key")
+    T = e["shape"][0] if e["shape"] else 0
+    rec["head_l2"] = head_l2.reshape(T, -1) if head_l2.size and T else None
+    rec["sketch"] = sketch.reshape(T, -1) if sketch.size and T else None
+    e["rec"] = rec
+    return e
+
+
+def decode_stage(payload) -> dict:
+    i = _In(payload, True)
+    e = {"layer": i.i32(), "stage": i.str(), "rank": i.i32()}
+    i.done()
+    if e["layer"] < 0 or e["rank"] < 0:
+        raise FormatError("bad stage marker")
+    return e
+
+
+def decode_finish(payload) -> str:
+    i = _In(payload, True)
+    s = i.str()
+    i.done()
+    return s
+
+
+# --- scanning --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Record:
+    type: int
+    payload: memoryview
+    offset: int
+
+
+@dataclass
+class Scan:
+    records: List[Record]
+    good_bytes: int
+    total_bytes: int
+    problem: str
+    buffer: object  # what the payloads view (keep it alive while they are used)
+
+
+def scan_fd(fd: int) -> Scan:
+    """Every intact record of the journal open at `fd`, up to the first bad one (probes/journal.cpp scan)."""
+    total = os.fstat(fd).st_size
+    if total == 0:
+        return Scan([], 0, 0, "", b"")
+    buf = mmap.mmap(fd, total, prot=mmap.PROT_READ)
+    view = memoryview(buf)
+    records, off, good, problem = [], 0, 0, ""
+    while off < total:
+        left = total - off
+        if left < _HEAD.size:
+            problem = f"truncated record header at byte {off}"
+            break
+        magic, rtype, length = _HEAD.unpack_from(view, off)
+        if magic != RECORD_MAGIC:
+            problem = f"bad record magic at byte {off}"
+            break
+        if rtype < 1 or rtype > 4:
+            problem = f"unknown record type {rtype} at byte {off}"
+            break
+        if length > left - _HEAD.size or left - _HEAD.size - length < 4:
+            problem = (f"truncated record at byte {off} ({length} payload bytes announced, {left} bytes left)")
+            break
+        payload = view[off + _HEAD.size:off + _HEAD.size + length]
+        (crc,) = struct.unpack_from("<I", view, off + _HEAD.size + length)
+        if zlib.crc32(payload) != crc:
+            problem = f"CRC mismatch in the record at byte {off}"
+            break
+        records.append(Record(rtype, payload, off))
+        off += _HEAD.size + length + 4
+        good = off
+    return Scan(records, good, total, problem, buf)
+
+
+# --- writing ---------------------------------------------------------------------------------------------------
+
+def sync_dir(path: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return  # best effort: some file systems do not open directories
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _open_locked(path: str, truncate: bool) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise ValueError(f"{path}: another running writer is writing this dump (its journal is locked)") from None
+        raise ValueError(f"{path}: cannot lock the dump journal: {e.strerror}") from None
+    if truncate:
+        os.ftruncate(fd, 0)  # only once we hold the lock, so a live writer's journal is never clobbered
+    return fd
+
+
+class Writer:
+    """Creates (truncating) the journal, holds its flock, appends framed records with one write(2) each."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self.fd = _open_locked(path, truncate=True)
+        except OSError as e:
+            raise ValueError(f"{path}: cannot create the dump journal: {e.strerror}") from None
+        self.header_end = 0
+
+    def append(self, rtype: int, payload: bytes) -> None:
+        data = memoryview(frame(rtype, payload))
+        while data:
+            n = os.write(self.fd, data)
+            data = data[n:]
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+        sync_dir(self.path)
+
+    def replace_header(self, payload: bytes) -> None:
+        """A new header record in front of every record after the old one, swapped in atomically: the new journal
+        is written beside the old one, locked, fsynced and renamed over it, so a reader sees one or the other."""
+        tmp = f"{self.path}.tmp.{os.getpid()}"
+        fd = _open_locked(tmp, truncate=True)
+        try:
+            os.write(fd, frame(HEADER, payload))
+            size = os.fstat(self.fd).st_size
+            off = self.header_end
+            while off < size:
+                chunk = os.pread(self.fd, min(1 << 24, size - off), off)
+                if not chunk:
+                    break
+                os.write(fd, chunk)
+                off += len(chunk)
+            os.fsync(fd)
+            os.rename(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        os.close(self.fd)  # the old inode is unlinked: a reader holding it sees st_nlink 0 and lets it be
+        self.fd = fd
+        self.header_end = _HEAD.size + len(payload) + 4
+        sync_dir(self.path)
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        sync_dir(self.path)
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

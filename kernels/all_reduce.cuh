@@ -1,4 +1,4 @@
-// all_reduce (MLA.md §9): o = Σ_ranks o_partial. The device-side sum the local communicator uses when
+// all_reduce: o = Σ_ranks o_partial. The device-side sum the local communicator uses when
 // ranks share a device (or reach each other's partials through peer copies).
 #pragma once
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-// attention_mha (MLA.md §5, §8): the prefill form. New tokens attend causally among themselves; a
+// attention_mha: the prefill form. New tokens attend causally among themselves; a
 // sequence's cached context is up-projected through kv_b_proj, attended without a mask, and merged by LSE.
 #pragma once
 #include "kernels/rank_context.cuh"
@@ -15,8 +15,8 @@ struct MhaArgs {
   const bf16* w_kvb = nullptr;      // [Nl·(P+V), L] this rank's kv_b_proj
   int T = 0, Nl = 0, P = 0, R = 0, V = 0, L = 0;
   float scale = 0.f;
-  bool causal = true;        // false plants BUGS.md causal-off (no mask among the new tokens)
-  bool lse_base2 = false;    // true plants BUGS.md lse-base2 (the context merge reads the LSEs as base 2)
+  bool causal = true;        // false plants causal-off (no mask among the new tokens)
+  bool lse_base2 = false;    // true plants lse-base2 (the context merge reads the LSEs as base 2)
   int kernel = 3;  // 3/2: flash on the tensor cores (attention_flash.cu; the engine passes its mha_kernel option,
                    // 3 unless asked); 1: the simple core
   bf16* attn_out = nullptr;  // [T, Nl, V]

@@ -1,4 +1,4 @@
-// attention_mqa (MLA.md §6-7): the absorbed form over the paged latent cache. Query [q_latent | q_pe_rope]
+// attention_mqa: the absorbed form over the paged latent cache. Query [q_latent | q_pe_rope]
 // (L+R), one key row [kv_c_norm | k_pe_rope] per cached token shared by all heads, value = its first L lanes.
 #pragma once
 #include "kernels/rank_context.cuh"

@@ -10,7 +10,7 @@
 // share the page). Two parts keep ~16 bits of p: with one bf16 P, attn_latent after three stacked tiny layers
 // came to 2.8x the bf16 reference's error, over the calibrated tolerance; the extra MMAs are free while decode
 // is memory-bound. Every split writes its normalised partial
-// output and its lse; the combine pass weighs the splits by exp(lse) (MLA.md §8's merge, n-way) and writes
+// output and its lse; the combine pass weighs the splits by exp(lse) (the LSE merge, n-way) and writes
 // bf16. Splits are chosen so that sequences × row groups × splits fills the multiprocessors about once:
 // decode is memory-bound and one resident block per SM streams a page while computing the previous one.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The device's own limits, measured in the benchmark's run (PERF.md): a cuBLAS bf16 GEMM of 8192³ on random
+// The device's own limits, measured in the benchmark's run: a cuBLAS bf16 GEMM of 8192³ on random
 // data and a large device-to-device copy (bytes read + written), each timed with events, warm-up first.
 #pragma once
 #include <string>

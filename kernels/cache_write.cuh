@@ -1,4 +1,5 @@
-// Writes rows [kv_c_norm | k_pe_rope] of the new tokens into the paged latent cache (MLA.md §7).
+// Writes rows [kv_c_norm | k_pe_rope] of the new tokens into the paged latent cache (pages of 64 rows, reached
+// through the block table).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -15,7 +15,7 @@ struct ReduceBuffers {
   std::vector<const bf16*> partial;  // [tp], each [count] on its rank's device
   std::vector<bf16*> out;            // [tp], each [count] on its rank's device
   int64_t count = 0;
-  // Ranks whose partials are summed, 0 .. summed-1 (0: all). 1 plants BUGS.md allreduce-skip: every rank's
+  // Ranks whose partials are summed, 0 .. summed-1 (0: all). 1 plants allreduce-skip (docs/bugs.md): every rank's
   // o is rank 0's o_partial alone.
   int summed = 0;
 };

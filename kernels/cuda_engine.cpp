@@ -10,7 +10,7 @@
 //   probe=device|host     where probe statistics and sketches are computed (default device)
 //   probe_stream=rank|side  device probes' kernels on the rank's stream, in order with its stages (default), or
 //                    on a side stream beside the rank's next stages (measured on an H200, DeepSeek-V3 at sketch
-//                    level, session 8: T = 4096 1.37-1.41x against 1.10-1.12x on the rank's stream in the same
+//                    level: T = 4096 1.37-1.41x against 1.10-1.12x on the rank's stream in the same
 //                    calls, the probe kernels mostly waiting for the stages and running after them; with the side
 //                    stream at the greatest priority 1.19-1.20x, slowing the stages they share SMs with; T = 512
 //                    2.21x against 2.12x)
@@ -20,7 +20,7 @@
 //                    blocks, 1 the simple core
 //   mqa_kernel=1|2   attention_mqa version: 2 split-KV on the tensor cores (default), 1 the simple core
 //
-// Planted bugs (--inject, BUGS.md): every entry that applies to a GPU path and needs no quantized weights is
+// Planted bugs (--inject, docs/bugs.md): every entry that applies to a GPU path and needs no quantized weights is
 // planted in this engine's own computation — a wrong constant, a wrong flag or index of a kernel, a wrong
 // shard — the same bug the reference plants, never a copy of the reference's result (see planted() below).
 // nan-at, hang-at and crash-at are applied by the Runner. The quantized-weight entries act when the packed
@@ -103,7 +103,7 @@ struct RankState {
   int bug_snapshot_layer = -1;
 };
 
-// The injections this engine plants itself (BUGS.md). The quantized-weight bugs (fp8-scale-transpose,
+// The injections this engine plants itself (docs/bugs.md). The quantized-weight bugs (fp8-scale-transpose,
 // nvfp4-*) act in the dequantization kernels (kernels/dequant.cu) on packed weights, outside this list.
 const std::vector<std::string>& cuda_injections() {
   static const std::vector<std::string> names = {
@@ -294,7 +294,7 @@ DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) c
 }
 
 // A projection as stored (--weight-format, checkpoints), uploaded packed and dequantized to bf16 on the rank's
-// device (kernels/dequant.cu), then cut to the rows or columns shard_layer gives the rank (MLA.md §9). The whole
+// device (kernels/dequant.cu), then cut to the rows or columns shard_layer gives the rank. The whole
 // tensor is dequantized before slicing: block-quantized formats do not split on block boundaries for every tp
 // (a 256-element K-quant block across o_proj's column shards, a 128x128 fp8 scale block across q_b_proj's
 // row shards); slicing the exact full result gives each rank exactly the host path's bf16 shard.
@@ -368,7 +368,7 @@ void CudaEngine::prepare(const RunContext& ctx) {
     }
     rs.bug_snapshot_layer = -1;
     for (const auto& global : *ctx.weights) {
-      // Sharded by the harness's own shard_layer (MLA.md §9), the definition the reference uses too.
+      // Sharded by the harness's own shard_layer, the definition the reference uses too.
       LayerWeights shard;
       if (tp_ > 1) shard = shard_layer(global, cfg_, tp_, r);
       // tp-head-offset: rank r >= 1 loads the q_b_proj head block of rank r-1 (a wrong shard offset).
@@ -517,7 +517,7 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
   const int64_t T = T_, H = cfg_.hidden, Nl = cfg_.heads / tp_, Lq = cfg_.q_lora_rank, L = cfg_.kv_lora_rank;
   const int64_t P = cfg_.qk_nope, R = cfg_.qk_rope, V = cfg_.v_head;
   const float eps = static_cast<float>(cfg_.rms_eps);
-  // Planted bugs that are a wrong constant (BUGS.md): the reference plants the same ones.
+  // Planted bugs that are a wrong constant: the reference plants the same ones.
   const float q_norm_eps = planted("q-norm-eps") ? 1e-5f : eps;
   const float softmax_scale = static_cast<float>(
       planted("softmax-scale") ? 1.0 / std::sqrt(static_cast<double>(cfg_.qk_head())) : cfg_.softmax_scale);

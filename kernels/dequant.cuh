@@ -1,4 +1,4 @@
-// Dequantization of packed weights on the device (FORMATS.md): the engine uploads a weight as the file stores
+// Dequantization of packed weights on the device: the engine uploads a weight as the file stores
 // it (elements or blocks, plus scales) and expands it to bf16 [rows, cols] for cuBLAS, or to FP32 for tests.
 // The FP32 result is bit-identical to harness/weights/dequant.cpp (the same products and sums, in the same
 // order, each rounded once: no contraction into FMA); the bf16 result is that FP32 rounded to nearest even,

@@ -1,4 +1,4 @@
-// kv_a_proj (kv_a_proj_with_mqa), MLA.md §2: kv_a = x·W_kvaᵀ split into kv_c [T, L] and k_pe [T, R].
+// kv_a_proj (kv_a_proj_with_mqa): kv_a = x·W_kvaᵀ split into kv_c [T, L] and k_pe [T, R].
 #pragma once
 #include "kernels/linear.cuh"
 

@@ -1,4 +1,4 @@
-// kv_b_proj (MHA form), MLA.md §2: kv = kv_c_norm·W_kvbᵀ viewed [T, Nl, P+V], split into k_nope and v.
+// kv_b_proj (MHA form): kv = kv_c_norm·W_kvbᵀ viewed [T, Nl, P+V], split into k_nope and v.
 #pragma once
 #include "kernels/linear.cuh"
 
@@ -10,7 +10,7 @@ void launch_kv_b_up(cublasHandle_t h, const bf16* kv_c_norm, int64_t ld_in, cons
                     int64_t L, int64_t Nl, int64_t P, int64_t V);
 
 // The stage: as above into `scratch`, then split -> k_nope [T, Nl, P], v [T, Nl, V].
-// split_by_block = true plants BUGS.md kv-b-split: each row split as [all heads' k_nope | all heads' v]
+// split_by_block = true plants kv-b-split (docs/bugs.md): each row split as [all heads' k_nope | all heads' v]
 // (first Nl·P lanes, then Nl·V) instead of per head.
 void launch_kv_b_proj(cublasHandle_t h, cudaStream_t s, const bf16* kv_c_norm, const bf16* w_kvb, bf16* scratch,
                       bf16* k_nope, bf16* v, int64_t T, int64_t L, int64_t Nl, int64_t P, int64_t V,

@@ -1,4 +1,4 @@
-// o_proj (MLA.md §9): o_partial = attn_out.reshape(T, Nl·V)·W_o_localᵀ, row-parallel (a partial sum per rank).
+// o_proj: o_partial = attn_out.reshape(T, Nl·V)·W_o_localᵀ, row-parallel (a partial sum per rank).
 #pragma once
 #include "kernels/linear.cuh"
 

@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   }
 }
 
-// Version 9 (session 8), for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a multiple of 32
+// Version 9, for bf16 tensors whose width is a multiple of 8 and whose heads (if any) are a multiple of 32
 // columns (every bf16 probe of the real models): stats, head L2 and the sketch in one pass. One warp per (tile of 16
 // rows, segment of whole heads of at most kSegCols columns). A step is 64 columns of the tile: each lane copies 16
 // bytes (8 columns) of row g and of row g + 8 at two column offsets (g = lane / 4, t = lane % 4: the mma fragment's row
@@ -202,22 +202,22 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // four warps take (tile, segment) tasks, and up to kInlineFoldSegs segments per row the last warp to finish a tile's
 // segments folds the tile's rows (a counter per tile, left at zero), its loads in flight together; segments as narrow
 // as one wave of warps allows. Both folds add in the same order, so a record does not depend on which one ran.
-// Version 8 (session 7) took the sums per half step with the lanes' own words as the A fragments (assembled by register
+// Version 8 took the sums per half step with the lanes' own words as the A fragments (assembled by register
 // moves, twice, beside the ones constant: 54 moves a step) and the checksum's second-half power by a 64-bit multiply
 // every step: 29.6 M instructions on [4096, 16384] at sketch level (version 9: 25.4 M), the layer's probes 516-532 µs
 // (version 9: 490; the checksums, absmaxes and counts are exact in both, the sketch's mma sequence is unchanged, the
 // sums differ within fp32 rounding).
-// Version 7 (session 6) took the sketch with the rows as the A fragments (four register moves per fragment), only one
+// Version 7 took the sketch with the rows as the A fragments (four register moves per fragment), only one
 // lane of a row added the half sums (selects), and every step's copies tested their columns: 41.4 M instructions on
 // [4096, 16384] at sketch level (version 8: 29.6 M), the layer's probes 596-632 µs (version 8: 516-532).
-// Version 6 (session 5) folded every shape the second way: the fold at the end of each launch (a fence, an atomic, L2
+// Version 6 folded every shape the second way: the fold at the end of each launch (a fence, an atomic, L2
 // round trips) cost ~10-15 µs per probe, 847 -> 700 µs for the layer's probes at T = 4096 with the block fold and a
-// 3-deep ring (docs/perf-notes.md, session 6). Version 4 (session 3: a register prefetch, head sums through shared
-// memory, a fold kernel) ran at 0.92 TB/s on [4096, 16384] at sketch level; version 5 (session 4: the cp.async ring,
+// 3-deep ring (docs/perf-notes.md, probe kernel version 7). Version 4 (a register prefetch, head sums through shared
+// memory, a fold kernel) ran at 0.92 TB/s on [4096, 16384] at sketch level; version 5 (the cp.async ring,
 // the dp2a checksum, float stats on the CUDA cores, a fold whose loads were a chain of L2 round trips) at 1.33-1.35
 // TB/s, and the 16 bf16 probes of a DeepSeek-V3 layer at T = 4096 took 996-1008 µs; version 6 1.33-1.40 TB/s on
 // [4096, 16384] (the same: its loop is bound elsewhere) and 822-856 µs for the layer's probes (docs/perf-notes.md,
-// session 5).
+// probe kernel version 6).
 constexpr int kTileRows = 16;
 constexpr int kSegCols = 4096;        // per warp task at most, whole heads
 constexpr int kMaxHeadCols = 1024;
@@ -416,7 +416,8 @@ TileGeometry compute_tile_geometry(const ProbeStatsArgs& a) {
 
 // compute_tile_geometry, kept per (device, shape): a probe asks for it three times (workspace, counters, launch),
 // and the narrowest width's search asks for up to ten occupancies, each a device query, a lock and a lookup; every
-// layer probes the same shapes again (measured with a switch for it, since removed: docs/perf-notes.md, session 8).
+// layer probes the same shapes again (measured with a switch for it, since removed: docs/perf-notes.md, probe
+// kernel version 9).
 TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   static Memo<std::tuple<int, int, int64_t, int64_t, int, bool>, TileGeometry> memo;
   const bool aligned = (reinterpret_cast<uintptr_t>(a.data) & 15u) == 0;
@@ -426,8 +427,8 @@ TileGeometry tile_geometry(const ProbeStatsArgs& a) {
 
 // The checksum's dp2a weights (two bytes each: Σ 2b_j and Σ 2j·b_j over a word's two bf16 values j, j + 1) and bf16
 // 1.0 twice (the sketch's sign fragments and the sums' column of ones). As literals the compiler set the weights into
-// uniform registers again every half step (ten UMOVs a step, counted in session 7); from constant memory they are
-// operands of the dp2a itself.
+// uniform registers again every half step (ten UMOVs a step, counted with Nsight Compute); from constant memory they
+// are operands of the dp2a itself.
 struct DotWeights {
   uint32_t two = 0x0202u, j01 = 0x0200u, j23 = 0x0604u, j45 = 0x0A08u, j67 = 0x0E0Cu;
   static constexpr uint32_t ones = 0x3F803F80u;
@@ -972,7 +973,8 @@ LaunchPath launch_path(const TileGeometry& g) {
 
 // Programmatic dependent launches of the tile kernels (Hopper on): the launch of a probe's kernel overlaps the end
 // of the stream's previous kernel, the stage that wrote the tensor, and the kernel waits for it before any memory
-// access (griddepcontrol.wait). MLA_PROBE_PDL=0 launches them plainly. Measured in docs/perf-notes.md (session 9).
+// access (griddepcontrol.wait). MLA_PROBE_PDL=0 launches them plainly. Measured in docs/perf-notes.md (tiles' stats
+// folded on the device, programmatic dependent launches).
 bool pdl_launches() {
   static const bool off = [] {
     const char* v = std::getenv("MLA_PROBE_PDL");

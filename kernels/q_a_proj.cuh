@@ -1,4 +1,4 @@
-// q_a_proj (MLA.md §1): q_a = x·W_qaᵀ.
+// q_a_proj: q_a = x·W_qaᵀ.
 #pragma once
 #include "kernels/linear.cuh"
 

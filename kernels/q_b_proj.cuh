@@ -1,4 +1,4 @@
-// q_b_proj (and q_proj without q LoRA), MLA.md §1: q = in·W_qbᵀ viewed [T, Nl, P+R], split per head.
+// q_b_proj (and q_proj without q LoRA): q = in·W_qbᵀ viewed [T, Nl, P+R], split per head.
 #pragma once
 #include "kernels/linear.cuh"
 

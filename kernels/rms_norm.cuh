@@ -1,4 +1,4 @@
-// RMSNorm of input_norm, q_a_norm and kv_a_norm (MLA.md §1-2): y = x / sqrt(mean(x²) + eps) · w, fp32 math.
+// RMSNorm of input_norm, q_a_norm and kv_a_norm: y = x / sqrt(mean(x²) + eps) · w, fp32 math.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -1,4 +1,4 @@
-// RoPE (MLA.md §3) on q_pe [T, Nl, R] and k_pe [T, R]: interleaved pairs (2i, 2i+1) or neox (i, i+R/2),
+// RoPE on q_pe [T, Nl, R] and k_pe [T, R]: interleaved pairs (2i, 2i+1) or neox (i, i+R/2),
 // angle = position · inv_freq_i in double, cos/sin scaled by rope_mscale. Lane order kept in place.
 #pragma once
 #include <cuda_runtime.h>

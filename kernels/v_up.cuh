@@ -1,4 +1,4 @@
-// v_up (absorbed form), MLA.md §6: attn_out_h = W_UV_h·attn_latent_h for every head.
+// v_up (absorbed form): attn_out_h = W_UV_h·attn_latent_h for every head.
 #pragma once
 #include "kernels/linear.cuh"
 

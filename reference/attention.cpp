@@ -1,4 +1,4 @@
-// Softmax attention (MLA.md §5-8): the shared core `attend`, the LSE merge, and both forms.
+// Softmax attention: the shared core `attend`, the LSE merge, and both forms.
 #include <cmath>
 #include <cstring>
 #include <limits>

@@ -1,4 +1,4 @@
-// Planted bugs of the reference engine (BUGS.md) that are not a parameter of a stage function: each is
+// Planted bugs of the reference engine (docs/bugs.md) that are not a parameter of a stage function: each is
 // the wrong variant of one stage, written out so the zoo can plant it. Nothing else may call these.
 #pragma once
 #include "harness/model/batch.h"

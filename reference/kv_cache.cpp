@@ -1,4 +1,4 @@
-// The paged latent cache (MLA.md §7): rows [kv_c_norm (L) | k_pe_rope (R)], 64 rows a page.
+// The paged latent cache: rows [kv_c_norm (L) | k_pe_rope (R)], 64 rows a page.
 #include <cstring>
 
 #include "reference/stages.h"

@@ -1,5 +1,5 @@
-// The head-splitting projections: q_b_proj / q_proj (§1), kv_a_proj and kv_b_proj (§2),
-// and the absorbed-form pair q_absorb and v_up (§6).
+// The head-splitting projections: q_b_proj / q_proj, kv_a_proj and kv_b_proj, and the absorbed-form pair
+// q_absorb and v_up.
 #include <cstring>
 
 #include "reference/stages.h"

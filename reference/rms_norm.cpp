@@ -1,4 +1,4 @@
-// RMSNorm: input_norm, q_a_norm and kv_a_norm (MLA.md §1-2). fp32 throughout, mean over the last axis.
+// RMSNorm: input_norm, q_a_norm and kv_a_norm. fp32 throughout, mean over the last axis.
 #include <cmath>
 
 #include "reference/stages.h"

@@ -1,4 +1,4 @@
-// RoPE (MLA.md §3): interleaved pairs (2i, 2i+1) as checkpoints store them, or neox pairs (i, i+R/2).
+// RoPE: interleaved pairs (2i, 2i+1) as checkpoints store them, or neox pairs (i, i+R/2).
 // Angles in double: the reference should be the most accurate thing in the room.
 #include <cmath>
 

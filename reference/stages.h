@@ -1,6 +1,6 @@
 // The CPU reference: one readable function per MLA stage, Eigen, FP32. This is the specification every
-// other engine is compared against (MLA.md gives the math; the comment on each function its section).
-// Shapes use MLA.md's notation; Nl = heads held by this rank (N / tp). No fusion, no tricks.
+// other engine is compared against (the comment on each function gives its math; docs/architecture.md the whole).
+// Shapes use docs/dump-format.md's notation; Nl = heads held by this rank (N / tp). No fusion, no tricks.
 #pragma once
 #include <vector>
 
@@ -13,10 +13,10 @@ namespace mla::ref {
 // y = x·Wᵀ. x [T, K], W [O, K] -> [T, O].
 Tensor linear(const Tensor& x, const Tensor& w);
 
-// RMSNorm over the last axis in fp32: x / sqrt(mean(x²) + eps) · w. x [T, C], w [C]. (§1, §2)
+// RMSNorm over the last axis in fp32: x / sqrt(mean(x²) + eps) · w. x [T, C], w [C].
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 
-// §1. q_a = x·W_qaᵀ [T, Lq] (q_a_proj); q_c = RMSNorm(q_a) (q_a_norm); then q_b_proj.
+// q_a = x·W_qaᵀ [T, Lq] (q_a_proj); q_c = RMSNorm(q_a) (q_a_norm); then q_b_proj.
 // q = q_c·W_qbᵀ viewed [T, Nl, P+R], split into q_nope [T, Nl, P] and q_pe [T, Nl, R].
 // q_proj is the same split applied to x·W_qᵀ (no q LoRA).
 struct QHeads {
@@ -24,25 +24,25 @@ struct QHeads {
 };
 QHeads q_b_proj(const Tensor& q_c, const Tensor& w_qb_local, const MlaConfig& cfg);
 
-// §2. kv_a = x·W_kvaᵀ [T, L+R] split into kv_c [T, L] and k_pe [T, R].
+// kv_a = x·W_kvaᵀ [T, L+R] split into kv_c [T, L] and k_pe [T, R].
 struct KvA {
   Tensor kv_c, k_pe;
 };
 KvA kv_a_proj(const Tensor& x, const Tensor& w_kva, const MlaConfig& cfg);
 
-// §3. Rotates the last axis (R lanes) of x [..., R] in place of a copy: lane pairs by `style`,
+// Rotates the last axis (R lanes) of x [..., R] in place of a copy: lane pairs by `style`,
 // angle = position · inv_freq_i, cos/sin multiplied by `cs_scale` (get_mscale ratio, 1.0 for every real model).
 // `positions` has one entry per row of x's first axis; rows of inner axes (heads) share it.
 Tensor rope(const Tensor& x, const std::vector<int>& positions, const std::vector<double>& inv_freq,
             double cs_scale, RopeStyle style);
 
-// §2. kv = kv_c_norm·W_kvbᵀ viewed [T, Nl, P+V]: k_nope = [..., :P], v = [..., P:].
+// kv = kv_c_norm·W_kvbᵀ viewed [T, Nl, P+V]: k_nope = [..., :P], v = [..., P:].
 struct KvB {
   Tensor k_nope, v;
 };
 KvB kv_b_proj(const Tensor& kv_c_norm, const Tensor& w_kvb_local, const MlaConfig& cfg);
 
-// §7. Writes rows [kv_c_norm | k_pe_rope] of the new tokens into the paged cache [blocks, 64, L+R];
+// Writes rows [kv_c_norm | k_pe_rope] of the new tokens into the paged cache [blocks, 64, L+R];
 // returns the rows written [T, L+R] (the kv_cache probe).
 Tensor cache_write(Tensor& cache, const Batch& batch, const Tensor& kv_c_norm, const Tensor& k_pe_rope);
 
@@ -56,11 +56,12 @@ struct Attn {
 };
 Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal);
 
-// §8. LSE merge of two partial attentions over disjoint key sets (natural log).
-// `base2` reads the LSEs as base 2 — a real bug (BUGS.md lse-base2), kept here so the zoo can plant it.
+// LSE merge of two partial attentions over disjoint key sets (natural log): lse = ln(e^a + e^b),
+// out = e^(a-lse)·out_a + e^(b-lse)·out_b.
+// `base2` reads the LSEs as base 2 — a real bug (lse-base2, docs/bugs.md), kept here so the zoo can plant it.
 Attn merge_lse(const Attn& a, const Attn& b, bool base2 = false);
 
-// §5 (+ §8 with context). Prefill form: Q = [q_nope | q_pe_rope], K = [k_nope | k_pe_rope broadcast], V = v.
+// Prefill form: Q = [q_nope | q_pe_rope], K = [k_nope | k_pe_rope broadcast], V = v.
 // New tokens attend causally among themselves; a sequence's cached context (from `cache`) is up-projected
 // through W_kvb and attended non-causally, then merged by LSE. -> attn_out [T, Nl, V], lse [T, Nl].
 struct MhaOptions {
@@ -71,21 +72,21 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
                    const Tensor& v, const Tensor& cache, const Batch& batch, const Tensor& w_kvb_local,
                    const MlaConfig& cfg, const MhaOptions& opt = {});
 
-// §6. q_latent_h = W_UK_hᵀ·q_nope_h. q_nope [T, Nl, P] -> [T, Nl, L]; W_UK_h = rows h(P+V)..h(P+V)+P-1 of W_kvb.
+// q_latent_h = W_UK_hᵀ·q_nope_h. q_nope [T, Nl, P] -> [T, Nl, L]; W_UK_h = rows h(P+V)..h(P+V)+P-1 of W_kvb.
 Tensor q_absorb(const Tensor& q_nope, const Tensor& w_kvb_local, const MlaConfig& cfg);
 
-// §6-7. Absorbed (MQA) form over the paged cache: query [q_latent | q_pe_rope] (L+R), one key/value row per
+// Absorbed (MQA) form over the paged cache: query [q_latent | q_pe_rope] (L+R), one key/value row per
 // cached token, value = its first L lanes; causal bottom-right. -> attn_latent [T, Nl, L], lse [T, Nl].
 Attn attention_mqa(const Tensor& q_latent, const Tensor& q_pe_rope, const Tensor& cache, const Batch& batch,
                    const MlaConfig& cfg);
 
-// §6. attn_out_h = W_UV_h·attn_latent_h. [T, Nl, L] -> [T, Nl, V].
+// attn_out_h = W_UV_h·attn_latent_h. [T, Nl, L] -> [T, Nl, V].
 Tensor v_up(const Tensor& attn_latent, const Tensor& w_kvb_local, const MlaConfig& cfg);
 
-// §9. o_partial = attn_out.reshape(T, Nl·V)·W_o_localᵀ [T, H].
+// o_partial = attn_out.reshape(T, Nl·V)·W_o_localᵀ [T, H].
 Tensor o_proj(const Tensor& attn_out, const Tensor& w_o_local);
 
-// §9. o = Σ_ranks o_partial.
+// o = Σ_ranks o_partial.
 Tensor all_reduce(const std::vector<const Tensor*>& partials);
 
 // h_out = h + o.

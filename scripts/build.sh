@@ -12,9 +12,10 @@ if [[ "${MLA_SKIP_SETUP:-0}" != 1 ]]; then
   ./scripts/setup.sh
 fi
 
-# The Python the tests use: the project venv when there is one, else whatever python3 is.
+# The Python the tests use: the project venv when it has numpy and h5py (or python3 has them neither), else python3.
 venv="$(./scripts/venv_path.sh)"
-if [[ -x "$venv/bin/python" ]]; then
+if [[ -x "$venv/bin/python" ]] && { "$venv/bin/python" -c 'import numpy, h5py' 2>/dev/null ||
+                                    ! python3 -c 'import numpy, h5py' 2>/dev/null; }; then
   MLA_PYTHON="$venv/bin/python"
 else
   MLA_PYTHON="$(command -v python3 || true)"

@@ -68,7 +68,9 @@ run_all() {
 
   local py_args=()
   venv="$(./scripts/venv_path.sh)"
-  if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c '' 2>/dev/null; then
+  # The project venv when it has the modules; an offline GPU machine whose python3 is itself a venv (torch installed
+  # there) leaves ours without them, and then that python3 is the one to use.
+  if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c 'import numpy, h5py' 2>/dev/null; then
     py_args=(-DMLA_PYTHON="$venv/bin/python")
   elif command -v python3 >/dev/null 2>&1; then
     py_args=(-DMLA_PYTHON="$(command -v python3)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine with several GPUs (device kinds nvidia-h200-x2/-x4/-x8): the runs of issue #7, after
+# On a machine with several GPUs (2, 4 or 8): the multi-GPU and one-process-per-rank runs, after
 # scripts/gpu_check.sh built build-gpu/ (this script builds it when missing). With N = the GPUs visible:
 #   1. the multi-GPU tests (ctest -R CudaMultiGpu): tp 2, 4, 8 with one GPU per rank (NCCL) where N allows,
 #      more ranks than GPUs with the device-side sum (peer copies) otherwise, against the fp32 reference;

@@ -1,4 +1,4 @@
-// End-to-end equivalences of the reference engine through the Runner (MLA.md §5-9): the absorbed (MQA) form
+// End-to-end equivalences of the reference engine through the Runner: the absorbed (MQA) form
 // equals the prefill (MHA) form; decode and chunked prefill over a cache built from a prefill equal that
 // prefill's rows; tp 2/4/5/8 equals tp 1; stacked layers compose as h_out = h + o(RMSNorm(h)).
 //

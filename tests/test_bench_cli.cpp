@@ -1,6 +1,6 @@
 // `mla-bisect bench` end to end (the real binary in a child process, tiny preset, 2 rounds): it prints a row per
 // stage of the graph, the layer row, the GEMM ceiling and the probe overhead, and writes the same figures as
-// JSON. Only the shape of the output is checked, never a time. Also PERF.md's FLOP formulas, which the
+// JSON. Only the shape of the output is checked, never a time. Also the FLOP formulas, which the
 // benchmark's GFLOP/s rest on.
 #include <gtest/gtest.h>
 
@@ -111,8 +111,8 @@ TEST(BenchCli, HelpAndBadRepeats) {
   EXPECT_EQ(bad.exit_code, 2) << describe("bench --repeats 0", bad);
 }
 
-// PERF.md: prefill, DeepSeek-V3 dims, tp 1: 3.742e8·T + 40960·T(T+1) FLOPs (2·N_w·T with N_w = 187,105,280).
-TEST(BenchFlops, DeepSeekV3PrefillMatchesPerfMd) {
+// Prefill, DeepSeek-V3 dims, tp 1: 3.742e8·T + 40960·T(T+1) FLOPs (2·N_w·T with N_w = 187,105,280).
+TEST(BenchFlops, DeepSeekV3PrefillMatchesFormula) {
   const auto cfg = *find_preset("deepseek-v3");
   RunSpec spec;
   spec.tokens = 512;
@@ -123,8 +123,8 @@ TEST(BenchFlops, DeepSeekV3PrefillMatchesPerfMd) {
   EXPECT_DOUBLE_EQ(stage_flops(Stage::Stage_o_proj, cfg, spec, batch), 2.0 * 512 * 16384 * 7168);
 }
 
-// PERF.md: decode, absorbed, B sequences, s_q new tokens seeing L keys: B·s_q·(3.742e8 + 278,528·L).
-TEST(BenchFlops, DeepSeekV3DecodeMatchesPerfMd) {
+// Decode, absorbed, B sequences, s_q new tokens seeing L keys: B·s_q·(3.742e8 + 278,528·L).
+TEST(BenchFlops, DeepSeekV3DecodeMatchesFormula) {
   const auto cfg = *find_preset("deepseek-v3");
   RunSpec spec;
   spec.mode = Mode::Mode_decode;
@@ -144,9 +144,9 @@ TEST(BenchFlops, DeepSeekV3DecodeMatchesPerfMd) {
   EXPECT_DOUBLE_EQ(stage_flops(Stage::Stage_o_proj, cfg, tp2, batch), stage_flops(Stage::Stage_o_proj, cfg, spec, batch));
 }
 
-// PERF.md (FlashMLA's formula): the decode attention core moves (ΣL·576 + B·s_q·h·576 + B·s_q·h·512)·2 bytes,
+// FlashMLA's formula: the decode attention core moves (ΣL·576 + B·s_q·h·576 + B·s_q·h·512)·2 bytes,
 // plus its fp32 lse; a GEMM stage reads its input and weight and writes its output once.
-TEST(BenchBytes, DecodeCoreAndProjectionsMatchPerfMd) {
+TEST(BenchBytes, DecodeCoreAndProjectionsMatchFormulas) {
   const auto cfg = *find_preset("deepseek-v3");
   RunSpec spec;
   spec.mode = Mode::Mode_decode;

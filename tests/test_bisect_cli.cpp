@@ -1,4 +1,4 @@
-// End-to-end tests of bisect, zoo and compare through the CLI (label cpu): every BUGS.md entry the reference can
+// End-to-end tests of bisect, zoo and compare through the CLI (label cpu): every docs/bugs.md entry the reference can
 // plant is localized on the tiny preset, clean runs are not flagged, a hang and a crash give exit 3 naming the
 // stage, and the JSON / JUnit outputs parse.
 #include <gtest/gtest.h>
@@ -103,6 +103,40 @@ TEST(BisectCli, HtmlReportHasThePictures) {
   EXPECT_NE(html.find("Error across the graph"), std::string::npos);
   EXPECT_GE(std::count(html.begin(), html.end(), '<') , 200);  // the SVG cells are there
   EXPECT_NE(html.find("</html>"), std::string::npos);
+}
+
+TEST(BisectCli, HtmlReportHasProvenanceLegendRanksAndHistogram) {
+  const std::string dir = tmpdir("html_prov");
+  const auto r = sh(std::string("bisect --brief --model tiny --tokens 8 --tp 2 --seed 3") + kCandidate +
+                    " --inject rope-neox --workdir " + dir + " --html " + dir + "/r.html --json " + dir + "/r.json");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  std::ifstream f(dir + "/r.html");
+  const std::string html((std::istreambuf_iterator<char>(f)), {});
+  // Provenance from the dumps' meta: model, mode, tokens, tp, seeds, tool version, the commands.
+  for (const char* s : {"<h2>Provenance</h2>", "<th>model</th><td>tiny</td>", "<th>mode</th><td>prefill</td>",
+                        "<th>tokens</th><td>8</td>", "<th>tp</th><td>2</td>", "<th>input seed</th><td>3</td>",
+                        "<th>weight seed</th>", "<th>tool version</th>", "<th>inject</th><td>rope-neox</td>",
+                        "candidate: mla-bisect run --model tiny"})
+    EXPECT_NE(html.find(s), std::string::npos) << s;
+  // The colour scale's legend, rank boundaries and head ticks on the heat map.
+  EXPECT_NE(html.find("class='legend'"), std::string::npos);
+  EXPECT_NE(html.find("1x tolerance"), std::string::npos);
+  EXPECT_NE(html.find("class='rank-boundary'"), std::string::npos);
+  EXPECT_NE(html.find(">rank 1</text>"), std::string::npos);
+  EXPECT_NE(html.find(">head</text>"), std::string::npos);
+  // The histogram of the first divergence's values, from full tensors, with both sides counted.
+  EXPECT_NE(html.find("Values of q_pe_rope: candidate vs reference"), std::string::npos);
+  EXPECT_NE(html.find("class='hist'"), std::string::npos);
+  EXPECT_EQ(html.find("no histogram"), std::string::npos);
+  // The dumps' sketch numbers are labelled as estimates; self-contained (no scripts, no external files).
+  EXPECT_NE(html.find("[estimate (from sketches/norms)]"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("href="), std::string::npos);
+  std::ifstream jf(dir + "/r.json");
+  const auto j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j.value("schema_version", 0), 1);
+  EXPECT_EQ(j["first_divergence"].value("basis", ""), "sketch");
 }
 
 TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {

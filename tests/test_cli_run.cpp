@@ -1,5 +1,5 @@
 // `mla-bisect run` end to end: the real binary (MLA_BINARY) in a child process, its exit code, its probe table
-// and its error messages. Exit codes: 0 ok, 2 bad usage or input (DESIGN.md).
+// and its error messages. Exit codes: 0 ok, 2 bad usage or input.
 #include <gtest/gtest.h>
 
 #include <cctype>

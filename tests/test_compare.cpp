@@ -368,7 +368,7 @@ TEST(CompareSelfTest, ReplicatedProbeDifferingOnOneRankNamesThatRank) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Block-shaped error (BUGS.md fp8-scale-transpose): per-channel maps, and the diagnosis rule on hand-made maps.
+// Block-shaped error (fp8-scale-transpose, docs/bugs.md): per-channel maps, and the diagnosis rule on hand-made maps.
 // ---------------------------------------------------------------------------------------------------
 
 TEST(CompareChannels, ChannelMapsSumOverTokensAndGroupIntoBlocks) {

@@ -1,4 +1,4 @@
-// MlaConfig: the constants of MLA.md §3-4 and §11 for every preset, HF config.json parsing (hand-written files
+// MlaConfig: the YaRN and softmax constants of every preset, HF config.json parsing (hand-written files
 // in tests/testdata with the real field names), and the error messages of bad configs.
 #include <gtest/gtest.h>
 
@@ -95,7 +95,7 @@ void expect_same_config(const MlaConfig& got, const MlaConfig& want) {
   EXPECT_EQ(got.yarn_high, want.yarn_high);
 }
 
-// ---------- constants (MLA.md §3, §4, §11) ----------
+// ---------- constants (YaRN frequencies and mscale, softmax scale) ----------
 
 TEST(ConfigConstants, PresetsHaveTheDimensionsOfMlaMd) {
   struct Row {
@@ -147,7 +147,7 @@ TEST(ConfigConstants, PresetsHaveTheDimensionsOfMlaMd) {
 }
 
 TEST(ConfigConstants, SoftmaxScaleTable) {
-  // MLA.md §4, to the 6 decimals printed there.
+  // mscale(s, mscale_all_dim)² / sqrt(P + R), worked out by hand to 6 decimals.
   const std::pair<const char*, double> table[] = {
       {"deepseek-v2-lite", 0.114721}, {"deepseek-v2", 0.114721}, {"deepseek-v3", 0.135234},
       {"kimi-k2", 0.130861},          {"glm-4.7-flash", 0.0625}, {"glm-5", 0.0625},
@@ -214,7 +214,7 @@ TEST(ConfigConstants, InvFreqFollowsTheYarnRamp) {
       if (yarn) {
         const double ramp = std::clamp((i - c.yarn_low) / double(c.yarn_high - c.yarn_low), 0.0, 1.0);
         want = f * (1 - ramp) + f / c.yarn.factor * ramp;
-        // Below low: the plain frequency; from high on: divided by s (MLA.md §3).
+        // Below low: the plain frequency; from high on: divided by s.
         if (i <= c.yarn_low) EXPECT_NEAR(c.inv_freq[i] / f, 1.0, 1e-12);
         if (i >= c.yarn_high) EXPECT_NEAR(c.inv_freq[i] / f, 1.0 / c.yarn.factor, 1e-12);
       }

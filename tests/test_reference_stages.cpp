@@ -103,7 +103,7 @@ void expect_close(const Tensor& got, const Ref& want, const std::string& what, d
   EXPECT_TRUE(den > 0 || num == 0) << what;
 }
 
-// The independent math: everything below reads MLA.md, not reference/.
+// The independent math: everything below is written from the formulas (docs/architecture.md), not from reference/.
 Ref naive_linear(const Tensor& x, const Tensor& w) {
   const int64_t T = x.dim(0), K = x.numel() / T, O = w.dim(0);
   EXPECT_EQ(w.dim(1), K);
@@ -143,7 +143,7 @@ std::pair<Ref, Ref> naive_split(const Ref& y, int64_t n, int64_t A, int64_t B) {
   return {a, b};
 }
 
-// MLA.md §3, written from the text: plain frequencies θ^(−2i/R), YaRN ramp between low and high.
+// YaRN, written from the formula: plain frequencies θ^(−2i/R), YaRN ramp between low and high.
 std::vector<double> independent_inv_freq(const MlaConfig& c) {
   const int R = c.qk_rope;
   std::vector<double> f(R / 2);
@@ -162,7 +162,7 @@ std::vector<double> independent_inv_freq(const MlaConfig& c) {
   return f;
 }
 
-// MLA.md §4: get_mscale(s, mscale_all_dim)² / sqrt(P + R).
+// The softmax scale: get_mscale(s, mscale_all_dim)² / sqrt(P + R).
 double independent_softmax_scale(const MlaConfig& c) {
   double m = 1.0;
   if (c.rope_scaling == RopeScaling::RopeScaling_yarn && c.yarn.factor > 1 && c.yarn.mscale_all_dim != 0)
@@ -388,7 +388,7 @@ TEST(RefStages, RopeDeepSeekV3YarnAtLargePositions) {
   }
 }
 
-// MLA.md §3: position 0 rotates by zero in both styles; every other position pairs different lanes, so the
+// RoPE: position 0 rotates by zero in both styles; every other position pairs different lanes, so the
 // styles disagree. (The rope-neox bug leaves token 0 exact and nothing else.)
 TEST(RefStages, RopeNeoxAndInterleavedDifferExceptAtPositionZero) {
   for (const char* name : {"tiny", "deepseek-v3", "kimi-k2", "glm-5"}) {
@@ -553,7 +553,7 @@ TEST(RefStages, MergeLseMatchesFormulaAndUnionOfKeySets) {
   for (uint64_t seed : kSeeds) {
     SCOPED_TRACE(seed_trace(seed));
     std::mt19937_64 rng(seed);
-    // Formula of MLA.md §8 on random partials, with empty chunks (lse −inf) on one side or both.
+    // The LSE merge's formula on random partials, with empty chunks (lse −inf) on one side or both.
     ref::Attn x{randn({Tq, Nl, Dv}, rng), randn({Tq, Nl}, rng, 4.0)};
     ref::Attn y{randn({Tq, Nl, Dv}, rng), randn({Tq, Nl}, rng, 4.0)};
     const float ninf = -std::numeric_limits<float>::infinity();
@@ -599,7 +599,7 @@ TEST(RefStages, MergeLseMatchesFormulaAndUnionOfKeySets) {
   }
 }
 
-// Naive prefill form (§5 + §8): for each new token, keys = the sequence's cached rows up-projected through
+// Naive prefill form (no LSE merge): for each new token, keys = the sequence's cached rows up-projected through
 // W_kvb (k = [W_UK c | pe], v = W_UV c) plus the new tokens up to itself; one softmax over the union.
 std::pair<Ref, Ref> naive_attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& k_nope,
                                         const Tensor& k_pe_rope, const Tensor& v, const Tensor& cache, const Batch& b,

@@ -1,4 +1,4 @@
-// Weight files are untrusted. A known-bad corpus (every check of FORMATS.md has a file that trips it, and
+// Weight files are untrusted. A known-bad corpus (every check the readers make has a file that trips it, and
 // its message is tested), truncation at every byte offset (a clear error, never a crash), and allocation
 // bounded by the file's size: counted by a replacement operator new, active only inside these tests.
 //

@@ -1,7 +1,9 @@
 // Bisect orchestration.
 #include "harness/bisect/bisect.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -133,6 +135,14 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const CompareReport full_rep = compare_dumps(cand_full, ref_full, tol);
   for (const auto& r : full_rep.results)
     if (r.layer == first.layer && r.name == first.name) rep.full = r.m;
+  if (const DumpProbe *pa = cand_full.find(first.layer, first.name), *pb = ref_full.find(first.layer, first.name); pa && pb) {
+    const Gathered ga = gather(*pa), gb = gather(*pb);
+    if (ga.full && gb.full) {
+      rep.first_values = value_histogram(ga.data.data, gb.data.data);
+      rep.first_values.probe = "layer " + std::to_string(first.layer) + " " + first.name;
+      rep.first_values.source = "full tensors recomputed in process";
+    }
+  }
 
   const StageGraph graph = build_graph(cfg, spec.graph_shape());
   const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
@@ -152,6 +162,34 @@ BisectReport run_bisect(const BisectOptions& opt) {
   return rep;
 }
 
+ValueHistogram value_histogram(const std::vector<float>& a, const std::vector<float>& b, int bins) {
+  ValueHistogram h;
+  bool any = false;
+  for (const auto* v : {&a, &b})
+    for (float x : *v)
+      if (std::isfinite(x)) {
+        h.lo = any ? std::min<double>(h.lo, x) : x;
+        h.hi = any ? std::max<double>(h.hi, x) : x;
+        any = true;
+      }
+  if (!any || bins < 1) return h;
+  if (h.hi <= h.lo) h.hi = h.lo + 1;
+  h.candidate.assign(bins, 0);
+  h.reference.assign(bins, 0);
+  const auto fill = [&](const std::vector<float>& v, std::vector<int64_t>& n, int64_t& bad) {
+    for (float x : v) {
+      if (!std::isfinite(x)) {
+        ++bad;
+        continue;
+      }
+      n[std::clamp(static_cast<int>((x - h.lo) / (h.hi - h.lo) * bins), 0, bins - 1)]++;
+    }
+  };
+  fill(a, h.candidate, h.candidate_nonfinite);
+  fill(b, h.reference, h.reference_nonfinite);
+  return h;
+}
+
 void print_bisect(std::ostream& os, const BisectReport& r) {
   os << "\n== mla-bisect: " << r.headline << " ==\n";
   os << "candidate " << r.candidate_engine << (r.inject.empty() ? "" : " (inject " + r.inject + ")") << "\n";
@@ -164,7 +202,12 @@ void print_bisect(std::ostream& os, const BisectReport& r) {
   if (r.first) {
     const auto& f = *r.first;
     os << "\nwhere     layer " << f.layer << ", probe " << f.name << ", stage " << f.stage << "\n";
-    os << "error     " << f.why << "\n";
+    // The dumps' numbers come from sketches when they hold no full tensors; the drill-down and diagnosis below
+    // read the full tensors recomputed in this process. Both are printed, each with what it rests on.
+    os << "error     " << f.why << (f.m.basis == "full" ? "" : "  [estimate (from sketches/norms)]") << "\n";
+    if (f.m.basis != "full" && !r.full.basis.empty())
+      os << "          rel_l2 " << fmt_num(r.full.rel_l2) << ", worst token " << fmt_num(r.full.max_token_rel)
+         << " on full tensors (recomputed in process): drill-down and diagnosis below use these\n";
     os << "tolerance " << f.tol.origin << "\n";
     if (!r.isolation.empty()) os << "isolation " << r.isolation << "\n";
     print_findings(os, Findings{r.drill, r.diagnosis});
@@ -178,6 +221,7 @@ void print_bisect(std::ostream& os, const BisectReport& r) {
 
 nlohmann::json bisect_to_json(const BisectReport& r) {
   nlohmann::json j;
+  j["schema_version"] = 1;  // of this report's layout, as compare's JSON
   j["exit_code"] = r.exit_code;
   j["headline"] = r.headline;
   j["candidate"] = r.candidate_engine;
@@ -187,7 +231,10 @@ nlohmann::json bisect_to_json(const BisectReport& r) {
   if (r.first) {
     j["first_divergence"] = {{"layer", r.first->layer}, {"probe", r.first->name}, {"stage", r.first->stage},
                              {"why", r.first->why}, {"tolerance", r.first->tol.rel_l2},
-                             {"tolerance_origin", r.first->tol.origin}};
+                             {"tolerance_origin", r.first->tol.origin},
+                             // rel_l2 of the dumps, with its basis ("sketch": an estimate); full_metrics has the
+                             // full-tensor numbers the drill-down and diagnosis use
+                             {"rel_l2", r.first->m.rel_l2}, {"basis", r.first->m.basis}};
     j["isolation"] = r.isolation;
     const auto f = findings_to_json(Findings{r.drill, r.diagnosis});
     j["diagnosis"] = f["diagnosis"];

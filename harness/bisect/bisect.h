@@ -1,4 +1,4 @@
-// Bisect (DESIGN.md "Bisect"): run a reference and a candidate in child processes, compare their dumps at
+// Bisect (docs/architecture.md): run a reference and a candidate in child processes, compare their dumps at
 // calibrated tolerances, then isolate the first divergent stage on the reference's exact inputs, drill down
 // and name the pattern.
 #pragma once
@@ -32,6 +32,19 @@ struct BisectOptions {
   bool progress = false;              // print steps on stderr
 };
 
+// The values of one probe, candidate and reference, counted on one shared axis: what the HTML report draws as a
+// value histogram. Empty (no bins) when no full tensors of the probe were at hand.
+struct ValueHistogram {
+  std::string probe;                      // "layer 0 q_pe_rope"
+  std::string source;                     // where the values came from, in words
+  double lo = 0, hi = 0;                  // the axis: bins split [lo, hi] evenly
+  std::vector<int64_t> candidate, reference;  // counts per bin (finite values)
+  int64_t candidate_nonfinite = 0, reference_nonfinite = 0;
+  bool empty() const { return candidate.empty(); }
+};
+// Bins both tensors' finite values on the range of both (`bins` bins).
+ValueHistogram value_histogram(const std::vector<float>& candidate, const std::vector<float>& reference, int bins = 60);
+
 struct BisectReport {
   int exit_code = 0;  // 0 none, 1 divergence, 3 an engine crashed or hung
   std::string headline;
@@ -42,6 +55,7 @@ struct BisectReport {
   CompareReport compare;
   std::optional<ProbeResult> first;   // the first divergence (sketch-level, from the dumps)
   Metrics full;                       // the divergent probe compared on full tensors
+  ValueHistogram first_values;        // its values from those full tensors (the HTML report's histogram)
   std::string isolation;              // "introduced by STAGE" | "amplified ..." | ""
   Metrics isolated;
   DrillDown drill;

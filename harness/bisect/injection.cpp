@@ -1,4 +1,4 @@
-// Injection parsing and the zoo table (BUGS.md).
+// Injection parsing and the zoo table (docs/bugs.md).
 #include "harness/bisect/injection.h"
 
 #include "harness/model/errors.h"

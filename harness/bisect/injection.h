@@ -1,4 +1,4 @@
-// The bug zoo (BUGS.md): named injections an engine can plant in its own computation, and what the harness
+// The bug zoo (docs/bugs.md): named injections an engine can plant in its own computation, and what the harness
 // is expected to find for each. Only the zoo's scorer reads the expectations; localization never does.
 #pragma once
 #include <cstdint>
@@ -23,11 +23,11 @@ const Injection* find_injection(const std::vector<Injection>& list, const std::s
 struct ZooEntry {
   std::string name;
   std::vector<std::string> expected;  // probes where the first divergence may be found ({} = benign)
-  std::string pattern;                // BUGS.md's right column, for the zoo table
+  std::string pattern;                // the symptom, for the zoo table
   std::string mode;                   // "" any, or the mode it needs (decode, chunked)
   std::string form;                   // "" any, or the attention form it needs
   int min_tp = 1;                     // 2 for sharding bugs
-  bool needs_quantized = false;       // needs --weight-format (the weights issue)
+  bool needs_quantized = false;       // needs --weight-format (a weight injection)
 };
 const std::vector<ZooEntry>& bug_zoo();
 const ZooEntry* find_zoo_entry(const std::string& name);

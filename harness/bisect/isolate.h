@@ -1,5 +1,6 @@
-// Isolation (DESIGN.md "Bisect", step 1): re-run an engine in this process with one stage fed the reference's
-// exact inputs, and judge whether that stage introduced the error or only amplified error from upstream.
+// Isolation, the step of a bisect after the first divergence: re-run an engine in this process with one stage fed
+// the reference's exact inputs, and judge whether that stage introduced the error or only amplified error from
+// upstream.
 // Shared by bisect (after its child runs) and explore (on two dumps).
 #pragma once
 #include <string>

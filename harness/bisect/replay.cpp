@@ -185,7 +185,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     throw UsageError(opt.capture + ": root attribute engine_dtype: " + e.what());
   }
   step("calibrating tolerances (reference fp32 vs " + dtype + ")");
-  ToleranceModel tol = calibrate(cfg, spec, weights, inputs, precision, opt.k);
+  ToleranceModel tol = calibrate(cfg, spec, weights, inputs, precision, opt.k, &ref);
   tol.overrides = opt.overrides;
 
   CompareOptions captured;  // the graph's other probes are not expected of a capture

@@ -22,7 +22,7 @@ struct BenchCmdOptions {
 
 int run_bench_cmd(BenchCmdOptions o, const CLI::App& cmd) {
   if (!cmd.count("--tokens") && o.run.mode == "prefill") o.run.tokens = 512;
-  // A device layer takes milliseconds: more rounds (PERF.md: median of >= 20 after warm-up).
+  // A device layer takes milliseconds: more rounds (a median of >= 20 after warm-up).
   const bool device = o.engine.rfind("cuda", 0) == 0;
   if (device && !cmd.count("--repeats")) o.repeats = 20;
   if (device && !cmd.count("--warmup")) o.warmup = 3;

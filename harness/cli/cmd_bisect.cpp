@@ -94,7 +94,7 @@ void setup_bisect(CLI::App& app, int& exit_code) {
   cmd->add_option("--candidate", o->candidate, "Candidate engine (default: cuda when a GPU is present, else "
                                                "reference:precision=bf16)");
   cmd->add_option("--reference", o->reference, "Reference engine")->capture_default_str();
-  cmd->add_option("--inject", o->inject, "Plant bugs in the candidate: NAME[,NAME...] from BUGS.md, nan-at:PROBE:INDEX, "
+  cmd->add_option("--inject", o->inject, "Plant bugs in the candidate: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX, "
                                          "hang-at:STAGE[@rank], crash-at:STAGE[@rank]");
   cmd->add_option("--timeout", o->timeout, "Per-stage watchdog of each run, seconds")->capture_default_str();
   cmd->add_option("--workdir", o->workdir, "Where the reference and candidate dumps are written")->capture_default_str();

@@ -205,7 +205,7 @@ void setup_golden(CLI::App& app, int& exit_code) {
   check->add_option("golden", co->golden, "Golden dump (.h5)")->required();
   check->add_option("--engine", co->engine, "Engine to check, e.g. reference, reference:precision=bf16, cuda")
       ->capture_default_str();
-  check->add_option("--inject", co->inject, "Plant bugs in the engine (BUGS.md): the check must then fail");
+  check->add_option("--inject", co->inject, "Plant bugs in the engine (docs/bugs.md): the check must then fail");
   check->add_option("--tp", co->tp, "Run the engine at this many ranks (default: the golden's tp)");
   check->add_option("--json", co->json, "Write the comparison as JSON");
   check->add_option("--junit", co->junit, "Write JUnit XML, one testcase per probe");

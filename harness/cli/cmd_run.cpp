@@ -30,7 +30,7 @@ struct RunCmdOptions {
   std::string engine = "reference";
   std::string out;    // --out FILE.h5: write the dump
   std::string input;  // --input DUMP.h5: that dump's /inputs instead of synthetic ones
-  std::string inject;     // --inject: planted bugs (BUGS.md)
+  std::string inject;     // --inject: planted bugs (docs/bugs.md)
   double watchdog = 0;    // --watchdog SECONDS per stage
   bool quiet = false;     // no table (bisect's child runs)
   std::string rank;       // --rank N|auto: one process per tp rank ("" : this process runs every rank)
@@ -279,7 +279,7 @@ void setup_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--input", o->input, "Take the layer input, batch layout and kv caches from this dump's /inputs "
                                        "instead of synthetic ones (mode, tokens, batch, context and layers follow "
                                        "the dump)");
-  cmd->add_option("--inject", o->inject, "Plant bugs in this engine: NAME[,NAME...] from BUGS.md, nan-at:PROBE:INDEX[@rank], "
+  cmd->add_option("--inject", o->inject, "Plant bugs in this engine: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX[@rank], "
                                          "hang-at:STAGE[@rank], crash-at:STAGE[@rank]");
   cmd->add_option("--watchdog", o->watchdog, "Exit 3 when a stage makes no progress for this many seconds, closing "
                                              "the dump with the rank and stage that hung (0: off)");

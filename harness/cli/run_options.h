@@ -1,4 +1,4 @@
-// Options shared by every command that runs an engine (run, bench, and later bisect, golden).
+// Options shared by every command that runs an engine (run, bench, bisect, golden, zoo).
 #pragma once
 #include <string>
 #include <vector>

@@ -687,7 +687,7 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
 }
 
 ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
-                         const Inputs& inputs, Precision precision, double k) {
+                         const Inputs& inputs, Precision precision, double k, const Dump* fp32_full) {
   ToleranceModel tm;
   if (precision == Precision::Precision_fp32) return tm;  // the fallback floor is the model
   Runner runner(cfg, spec);
@@ -699,7 +699,9 @@ ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::v
     runner.run(engine, weights, inputs, plan, sink);
     return sink.take();
   };
-  const Dump lo = run_at(precision), hi = run_at(Precision::Precision_fp32);
+  const Dump lo = run_at(precision);
+  const Dump hi_run = fp32_full ? Dump{} : run_at(Precision::Precision_fp32);
+  const Dump& hi = fp32_full ? *fp32_full : hi_run;
   // One ulp of the candidate's format, relative: an error below it is rounding, whatever the stage.
   const double ulp = precision == Precision::Precision_bf16 ? 1.0 / 256 : 1.0 / 2048;
   for (const auto& ph : hi.probes) {

@@ -176,8 +176,9 @@ Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& 
 CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& tol, const CompareOptions& opt = {});
 
 // Calibrates tolerances: runs the reference at FP32 and at `precision` on the same config, weights and inputs,
-// and takes k × the per-probe error (rel_l2, worst token) as the tolerance, with a floor.
+// and takes k × the per-probe error (rel_l2, worst token) as the tolerance, with a floor. `fp32_full`: the FP32
+// reference's full-level run on exactly these inputs when the caller has it already (replay), so it is not run again.
 ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
-                         const Inputs& inputs, Precision precision, double k = 4.0);
+                         const Inputs& inputs, Precision precision, double k = 4.0, const Dump* fp32_full = nullptr);
 
 }  // namespace mla

@@ -1,4 +1,4 @@
-// Golden dumps (DESIGN.md; golden/): made by the FP32 reference with every probe in full and written atomically,
+// Golden dumps (golden/): made by the FP32 reference with every probe in full and written atomically,
 // listed in golden/MANIFEST.json (file, sha256, command, tool_version, created); checked by re-running an engine
 // in process on the golden's own inputs, config and run spec, and comparing probe by probe.
 #pragma once
@@ -20,7 +20,7 @@ Dump make_golden(const MlaConfig& cfg, const RunSpec& spec, uint64_t weight_seed
 
 struct GoldenCheckOptions {
   std::string engine = "reference";  // engine and options, e.g. reference:precision=bf16, cuda
-  std::string inject;                // planted in the engine (BUGS.md), to prove the check catches bugs
+  std::string inject;                // planted in the engine (docs/bugs.md), to prove the check catches bugs
   int tp = 0;                        // 0: the golden's tp
   double k = 4.0;                    // tolerance = k x calibrated noise floor (non-FP32 candidates)
   std::map<std::string, double> overrides;  // --tol probe=value

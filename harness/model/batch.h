@@ -1,4 +1,4 @@
-// A step's token layout and paged latent cache (MLA.md §7): sequences concatenated, each with its cached
+// A step's token layout and paged latent cache: sequences concatenated, each with its cached
 // context and its new tokens; cache pages of 64 rows [kv_c_norm (L) | k_pe_rope (R)] reached through a block table.
 #pragma once
 #include <cstdint>

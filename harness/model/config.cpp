@@ -1,4 +1,4 @@
-// Presets (MLA.md §11), HF config.json parsing, validation and derived constants (MLA.md §3-4).
+// Presets, HF config.json parsing, validation and derived constants (YaRN frequencies and mscale, softmax scale).
 #include "harness/model/config.h"
 
 #include <cmath>
@@ -36,7 +36,8 @@ void MlaConfig::derive() {
   double attn_mscale = 1.0;
   if (rope_scaling == RopeScaling::RopeScaling_yarn) {
     const double s = yarn.factor;
-    // HF / DeepSeek clamp to [0, R-1]; MLA.md writes R/2-1. They agree for every real config (high <= 23).
+    // HF / DeepSeek clamp to [0, R-1]; a clamp to the last pair, R/2-1, gives the same for every real config
+    // (high <= 23).
     yarn_low = std::max(0, static_cast<int>(std::floor(
                                yarn_correction_dim(yarn.beta_fast, R, rope_theta, yarn.original_max_position))));
     yarn_high = std::min(R - 1, static_cast<int>(std::ceil(yarn_correction_dim(

@@ -1,4 +1,4 @@
-// MlaConfig: the dimensions and constants of one MLA attention block (MLA.md §11), its presets,
+// MlaConfig: the dimensions and constants of one MLA attention block, its presets,
 // HF config.json parsing, validation, and the values derived once (YaRN frequencies, softmax scale).
 #pragma once
 #include <optional>
@@ -11,7 +11,7 @@ namespace mla {
 
 enum class RopeScaling { RopeScaling_none, RopeScaling_yarn };
 // How the R rope lanes are paired: (2i, 2i+1) in checkpoints (DeepSeek, vLLM is_neox_style=False),
-// or (i, i+R/2) "rotate half" (neox). MLA.md §3.
+// or (i, i+R/2) "rotate half" (neox).
 enum class RopeStyle { RopeStyle_interleaved, RopeStyle_neox };
 
 struct YarnParams {
@@ -58,7 +58,8 @@ struct MlaConfig {
 };
 
 double yarn_get_mscale(double scale, double mscale);
-// dim(β) of MLA.md §3 (HF yarn_find_correction_dim).
+// The YaRN correction dimension dim(β): the index of the rope pair that turns β full times over the original
+// context length (HF yarn_find_correction_dim).
 double yarn_correction_dim(double num_rotations, int dim, double base, int original_max_position);
 
 std::vector<std::string> preset_names();

@@ -1,4 +1,4 @@
-// The stage graph of DESIGN.md as data: stages in order, the probes each writes, their global shapes
+// The stage graph (docs/architecture.md) as data: stages in order, the probes each writes, their global shapes
 // and how tensor-parallel ranks hold them. Runner, dumps, compare and reports all read this table.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
-// The MLA weights of one layer, global (unsharded) and FP32, stored [out, in] (MLA.md conventions),
-// and the head-block slices a tensor-parallel rank holds (MLA.md §9).
+// The MLA weights of one layer, global (unsharded) and FP32, stored [out, in] as checkpoints store them,
+// and the head-block slices a tensor-parallel rank holds.
 #pragma once
 #include <vector>
 

@@ -146,7 +146,7 @@ Inputs bench_inputs(const MlaConfig& cfg, const RunSpec& spec, const std::vector
   return in;
 }
 
-// The layer's fewest bytes (PERF.md: 2·N_w + 29,824·T for DeepSeek-V3 prefill at tp 1): every rank's weights
+// The layer's fewest bytes (2·N_w + 29,824·T for DeepSeek-V3 prefill at tp 1): every rank's weights
 // once, x in and h_out out, the cache rows written, and the context rows read.
 double layer_min_bytes(const MlaConfig& c, const RunSpec& spec, const Batch& batch) {
   const double tp = spec.tp, Nl = c.heads / spec.tp, H = c.hidden, Lq = c.q_lora_rank, L = c.kv_lora_rank;
@@ -709,7 +709,7 @@ void print_bench(const BenchResult& r, std::ostream& os) {
      << fmt("%.3f", r.gemm.time.max * 1e3) << "), " << fmt("%.4g", r.gemm.flops * 1e-9) << " GFLOP, "
      << fmt("%.2f", gemm_rate) << " GFLOP/s\n";
   os << "layer: " << fmt("%.2f", r.layer_gflops()) << " GFLOP/s = " << fmt("%.3f", r.fraction_of_gemm())
-     << " of the GEMM ceiling" << (r.engine.rfind("reference", 0) == 0 ? " (issue 2 aims for >= 0.5)" : "") << "\n";
+     << " of the GEMM ceiling" << (r.engine.rfind("reference", 0) == 0 ? " (the reference aims for >= 0.5)" : "") << "\n";
   for (const auto& p : r.probes)
     os << "probe overhead at " << p.level << ": layer " << fmt("%.3f", p.layer_time.median * 1e3) << " ms = "
        << fmt("%.3f", r.layer_time.median > 0 ? p.layer_time.median / r.layer_time.median : 0) << "x the layer without probes\n";

@@ -1,5 +1,5 @@
 // `mla-bisect bench`: times every stage of one layer and the whole layer (probes off, then at each probe
-// level), counts FLOPs with PERF.md's formulas, and measures in the same run the ceiling the figures are
+// level), counts FLOPs with the formulas of stage_flops below, and measures in the same run the ceiling the figures are
 // read against (for the reference: an Eigen GEMM of the largest projection's size).
 #pragma once
 #include <cstdint>
@@ -122,13 +122,13 @@ struct BenchResult {
   double fraction_of_gemm() const { return gemm_gflops() > 0 ? layer_gflops() / gemm_gflops() : 0; }
 };
 
-// FLOPs of one stage of one layer over all ranks (PERF.md): projections 2·rows·in·out (replicated ones once
+// FLOPs of one stage of one layer over all ranks: projections 2·rows·in·out (replicated ones once
 // per rank, as the ranks all compute them); attention_mha 2·N·(D+V)·(n(n+1)/2 + n·ctx) per sequence plus the
 // context's up-projection 2·ctx·L·N·(P+V); attention_mqa 2·N·(2L+R)·(n(n+1)/2 + n·ctx); q_absorb 2·T·N·P·L;
 // v_up 2·T·N·L·V. Elementwise and copy stages count 0.
 double stage_flops(Stage stage, const MlaConfig& cfg, const RunSpec& spec, const Batch& batch);
 // Fewest bytes one stage of one layer moves over all ranks (see StageBench::bytes); attention_mqa by FlashMLA's
-// formula (PERF.md): (ΣL·(L+R) + T·N·(L+R) + T·N·L)·2, plus the lse.
+// formula: (ΣL·(L+R) + T·N·(L+R) + T·N·L)·2, plus the lse.
 double stage_bytes(Stage stage, const MlaConfig& cfg, const RunSpec& spec, const Batch& batch);
 
 BenchResult run_bench(const BenchOptions& options);  // throws UsageError

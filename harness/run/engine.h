@@ -118,7 +118,7 @@ class Engine {
     return {};
   }
 
-  // Plants bugs (BUGS.md) in this engine's own computation. nan-at, hang-at and crash-at are engine-agnostic
+  // Plants bugs (docs/bugs.md) in this engine's own computation. nan-at, hang-at and crash-at are engine-agnostic
   // (the Runner applies them through upload and at stage entry); an engine accepts the others it implements
   // and throws UsageError naming any it cannot plant.
   virtual void set_injections(const std::vector<Injection>& list);

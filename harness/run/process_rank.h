@@ -1,4 +1,4 @@
-// One process per tensor-parallel rank (GitHub issue #7): which rank this process is, of how many, and which GPU
+// One process per tensor-parallel rank: which rank this process is, of how many, and which GPU
 // of its host it takes, from `--rank N|auto` and the launcher's environment (Open MPI, MPICH/Intel MPI, srun, ours).
 #pragma once
 #include <cstdlib>

@@ -66,7 +66,8 @@ MlaConfig config_from_gguf(const Bytes& file, const GgufHeader& h) {
     if (auto v = gguf_get_float(file, h, key("rope.scaling.yarn_beta_fast"))) c.yarn.beta_fast = *v;
     if (auto v = gguf_get_float(file, h, key("rope.scaling.yarn_beta_slow"))) c.yarn.beta_slow = *v;
     // llama.cpp's converter stores 0.1 * mscale_all_dim as yarn_log_multiplier and not mscale itself;
-    // every MLA model has mscale == mscale_all_dim (MLA.md §3-4), so the cos/sin ratio stays 1.
+    // every MLA model has mscale == mscale_all_dim, so the cos/sin ratio get_mscale(s, mscale) / get_mscale(s,
+    // mscale_all_dim) stays 1.
     // The multiplier is an f32: round to 6 significant digits to get the config's decimal back (0.707, 1.0).
     if (auto v = gguf_get_float(file, h, key("rope.scaling.yarn_log_multiplier")))
       c.yarn.mscale_all_dim = std::round(*v / 0.1 * 1e6) / 1e6;

@@ -1,5 +1,5 @@
 // The model config a checkpoint carries: config.json beside safetensors, or GGUF metadata
-// ({arch}.attention.q_lora_rank etc., MLA.md §12). Apart from the loader so that `--model FILE` and the fuzz
+// ({arch}.attention.q_lora_rank etc.). Apart from the loader so that `--model FILE` and the fuzz
 // targets need only the readers.
 #pragma once
 #include <string>

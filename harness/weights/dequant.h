@@ -1,8 +1,8 @@
-// CPU dequantization of every weight format to FP32 (FORMATS.md), the reference the GPU kernels are
+// CPU dequantization of every weight format to FP32, the reference the GPU kernels are
 // compared against. Results are bit-exact with gguf-py's dequantize and with ml_dtypes' conversions: every
 // formula keeps their order of operations (and this file is compiled without FP contraction).
 //
-// The quantized-weight injections of BUGS.md are wrong variants of these functions (DequantBugs): the
+// The quantized-weight injections (docs/bugs.md) are wrong variants of these functions (DequantBugs): the
 // loader selects them when the run asks for them and the weight's format is the one they corrupt.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The element types of weight files (FORMATS.md): safetensors dtypes, ggml type ids with their block sizes,
+// The element types of weight files: safetensors dtypes, ggml type ids with their block sizes,
 // and the storage formats of one linear weight (WeightFormat, the names --weight-format takes).
 #pragma once
 #include <cstdint>
@@ -13,14 +13,14 @@ namespace mla {
 enum class StDtype {
   StDtype_F64, StDtype_F32, StDtype_F16, StDtype_BF16, StDtype_I64, StDtype_I32, StDtype_I16, StDtype_I8,
   StDtype_U8, StDtype_BOOL, StDtype_F8_E4M3, StDtype_F8_E5M2, StDtype_F8_E8M0, StDtype_F4,
-  StDtype_U16, StDtype_U32, StDtype_U64,  // not in FORMATS.md's list; the reference implementation has them
+  StDtype_U16, StDtype_U32, StDtype_U64,  // rarely written; the reference implementation reads them
 };
 std::optional<StDtype> st_dtype_from_name(std::string_view name);
 const char* st_dtype_name(StDtype t);
 int st_dtype_bits(StDtype t);
 std::string st_dtype_names();  // "F64, F32, ..." for error messages
 
-// ggml type ids as GGUF stores them (FORMATS.md; the full table so that files with types we cannot
+// ggml type ids as GGUF stores them (the full table, so that files with types we cannot
 // dequantize still parse and inspect). block: elements per block; type_size: bytes per block.
 struct GgmlTypeInfo {
   uint32_t id;

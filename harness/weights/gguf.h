@@ -1,4 +1,4 @@
-// GGUF (v2/v3) reader (FORMATS.md): header, metadata of every type (nested arrays included), tensor infos,
+// GGUF (v2/v3) reader: header, metadata of every type (nested arrays included), tensor infos,
 // alignment, with every check of the reference reader and its CVE fixes. Metadata values are kept as
 // offsets into the mapping (nothing is copied but keys and tensor names), so memory stays proportional to
 // the number of entries, which the parser bounds by the bytes left before reserving anything.
@@ -58,7 +58,7 @@ struct GgufHeader {
   std::vector<GgufTensorInfo> tensors;   // file order
 };
 
-// Limits beyond FORMATS.md's (the reference reader's) checks, each far above any real file.
+// Limits beyond the reference reader's (ggml's gguf.cpp) checks, each far above any real file.
 constexpr int kGgufMaxArrayDepth = 8;
 constexpr uint64_t kGgufMaxKeyLength = 65535;
 constexpr uint64_t kGgufMaxAlignment = uint64_t{1} << 20;

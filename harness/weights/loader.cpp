@@ -352,7 +352,7 @@ LayerSource gguf_layer(const GgufFile& g, int layer, const MlaConfig& cfg, bool 
   linear(b + "attn_kv_a_mqa.weight", "kv_a_proj");
   norm(b + "attn_kv_a_norm.weight", "kv_a_norm");
   if (g.find(b + "attn_k_b.weight") && g.find(b + "attn_v_b.weight")) {
-    // attn_k_b: [N, L, P] (W_UK_h transposed, ne [P, L, N]); attn_v_b: [N, V, L] (ne [L, V, N]); MLA.md §12.
+    // attn_k_b: [N, L, P] (W_UK_h transposed, ne [P, L, N]); attn_v_b: [N, V, L] (ne [L, V, N]).
     const int64_t N = cfg.heads, L = cfg.kv_lora_rank, P = cfg.qk_nope, V = cfg.v_head;
     const auto& kb = gguf_tensor(g, b + "attn_k_b.weight");
     const auto& vb = gguf_tensor(g, b + "attn_v_b.weight");

@@ -1,7 +1,7 @@
 // From --weights / --weight-format / --layer-range to the per-layer FP32 LayerWeights a run uses: synthetic
 // weights (optionally quantized into a format and back), or a checkpoint (safetensors file or directory,
-// GGUF) mapped by name (HF and GGUF naming of MLA.md §12), checked against the model config, dequantized.
-// The quantized-weight injections of BUGS.md are planted here, as wrong dequantization.
+// GGUF) mapped by name (HF and GGUF tensor names), checked against the model config, dequantized.
+// The quantized-weight injections (docs/bugs.md) are planted here, as wrong dequantization.
 #pragma once
 #include <map>
 #include <string>

@@ -1,5 +1,5 @@
 // Read-only memory-mapped files and bounds-checked byte access for the weight parsers. Weight files are
-// untrusted (FORMATS.md): every read checks offset + len <= size (without overflow) before touching a byte,
+// untrusted: every read checks offset + len <= size (without overflow) before touching a byte,
 // and a failed check is a UsageError naming the file, what was being read and the offset.
 #pragma once
 #include <cstdint>

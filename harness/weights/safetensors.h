@@ -1,4 +1,4 @@
-// safetensors reader (FORMATS.md): one file, or a sharded checkpoint through model.safetensors.index.json.
+// safetensors reader: one file, or a sharded checkpoint through model.safetensors.index.json.
 // The header is parsed with every check of the reference implementation; tensor bytes stay in the mapping
 // and are only touched when a tensor is asked for.
 #pragma once

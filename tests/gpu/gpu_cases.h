@@ -97,8 +97,8 @@ inline std::vector<Case> long_cases() {
   return v;
 }
 
-// The numbered fallbacks (STYLE.md habit 6): version 1 of attention_mha and attention_mqa on the tiny cases
-// and on the long tiny ones.
+// The numbered fallbacks (each kernel keeps its simple version 1 as a fallback and a check): version 1 of
+// attention_mha and attention_mqa on the tiny cases and on the long tiny ones.
 inline std::vector<Case> fallback_cases() {
   std::vector<Case> v;
   for (auto c : tiny_cases()) v.push_back(c);

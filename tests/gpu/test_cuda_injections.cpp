@@ -1,4 +1,4 @@
-// The bug zoo on the CUDA engine (BUGS.md, issue 5): every entry that applies to a GPU path is planted in the
+// The bug zoo on the CUDA engine (docs/bugs.md): every entry that applies to a GPU path is planted in the
 // CUDA engine's own kernels, and it is the same bug the reference plants — a CUDA run with the bug equals the
 // reference run with the same bug at the calibrated bf16 tolerance, probe by probe. Then the harness end to
 // end: `mla-bisect zoo --candidate cuda` localizes every entry (tiny, tp 1 and 2) and flags no clean run, and
@@ -25,7 +25,7 @@
 namespace mla::gputest {
 namespace {
 
-// The entries of BUGS.md this engine plants (all but the quantized-weight ones).
+// The entries of docs/bugs.md this engine plants (all but the quantized-weight ones).
 const std::vector<std::string> kGpuEntries = {
     "rope-neox",      "rope-mscale",   "position-offset", "softmax-scale",  "causal-off",
     "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reads an mla-bisect dump with h5py, as any outside tool would, and checks the documented layout
-(DESIGN.md "Probes and the dump", schema_version 1) against a JSON sidecar of what the C++ side recorded.
+(docs/dump-format.md, schema_version 1) against a JSON sidecar of what the C++ side recorded.
 
     check_dump_layout.py DUMP.h5 SIDECAR.json
 

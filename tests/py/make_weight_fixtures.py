@@ -5,8 +5,8 @@ GGUF files come from llama.cpp's own writer (gguf.GGUFWriter) with blocks from g
 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, BF16) or random blocks with finite scales (K-quants, NVFP4); the
 expected FP32 values are gguf.quants.dequantize's. safetensors files come from safetensors.numpy with
 ml_dtypes arrays; the expected values are ml_dtypes' conversions (and numpy float32 arithmetic for the
-scaled formats, in the order FORMATS.md gives). Expected arrays are raw little-endian float32 files;
-manifest.json says what each one is.
+scaled formats, in the order their reference implementations apply the scales). Expected arrays are raw
+little-endian float32 files; manifest.json says what each one is.
 
     make_weight_fixtures.py OUTDIR      exit 0: written; exit 3: a module is missing (message on stderr)
 """

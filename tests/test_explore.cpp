@@ -245,3 +245,88 @@ TEST_F(Explore, RealTerminalThroughTmux) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Sketch-level dumps (bisect's default): explore's per-head numbers are estimates, labelled, and agree with bisect
+// ---------------------------------------------------------------------------------------------------
+
+// "K of N" after `what` in `out` (the first match), as {K, N}; {-1, -1} when absent.
+std::pair<int, int> k_of_n(const std::string& out, const std::string& what) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(what + R"(\s+(\d+) of (\d+))"))) return {-1, -1};
+  return {std::stoi(m[1]), std::stoi(m[2])};
+}
+
+class ExploreSketch : public ::testing::Test {
+ protected:
+  // A bisect on sketch-level dumps (tp 2: the rope bug is on every head of both ranks); its dumps are explored.
+  static void SetUpTestSuite() {
+    dir_ = (std::filesystem::temp_directory_path() / ("mla_explore_sketch_" + std::to_string(getpid()))).string();
+    std::filesystem::create_directories(dir_);
+    bisect_ = run_shell(bin() + " bisect --model tiny --tokens 8 --tp 2 --candidate reference:precision=bf16 "
+                        "--inject rope-neox --workdir " + dir_ + " 2>&1");
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+  static Result session(const std::string& script, const std::string& a = "candidate.h5",
+                        const std::string& b = "reference.h5") {
+    return run_shell(bin() + " explore " + dir_ + "/" + a + " " + dir_ + "/" + b + " 2>&1 <<'EOF'\n" + script + "\nEOF\n");
+  }
+  static std::string dir_;
+  static Result bisect_;
+};
+std::string ExploreSketch::dir_;
+Result ExploreSketch::bisect_;
+
+TEST_F(ExploreSketch, HeadsAreEstimatedAllOffAndShowAgreesWithBisect) {
+  ASSERT_EQ(bisect_.exit_code, 1) << bisect_.out;
+  const auto from_bisect = k_of_n(bisect_.out, "heads:");
+  ASSERT_GT(from_bisect.second, 0) << bisect_.out;
+  EXPECT_EQ(from_bisect.first, from_bisect.second) << "bisect (full tensors): the rope bug is on every head\n"
+                                                   << bisect_.out;
+
+  const auto r = session("show q_pe_rope\nheads\nheatmap\n");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string& o = r.out;
+  EXPECT_NE(o.find("sketch"), std::string::npos) << "the dumps are sketch-level\n" << o;
+  // show's drill-down counts the same heads off as bisect, and says the count is an estimate.
+  EXPECT_EQ(k_of_n(o, "heads:"), from_bisect) << o;
+  EXPECT_TRUE(std::regex_search(o, std::regex(R"(heads:\s+\d+ of \d+ off.*estimate \(from sketches/norms\))"))) << o;
+  EXPECT_TRUE(std::regex_search(o, std::regex(R"(\n\s+rel_l2\s+[0-9.e+-]+ .*estimate \(from sketches/norms\))"))) << o;
+  EXPECT_TRUE(std::regex_search(o, std::regex(R"(diagnosis \(\w+ confidence, on estimate \(from sketches/norms\)\))"))) << o;
+  // heads: every head above the tolerance, labelled an estimate.
+  EXPECT_NE(o.find("rel_l2 per head, layer 0 q_pe_rope (estimate (from sketches/norms)"), std::string::npos) << o;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o, m, std::regex(R"(\n\s+(\d+) of (\d+) heads off\s+\[estimate)"))) << o;
+  EXPECT_EQ(m[1], m[2]) << o;
+  EXPECT_EQ(std::stoi(m[2]), from_bisect.second) << o;
+  // heatmap from the same estimate: the later tokens are above the tolerance in every head.
+  const auto hm = section(o, "heatmap of layer 0 q_pe_rope", "scale:");
+  ASSERT_GE(hm.size(), 11u) << o;
+  EXPECT_NE(hm[0].find("estimate (from sketches/norms)"), std::string::npos) << hm[0];
+  EXPECT_TRUE(std::regex_search(o, std::regex(R"(\n\s+7 [+*#%@]+\n)"))) << "token 7 off in every head\n" << o;
+}
+
+TEST_F(ExploreSketch, WorstSaysHowToGetFullTensorsAndThoseCommandsWork) {
+  ASSERT_EQ(bisect_.exit_code, 1) << bisect_.out;
+  const auto r = session("worst q_pe_rope 3\nslice\nchannels\n");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string& o = r.out;
+  EXPECT_NE(o.find("worst elements need full tensors in both dumps"), std::string::npos) << o;
+  EXPECT_NE(o.find("--full-probes q_pe_rope"), std::string::npos) << o;
+  EXPECT_NE(o.find("slice needs full tensors in both dumps"), std::string::npos) << o;
+  EXPECT_NE(o.find("a per-channel map needs full tensors in both dumps"), std::string::npos) << o;
+  EXPECT_NE(o.find("the worst tokens instead (estimate (from sketches/norms))"), std::string::npos) << o;
+  // The commands it prints make the dumps that answer `worst` with elements.
+  std::istringstream is(o);
+  std::vector<std::string> runs;
+  for (std::string l; std::getline(is, l);)
+    if (l.rfind("    mla-bisect run ", 0) == 0 && runs.size() < 2) runs.push_back(l.substr(std::string("    mla-bisect").size()));
+  ASSERT_EQ(runs.size(), 2u) << o;
+  for (auto& c : runs) {
+    const auto rr = run_shell(bin() + c + " --quiet 2>&1");
+    ASSERT_EQ(rr.exit_code, 0) << c << "\n" << rr.out;
+  }
+  const auto full = session("worst q_pe_rope 3\n", "candidate.full.h5", "reference.full.h5");
+  ASSERT_EQ(full.exit_code, 0) << full.out;
+  EXPECT_NE(full.out.find("worst 3 elements of layer 0 q_pe_rope"), std::string::npos) << full.out;
+}

@@ -153,6 +153,27 @@ TEST(ReplayCli, CaptureThatCannotBeReplayedIsRefusedWithWhatAndWhere) {
   }
 }
 
+TEST(ReplayCli, ExploreIsolatesACaptureOnItsOwnInputs) {
+  // A capture from another system (its engine cannot run here): replay writes the reference's dump, and explore's
+  // isolate re-runs the reference's stage on the capture's own inputs instead of re-running the candidate.
+  MLA_REQUIRE_CAPTURE();
+  const auto path = edited(cap.buggy, "hf_capture.h5", [](Dump& d) {
+    d.meta.engine = "hf-transformers";
+    d.meta.engine_options.clear();
+    d.meta.inject.clear();
+  });
+  const auto ref = cap.dir / "hf_reference.h5";
+  const CliResult r = mla("replay '" + path.string() + "' --weights '" + cap.ckpt.string() + "' --layer 1 --quiet "
+                          "--brief --reference-out '" + ref.string() + "'");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  ASSERT_TRUE(fs::exists(ref)) << r.out;
+  const CliResult e = test::run_shell("printf 'isolate q_pe_rope\\nquit\\n' | '" MLA_BINARY "' explore '" +
+                                      path.string() + "' '" + ref.string() + "' 2>&1");
+  EXPECT_NE(e.out.find("fed the capture's own inputs"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("introduced by stage rope: on the candidate's own inputs"), std::string::npos) << e.out;
+  EXPECT_EQ(e.out.find("unknown engine"), std::string::npos) << e.out;
+}
+
 TEST(ReplayCli, ConfigDifferencesNameEachField) {
   MlaConfig a = *find_preset("deepseek-v3"), b = a;
   EXPECT_TRUE(config_differences(a, b).empty());

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -30,9 +31,6 @@ struct Explorer::Sides {
 };
 
 namespace {
-
-constexpr const char* kNeedFull =
-    "needs full tensors in both dumps (make them with --probe-level full, or --full-probes PROBE)";
 
 std::vector<std::string> split_words(const std::string& line) {
   std::istringstream is(line);
@@ -103,6 +101,131 @@ std::string basis_words(const std::string& basis) {
   return basis.empty() ? "-" : basis;
 }
 
+// The per-head error of a probe recorded without full tensors. A head's norms give its norm error exactly,
+// (‖a_h‖−‖b_h‖)²; what a rotation or a mixing of lanes leaves (the angle between a_h and b_h) shows only in the
+// sketch of a whole shard (one per token and rank: E‖S(a−b)‖² = ‖a−b‖²). That angle part, the sketch's estimate
+// less the heads' norm errors, is shared among the shard's heads in proportion to ‖a_h‖‖b_h‖ (the same cosine in
+// every head of the shard). Exact for norm errors; an angle error confined to some heads of one shard is spread
+// over all of that shard's heads. Without sketches only the norm part is left: a lower bound.
+struct HeadEstimate {
+  int64_t T = 0, N = 0;
+  int groups = 1;                 // shards the angle part was measured on (ranks of a heads probe, else 1)
+  bool sketched = false;          // the angle part came from sketches
+  std::vector<double> cell;       // [T, N] rel error
+  std::vector<double> head;       // [N]
+  std::vector<double> group_rel;  // [groups] (from the sketches)
+};
+
+std::optional<HeadEstimate> estimate_heads(const DumpProbe* pa, const DumpProbe* pb, const Gathered& a,
+                                           const Gathered& b) {
+  if (!pa || !pb || pb->heads_axis < 0 || a.head_l2.empty() || a.head_l2.size() != b.head_l2.size()) return std::nullopt;
+  HeadEstimate e;
+  e.N = pb->shape[pb->heads_axis];
+  if (e.N <= 0) return std::nullopt;
+  e.T = static_cast<int64_t>(b.head_l2.size()) / e.N;
+  const int64_t T = e.T, N = e.N;
+  // The angle part per (token, shard): each rank's own sketch of its heads when both sides hold the heads
+  // sharded alike, else the global sketch over all heads.
+  const size_t tp = pb->ranks.size();
+  const auto sk = [](const ProbeRecord& r, int64_t T) { return static_cast<int64_t>(r.sketch.size()) == T * kSketchDim; };
+  bool per_rank = pb->contract == "heads" && tp > 1 && pa->ranks.size() == tp && N % static_cast<int64_t>(tp) == 0;
+  for (size_t k = 0; per_rank && k < tp; ++k) per_rank = sk(pa->ranks[k], T) && sk(pb->ranks[k], T);
+  e.groups = per_rank ? static_cast<int>(tp) : 1;
+  const int64_t per = N / e.groups;
+  std::vector<double> d2(T * e.groups, -1), s2(T * e.groups, 0);  // sketch ‖S(a−b)‖², ‖Sb‖² per (token, shard)
+  auto lanes = [&](const float* x, const float* y, int64_t t, int g) {
+    double d = 0, n = 0;
+    for (int k = 0; k < kSketchDim; ++k) {
+      const double u = x[t * kSketchDim + k], v = y[t * kSketchDim + k];
+      if (!std::isfinite(u) || !std::isfinite(v)) continue;
+      d += (u - v) * (u - v);
+      n += v * v;
+    }
+    d2[t * e.groups + g] = d;
+    s2[t * e.groups + g] = n;
+  };
+  if (per_rank) {
+    for (int g = 0; g < e.groups; ++g)
+      for (int64_t t = 0; t < T; ++t) lanes(pa->ranks[g].sketch.data(), pb->ranks[g].sketch.data(), t, g);
+    e.sketched = true;
+  } else if (a.sketch && b.sketch && a.sketch_rows.size() == b.sketch_rows.size() &&
+             static_cast<int64_t>(b.sketch_rows.size()) == T * kSketchDim) {
+    for (int64_t t = 0; t < T; ++t) lanes(a.sketch_rows.data(), b.sketch_rows.data(), t, 0);
+    e.sketched = true;
+  }
+  std::vector<double> err2(T * N, 0), ref2(T * N, 0);
+  std::vector<char> bad(T * N, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int g = 0; g < e.groups; ++g) {
+      double norm_part = 0, weight = 0;
+      for (int64_t h = g * per; h < (g + 1) * per; ++h) {
+        const double x = a.head_l2[t * N + h], y = b.head_l2[t * N + h];
+        if (!std::isfinite(x) || !std::isfinite(y)) {
+          bad[t * N + h] = std::isfinite(x) != std::isfinite(y) || std::isnan(x) != std::isnan(y);
+          continue;
+        }
+        err2[t * N + h] = (x - y) * (x - y);
+        ref2[t * N + h] = y * y;
+        norm_part += err2[t * N + h];
+        weight += x * y;
+      }
+      const double dd = d2[t * e.groups + g];
+      if (dd < 0) continue;  // no sketch: the norm part alone
+      const double angle = std::max(0.0, dd - norm_part);
+      for (int64_t h = g * per; h < (g + 1) * per; ++h) {
+        const double x = a.head_l2[t * N + h], y = b.head_l2[t * N + h];
+        if (!std::isfinite(x) || !std::isfinite(y)) continue;
+        const double w = weight > 0 ? x * y / weight : 1.0 / per;
+        err2[t * N + h] = std::min(err2[t * N + h] + w * angle, (x + y) * (x + y));  // |a−b| <= |a| + |b|
+      }
+    }
+  std::vector<double> hd(N, 0), hb(N, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < N; ++h) {
+      const int64_t c = t * N + h;
+      e.cell.push_back(bad[c] ? NAN : rel(err2[c], ref2[c]));
+      hd[h] += bad[c] ? INFINITY : err2[c];
+      hb[h] += ref2[c];
+    }
+  for (int64_t h = 0; h < N; ++h) e.head.push_back(std::isfinite(hd[h]) ? rel(hd[h], hb[h]) : NAN);
+  if (e.sketched && e.groups > 1)
+    for (int g = 0; g < e.groups; ++g) {
+      double d = 0, n = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        d += d2[t * e.groups + g];
+        n += s2[t * e.groups + g];
+      }
+      e.group_rel.push_back(rel(d, n));
+    }
+  return e;
+}
+
+// The dump's own command line with --full-probes PROBE added and --out pointing beside the dump: the run that makes
+// the same dump with this probe in full.
+std::string full_command(const Dump& d, const std::string& probe) {
+  std::istringstream is(d.meta.command);
+  std::vector<std::string> w;
+  for (std::string x; is >> x;) w.push_back(x);
+  if (w.empty()) return "";
+  std::string out, cmd;
+  for (size_t k = 0; k < w.size(); ++k) {
+    if ((w[k] == "--full-probes" || w[k] == "--out") && k + 1 < w.size()) {
+      if (w[k] == "--out") out = w[k + 1];
+      ++k;
+      continue;
+    }
+    if (w[k] == "--quiet" || w[k] == "--watchdog") {  // bisect's child options: not what a person types
+      if (w[k] == "--watchdog") ++k;
+      continue;
+    }
+    cmd += (cmd.empty() ? "" : " ") + w[k];
+  }
+  if (out.empty()) out = d.path;
+  const auto dot = out.rfind(".h5");
+  out = (dot == std::string::npos ? out : out.substr(0, dot)) + ".full.h5";
+  return cmd + " --full-probes " + probe + " --out " + out;
+}
+
 }  // namespace
 
 const std::vector<std::pair<std::string, std::string>>& Explorer::commands() {
@@ -164,6 +287,46 @@ const Explorer::Sides& Explorer::sides(int i) {
   return *slot;
 }
 
+const Metrics& Explorer::metrics(int i) {
+  if (auto it = metrics_.find(i); it != metrics_.end()) return it->second;
+  const auto& r = rep_.results[i];
+  Metrics m = r.m;
+  if (m.basis != "full" && r.matched()) {
+    const Sides& s = sides(i);
+    if (auto e = estimate_heads(cand_.find(r.layer, r.name), ref_.find(r.layer, r.name), s.a, s.b)) {
+      m.head_rel = e->head;
+      m.token_head_rel = e->cell;
+      if (m.rank_rel.empty()) {
+        if (!e->group_rel.empty()) m.rank_rel = e->group_rel;
+        else if (e->sketched && std::max(1, s.a.tp) == 1) m.rank_rel = {m.rel_l2};  // one rank: the whole probe
+      }
+    }
+  }
+  return metrics_[i] = std::move(m);
+}
+
+std::string Explorer::basis_label(int i) {
+  const std::string& b = rep_.results[i].m.basis;
+  if (b == "full") return "full tensors";
+  if (b == "sketch") return "estimate (from sketches/norms)";
+  if (b.rfind("stats", 0) == 0) return "lower bound (from norms)";
+  return b.empty() ? "-" : b;
+}
+
+std::string Explorer::how_to_get_full(int i) const {
+  const auto& r = rep_.results[i];
+  std::string s = "for full tensors of " + r.name + ", run both sides again with --full-probes " + r.name +
+                  " (or --probe-level full for every probe) and explore the new pair";
+  const std::string c = full_command(cand_, r.name), b = full_command(ref_, r.name);
+  if (!c.empty() && !b.empty()) {
+    const auto out = [](const std::string& cmd) { return cmd.substr(cmd.rfind(" --out ") + 7); };
+    s += ":\n    " + c + "\n    " + b + "\n    mla-bisect explore " + out(c) + " " + out(b);
+  }
+  s += "\n  (isolate, here, re-runs the stage in this process and judges it on full tensors, but keeps no tensors "
+       "for worst, slice or channels)";
+  return s;
+}
+
 void Explorer::print_intro() {
   os_ << "candidate  " << cand_.path << "  " << engine_text(cand_) << "  (" << cand_.status << ")\n";
   os_ << "reference  " << ref_.path << "  " << engine_text(ref_) << "  (" << ref_.status << ")\n";
@@ -172,7 +335,8 @@ void Explorer::print_intro() {
   os_ << rep_.results.size() << " probes compared, " << n_div << " beyond tolerance\n";
   if (rep_.first_divergence >= 0) {
     const auto& r = rep_.results[rep_.first_divergence];
-    os_ << "first divergence: layer " << r.layer << " " << r.name << " (stage " << r.stage << "): " << r.why << "\n";
+    os_ << "first divergence: layer " << r.layer << " " << r.name << " (stage " << r.stage << "): " << r.why
+        << (r.m.basis == "full" ? "" : "  [" + basis_label(rep_.first_divergence) + "]") << "\n";
   } else if (rep_.exit_code() == 0) {
     os_ << "no divergence: every probe within its tolerance\n";
   }
@@ -323,11 +487,13 @@ void Explorer::print_card(int i, const std::string& title) {
   const auto& r = rep_.results[i];
   os_ << "[" << title << "] layer " << r.layer << " " << r.name << "  (stage " << r.stage << ", " << r.contract << ", "
       << shape_string(r.shape) << ")" << (i == rep_.first_divergence ? "  <- first divergence" : "") << "\n";
-  os_ << "  " << verdict_name(r.verdict) << ": " << r.why << "\n";
+  os_ << "  " << verdict_name(r.verdict) << ": " << r.why
+      << (r.m.basis == "full" || !r.matched() ? "" : "  [" + basis_label(i) + "]") << "\n";
   os_ << "  tolerance: " << r.tol.origin << "\n";
   if (divergent(i)) {
-    const Diagnosis dg = diagnose(r, r.m, r.tol, batch_, rep_);
-    os_ << "  diagnosis (" << dg.confidence << " confidence): " << dg.pattern << "\n";
+    const Diagnosis dg = diagnose(r, metrics(i), r.tol, batch_, rep_);
+    os_ << "  diagnosis (" << dg.confidence << " confidence" << (r.m.basis == "full" ? "" : ", on " + basis_label(i))
+        << "): " << dg.pattern << "\n";
   }
   os_ << "  (show, heatmap, worst, slice, isolate look closer)\n";
 }
@@ -378,7 +544,8 @@ void Explorer::cmd_first() {
 
 void Explorer::cmd_show(int i) {
   const auto& r = rep_.results[i];
-  const Metrics& m = r.m;
+  const Metrics& m = metrics(i);
+  const bool est = m.basis != "full";
   os_ << "layer " << r.layer << " " << r.name << ": stage " << r.stage << ", contract " << r.contract << ", shape "
       << shape_string(r.shape) << "   " << verdict_name(r.verdict)
       << (i == rep_.first_divergence ? "  (first divergence)" : "") << "\n";
@@ -388,11 +555,12 @@ void Explorer::cmd_show(int i) {
   }
   const auto w = [](const char* s) { return pad(std::string("  ") + s, 14); };
   os_ << w("basis") << basis_words(m.basis) << "\n";
+  const std::string tag = est ? "  [" + basis_label(i) + "]" : "";
   os_ << w("rel_l2") << fmt_num(m.rel_l2) << "   cosine " << fmt_num(m.cosine, 6) << "   norm ratio "
-      << fmt_num(m.norm_ratio, 5) << "   nmse " << fmt_num(m.nmse) << "\n";
+      << fmt_num(m.norm_ratio, 5) << "   nmse " << fmt_num(m.nmse) << tag << "\n";
   if (!m.token_rel.empty()) {
     const auto worst_t = std::max_element(m.token_rel.begin(), m.token_rel.end()) - m.token_rel.begin();
-    os_ << w("worst token") << "rel_l2 " << fmt_num(m.max_token_rel) << " at token " << worst_t << "\n";
+    os_ << w("worst token") << "rel_l2 " << fmt_num(m.max_token_rel) << " at token " << worst_t << tag << "\n";
   }
   if (m.basis == "full") {
     os_ << w("max |a-b|") << fmt_num(m.max_abs) << " at " << m.max_at.to_string() << " (candidate "
@@ -403,23 +571,27 @@ void Explorer::cmd_show(int i) {
       << m.nan_a << "/" << m.nan_b << ", Inf " << m.inf_a << "/" << m.inf_b << ")\n";
   os_ << w("tolerance") << "rel_l2 " << fmt_num(r.tol.rel_l2) << ", worst token " << fmt_num(r.tol.token_rel) << "\n";
   os_ << w("  origin") << r.tol.origin << "\n";
-  os_ << w("verdict") << verdict_name(r.verdict) << ": " << r.why << "\n";
+  os_ << w("verdict") << verdict_name(r.verdict) << ": " << r.why << (est && r.matched() ? tag : "") << "\n";
   for (auto& p : r.problems) os_ << w("problem") << p << "\n";
   const DrillDown dd = drill_down(r, m, r.tol);
   if (!dd.lines.empty()) {
-    os_ << "drill-down\n";
-    for (auto& l : dd.lines) os_ << "  " << l << "\n";
+    os_ << "drill-down" << (est ? " (" + basis_label(i) + ")" : "") << "\n";
+    for (auto& l : dd.lines) {
+      const bool counted = l.rfind("ranks:", 0) == 0 || l.rfind("heads:", 0) == 0 || l.rfind("tokens:", 0) == 0;
+      os_ << "  " << l << (est && counted ? "  [" + basis_label(i) + "]" : "") << "\n";
+    }
   }
   if (divergent(i)) {
     const Diagnosis dg = diagnose(r, m, r.tol, batch_, rep_);
-    os_ << "diagnosis (" << dg.confidence << " confidence): " << dg.pattern << "\n";
+    os_ << "diagnosis (" << dg.confidence << " confidence" << (est ? ", on " + basis_label(i) : "")
+        << "): " << dg.pattern << "\n";
     for (auto& e : dg.evidence) os_ << "  - " << e << "\n";
   }
 }
 
 void Explorer::cmd_heads(int i) {
   const auto& r = rep_.results[i];
-  const auto& m = r.m;
+  const auto& m = metrics(i);
   if (m.head_rel.empty()) {
     const DumpProbe* p = sides(i).spec;
     os_ << r.name << (p && p->heads_axis < 0 ? " has no heads axis (" + r.contract + " " + shape_string(r.shape) + ")"
@@ -429,8 +601,12 @@ void Explorer::cmd_heads(int i) {
   }
   const int64_t N = static_cast<int64_t>(m.head_rel.size());
   const int tp = std::max(1, sides(i).a.tp);
-  os_ << "rel_l2 per head, layer " << r.layer << " " << r.name << " ("
-      << (m.basis == "full" ? "full tensors" : "per-head norms: a lower bound") << ")\n";
+  os_ << "rel_l2 per head, layer " << r.layer << " " << r.name << " (" << basis_label(i);
+  if (m.basis == "sketch")
+    os_ << ": each head's norm error, plus its share of its " << (tp > 1 ? "rank's" : "token's")
+        << " sketched error by ||a_h||*||b_h||; which heads of one " << (tp > 1 ? "rank" : "token")
+        << " hold a norm-preserving error cannot be told apart without full tensors";
+  os_ << ")\n";
   std::vector<int64_t> starts;
   const auto merged = merge_max(m.head_rel, style_.height, &starts);
   std::vector<Bar> bars;
@@ -442,17 +618,20 @@ void Explorer::cmd_heads(int i) {
     bars.push_back(b);
   }
   os_ << render_bars(bars, r.tol.rel_l2, style_.color, style_.width);
+  const auto off = std::count_if(m.head_rel.begin(), m.head_rel.end(), [&](double v) { return !(v <= r.tol.rel_l2); });
+  os_ << "  " << off << " of " << N << " heads off" << (m.basis == "full" ? "" : "  [" + basis_label(i) + "]") << "\n";
 }
 
 void Explorer::cmd_tokens(int i) {
   const auto& r = rep_.results[i];
-  const auto& m = r.m;
+  const auto& m = metrics(i);
   if (m.token_rel.empty()) {
     os_ << r.name << ": no per-token map\n";
     return;
   }
   const int64_t T = static_cast<int64_t>(m.token_rel.size());
-  os_ << "rel_l2 per token, layer " << r.layer << " " << r.name << " (" << basis_words(m.basis)
+  os_ << "rel_l2 per token, layer " << r.layer << " " << r.name << " ("
+      << (m.basis == "sketch" ? basis_label(i) + ": each token's 32-lane sketch, about +-25%" : basis_label(i))
       << "; tolerance = worst-token tolerance)\n";
   std::vector<int64_t> starts;
   const auto merged = merge_max(m.token_rel, style_.height, &starts);
@@ -519,11 +698,11 @@ void Explorer::cmd_ranks(int i) {
           d2 += std::pow(static_cast<double>(ra.sketch[e]) - rb.sketch[e], 2);
           b2 += std::pow(static_cast<double>(rb.sketch[e]), 2);
         }
-        how = what + ", sketches";
+        how = what + ", estimate (from sketches)";
       } else {
         d2 = std::pow(ra.l2 - rb.l2, 2);
         b2 = rb.l2 * rb.l2;
-        how = what + ", norms: a lower bound";
+        how = what + ", lower bound (from norms)";
       }
       Bar bar{"rank " + std::to_string(k), rel(d2, b2), ""};
       if (r.contract == "heads" && pa->heads_axis >= 0) {
@@ -551,8 +730,9 @@ void Explorer::cmd_channels(int i) {
     if (!dd.channels.empty()) os_ << "  => " << dd.channels << "\n";
   };
   if (!s.full()) {
-    os_ << "channels of layer " << r.layer << " " << r.name << ": a per-channel map " << kNeedFull << "\n";
-    groups();
+    os_ << "channels of layer " << r.layer << " " << r.name << ": a per-channel map needs full tensors in both dumps; "
+        << how_to_get_full(i) << "\n";
+    if (r.m.rope_rel >= 0 || r.m.first_half_rel >= 0) groups();
     return;
   }
   const Layout L = layout_of(*s.spec, s.b.data.numel(), s.a.tp);
@@ -639,21 +819,20 @@ void Explorer::cmd_heatmap(int i) {
       }
       what = r.name + " has no heads axis: token x channel, |a-b| relative to the token's rms, full tensors";
     }
-  } else if (s.spec && s.spec->heads_axis >= 0 && !s.a.head_l2.empty() && s.a.head_l2.size() == s.b.head_l2.size()) {
+  } else if (const Metrics& m = metrics(i); s.spec && s.spec->heads_axis >= 0 && !m.token_head_rel.empty()) {
     const int64_t N = s.spec->shape[s.spec->heads_axis];
-    g.rows = static_cast<int64_t>(s.b.head_l2.size()) / std::max<int64_t>(1, N);
+    g.rows = static_cast<int64_t>(m.token_head_rel.size()) / std::max<int64_t>(1, N);
     g.cols = N;
-    for (size_t c = 0; c < s.b.head_l2.size(); ++c) {
-      const double x = s.a.head_l2[c], y = s.b.head_l2[c];
-      g.v.push_back(std::isfinite(x) && std::isfinite(y) ? (y > 0 ? std::fabs(x - y) / y : (x > 0 ? INFINITY : 0)) : NAN);
-    }
-    what = "per-(token, head) norms |‖a‖-‖b‖|/‖b‖ (no full tensors: a lower bound of the error)";
+    g.v = m.token_head_rel;
+    what = "rel error per (token, head), " + basis_label(i) +
+           (m.basis == "sketch" ? ": each head's norm error plus its share of its shard's sketched error (heads explains)"
+                                : ": each head's norm error");
   } else if (!r.m.token_rel.empty()) {
     g.rows = static_cast<int64_t>(r.m.token_rel.size());
     g.cols = 1;
     g.col_name = "all";
     g.v = r.m.token_rel;
-    what = "per token only (" + basis_words(r.m.basis) + "; no full tensors, no per-head norms)";
+    what = "per token only (" + basis_label(i) + "; no full tensors, no per-head norms)";
   } else {
     os_ << r.name << ": nothing to draw\n";
     return;
@@ -672,7 +851,8 @@ void Explorer::cmd_slice(int i, const std::vector<std::string>& args) {
   const auto& r = rep_.results[i];
   const Sides& s = sides(i);
   if (!s.full()) {
-    os_ << "slice " << kNeedFull << "\n";
+    os_ << "slice needs full tensors in both dumps: these hold " << basis_words(r.m.basis) << "; " << how_to_get_full(i)
+        << "\n";
     return;
   }
   const Layout L = layout_of(*s.spec, s.b.data.numel(), s.a.tp);
@@ -739,7 +919,8 @@ void Explorer::cmd_worst(int i, int n) {
   n = std::clamp(n, 1, 10000);
   if (!s.full()) {
     // Without elements, the worst tokens are what the dumps can tell.
-    os_ << "worst elements " << kNeedFull << "; the worst tokens instead (" << basis_words(r.m.basis) << "):\n";
+    os_ << "worst elements need full tensors in both dumps; " << how_to_get_full(i) << "\nthe worst tokens instead ("
+        << basis_label(i) << "):\n";
     std::vector<int64_t> idx(r.m.token_rel.size());
     std::iota(idx.begin(), idx.end(), 0);
     std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return r.m.token_rel[a] > r.m.token_rel[b]; });

@@ -43,6 +43,13 @@ class Explorer {
   // PROBE, PROBE@LAYER, or empty for the current probe; -1 (and a message) when there is no such probe.
   int resolve(const std::string& probe, int layer = -1);
   const Sides& sides(int index);
+  // The probe's metrics as every command reads them: the comparison's, and on dumps without full tensors the
+  // per-head, per-(token, head) and per-rank maps estimated from the recorded sketches and per-head norms.
+  const Metrics& metrics(int index);
+  // What a number of metrics(index) rests on, in words: "full tensors", "estimate (from sketches/norms)", ...
+  std::string basis_label(int index);
+  // How to make the dumps that hold this probe in full (the runs' own command lines, with --full-probes).
+  std::string how_to_get_full(int index) const;
   bool divergent(int index) const;
   void print_card(int index, const std::string& title);
 
@@ -68,6 +75,7 @@ class Explorer {
   ExploreStyle style_;
   int cur_ = -1;
   std::map<int, std::unique_ptr<Sides>> sides_;
+  std::map<int, Metrics> metrics_;  // metrics(index), made once
   std::optional<Dump> ref_full_;  // the FP32 reference run isolation feeds from (made once)
 };
 

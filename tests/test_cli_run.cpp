@@ -214,6 +214,12 @@ TEST(CliRun, BadUsageExits2) {
       {"run --model tiny --probe-level everything", {"everything"}},
       {"run --model tiny --engine warp-drive", {"warp-drive"}},
       {"run --model tiny --no-such-flag", {"no-such-flag"}},
+      // Injections that would plant nothing: named so, never a silent clean run.
+      {"run --model tiny --inject nan-at:bogus:0", {"'bogus' is not a probe", "q_pe_rope"}},
+      {"run --model tiny --inject hang-at:nostage", {"hang-at:nostage", "unknown stage 'nostage'"}},
+      {"run --model tiny --inject crash-at:rope@-1", {"rank after '@' must be >= 0"}},
+      {"run --model tiny --inject nan-at:q_a:0@9", {"rank 9 does not exist at --tp 1"}},
+      {"run --model tiny --inject ,,,", {"no injection named"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);

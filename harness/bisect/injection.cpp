@@ -1,7 +1,10 @@
 // Injection parsing and the zoo table (docs/bugs.md).
 #include "harness/bisect/injection.h"
 
+#include <algorithm>
+
 #include "harness/model/errors.h"
+#include "harness/model/stage_graph.h"
 
 namespace mla {
 
@@ -56,6 +59,7 @@ std::vector<Injection> parse_injections(const std::string& text) {
       } catch (const std::exception&) {
         throw UsageError("--inject " + item + ": '@" + arg.substr(at + 1) + "' is not a rank number");
       }
+      if (inj.rank < 0) throw UsageError("--inject " + item + ": the rank after '@' must be >= 0");
       arg = arg.substr(0, at);
     }
     if (inj.name == "nan-at") {
@@ -69,9 +73,24 @@ std::vector<Injection> parse_injections(const std::string& text) {
         throw UsageError("--inject " + item + ": INDEX must be an integer");
       }
       if (inj.index < 0) throw UsageError("--inject " + item + ": INDEX must be >= 0");
+      // Every probe name of either attention form, with and without q LoRA and input norm.
+      static const std::vector<std::string> probes = {"h", "x", "q_a", "q_c", "q_nope", "q_pe", "kv_c", "k_pe",
+                                                      "kv_c_norm", "q_pe_rope", "k_pe_rope", "kv_cache", "k_nope",
+                                                      "v", "attn_out", "lse", "q_latent", "attn_latent", "o_partial",
+                                                      "o", "h_out"};
+      if (std::find(probes.begin(), probes.end(), inj.target) == probes.end()) {
+        std::string names;
+        for (const auto& n : probes) names += " " + n;
+        throw UsageError("--inject " + item + ": '" + inj.target + "' is not a probe (probes:" + names + ")");
+      }
     } else if (inj.name == "hang-at" || inj.name == "crash-at") {
       if (arg.empty()) throw UsageError("--inject " + item + ": expected " + inj.name + ":STAGE[@rank]");
       inj.target = arg;
+      try {
+        parse_stage(arg);
+      } catch (const UsageError& e) {
+        throw UsageError("--inject " + item + ": " + e.what());
+      }
     } else if (!find_zoo_entry(inj.name)) {
       std::string names;
       for (auto& e : bug_zoo()) names += " " + e.name;
@@ -82,6 +101,7 @@ std::vector<Injection> parse_injections(const std::string& text) {
     }
     out.push_back(inj);
   }
+  if (out.empty() && !text.empty()) throw UsageError("--inject '" + text + "': no injection named (NAME[,NAME...])");
   return out;
 }
 

@@ -181,6 +181,10 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
                      "cuda can); drop --rank to run every rank in this process");
   auto engine = make_engine(engine_spec);
   const auto injections = parse_injections(o.inject);
+  for (const auto& inj : injections)
+    if (inj.rank >= spec.tp)
+      throw UsageError("--inject " + inj.text + ": rank " + std::to_string(inj.rank) + " does not exist at --tp " +
+                       std::to_string(spec.tp));
   engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
   // One process per rank: the launch id and the engine's communicator id, through the rendezvous file (after
   // every check of the command line, so a bad option fails at once rather than after waiting for rank 0).

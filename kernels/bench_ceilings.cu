@@ -1,6 +1,6 @@
 // Ceilings for `mla-bisect bench --engine cuda`: cuBLAS bf16 GEMM (fp32 accumulation, as every projection
-// here) at 8192³ and cudaMemcpyAsync device-to-device of 1 GiB, both on non-zero data (zeros run faster:
-// METHOD.md), each after 3 warm-up runs, one event pair per timed run.
+// here) at 8192³ and cudaMemcpyAsync device-to-device of 1 GiB, both on non-zero data (the tensor cores and copies
+// run faster on zeros), each after 3 warm-up runs, one event pair per timed run.
 #include <cublas_v2.h>
 
 #include <string>

@@ -212,11 +212,11 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 // [4096, 16384] at sketch level (version 8: 29.6 M), the layer's probes 596-632 µs (version 8: 516-532).
 // Version 6 folded every shape the second way: the fold at the end of each launch (a fence, an atomic, L2
 // round trips) cost ~10-15 µs per probe, 847 -> 700 µs for the layer's probes at T = 4096 with the block fold and a
-// 3-deep ring (docs/perf-notes.md, probe kernel version 7). Version 4 (a register prefetch, head sums through shared
+// 3-deep ring (measured on an H200, probe kernel version 7). Version 4 (a register prefetch, head sums through shared
 // memory, a fold kernel) ran at 0.92 TB/s on [4096, 16384] at sketch level; version 5 (the cp.async ring,
 // the dp2a checksum, float stats on the CUDA cores, a fold whose loads were a chain of L2 round trips) at 1.33-1.35
 // TB/s, and the 16 bf16 probes of a DeepSeek-V3 layer at T = 4096 took 996-1008 µs; version 6 1.33-1.40 TB/s on
-// [4096, 16384] (the same: its loop is bound elsewhere) and 822-856 µs for the layer's probes (docs/perf-notes.md,
+// [4096, 16384] (the same: its loop is bound elsewhere) and 822-856 µs for the layer's probes (measured on an H200,
 // probe kernel version 6).
 constexpr int kTileRows = 16;
 constexpr int kSegCols = 4096;        // per warp task at most, whole heads
@@ -416,7 +416,7 @@ TileGeometry compute_tile_geometry(const ProbeStatsArgs& a) {
 
 // compute_tile_geometry, kept per (device, shape): a probe asks for it three times (workspace, counters, launch),
 // and the narrowest width's search asks for up to ten occupancies, each a device query, a lock and a lookup; every
-// layer probes the same shapes again (measured with a switch for it, since removed: docs/perf-notes.md, probe
+// layer probes the same shapes again (measured with a switch for it, since removed: measured on an H200, probe
 // kernel version 9).
 TileGeometry tile_geometry(const ProbeStatsArgs& a) {
   static Memo<std::tuple<int, int, int64_t, int64_t, int, bool>, TileGeometry> memo;
@@ -973,7 +973,7 @@ LaunchPath launch_path(const TileGeometry& g) {
 
 // Programmatic dependent launches of the tile kernels (Hopper on): the launch of a probe's kernel overlaps the end
 // of the stream's previous kernel, the stage that wrote the tensor, and the kernel waits for it before any memory
-// access (griddepcontrol.wait). MLA_PROBE_PDL=0 launches them plainly. Measured in docs/perf-notes.md (tiles' stats
+// access (griddepcontrol.wait). MLA_PROBE_PDL=0 launches them plainly. Measured on an H200 (tiles' stats
 // folded on the device, programmatic dependent launches).
 bool pdl_launches() {
   static const bool off = [] {

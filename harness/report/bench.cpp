@@ -126,7 +126,7 @@ nlohmann::json timing_json(const Timing& t) {
 
 // The bench's inputs. synthetic_inputs fills the context cache through the reference's kv path on the CPU:
 // minutes at B = 64, L = 4096 with DeepSeek-V3 dims. Device timing does not depend on the values, so large
-// contexts get random N(0,1) rows instead (bf16-exact, never zeros: METHOD.md).
+// contexts get random N(0,1) rows instead (bf16-exact, never zeros: the tensor cores run faster on zeros, which would flatter the timing).
 Inputs bench_inputs(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
                     bool* random_cache) {
   Batch batch = make_batch(spec);

@@ -158,17 +158,13 @@ BisectReport run_replay(const ReplayOptions& opt) {
     rep.reference_dump = opt.reference_out;
   }
 
-  // The graph's probes the capture does not hold are not expected: a capture may hold any subset.
-  Dump ref_sel = ref;
-  ref_sel.probes.clear();
+  // The graph's probes the capture does not hold are not expected: a capture may hold any subset (compared through
+  // CompareOptions::only, without copying the reference's tensors).
+  CompareOptions captured;
   std::vector<std::string> not_captured;
-  for (const auto& p : ref.probes) {
-    if (cap.find(p.layer, p.name))
-      ref_sel.probes.push_back(p);
-    else
-      not_captured.push_back("layer" + std::to_string(p.layer) + "/" + p.name);
-  }
-  if (ref_sel.probes.empty()) {
+  for (const auto& p : ref.probes)
+    (cap.find(p.layer, p.name) ? captured.only : not_captured).push_back("layer" + std::to_string(p.layer) + "/" + p.name);
+  if (captured.only.empty()) {
     std::string have;
     for (const auto& p : cap.probes) have += (have.empty() ? "" : ", ") + ("layer" + std::to_string(p.layer) + "/" + p.name);
     std::string want;
@@ -188,9 +184,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
   ToleranceModel tol = calibrate(cfg, spec, weights, inputs, precision, opt.k, &ref);
   tol.overrides = opt.overrides;
 
-  CompareOptions captured;  // the graph's other probes are not expected of a capture
-  for (const auto& p : ref_sel.probes) captured.only.push_back("layer" + std::to_string(p.layer) + "/" + p.name);
-  rep.compare = compare_dumps(cap, ref_sel, tol, captured);
+  rep.compare = compare_dumps(cap, ref, tol, captured);
   if (!not_captured.empty()) {
     std::string s;
     for (const auto& n : not_captured) s += (s.empty() ? "" : ", ") + n;
@@ -207,7 +201,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
   }
   if (rep.compare.first_divergence < 0) {
     rep.exit_code = ExitCode_ok;
-    rep.headline = "no divergence: the " + std::to_string(ref_sel.probes.size()) +
+    rep.headline = "no divergence: the " + std::to_string(captured.only.size()) +
                    " captured probes are within their calibrated tolerances";
     rep.seconds = timer.s();
     return rep;

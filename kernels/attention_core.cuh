@@ -40,6 +40,7 @@ struct AttnCoreParams {
   const int* block_table = nullptr;    // [B, max_blocks] paged keys (nullptr when contiguous)
   int max_blocks = 0;
   bool causal = false;
+  int window = 0;        // > 0: each query sees only the last `window` of its visible keys (sliding-window)
   float* out = nullptr;  // [T, heads, v_dim] fp32
   float* lse = nullptr;  // [T, heads] fp32
 };
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_core_kernel(const A
   const int b = p.token_seq[t], i = p.token_idx[t];
   const int key_len = p.seq_key_len[b];
   const int visible = p.causal ? min(key_len, i + 1 + key_len - p.seq_new_len[b]) : key_len;
+  const int first = p.window > 0 ? max(0, visible - p.window) : 0;
 
   float qn[NOPE_PL], qp[PE_PL], acc[V_PL];
   const bf16* qn_row = p.q_nope.ptr + t * p.q_nope.row_stride + h * p.q_nope.head_stride;
@@ -73,7 +75,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_core_kernel(const A
   for (int j = 0; j < V_PL; ++j) acc[j] = 0.f;
 
   float m = -INFINITY, l = 0.f;
-  for (int s = 0; s < visible; ++s) {
+  for (int s = first; s < visible; ++s) {
     const int64_t row = p.block_table
                             ? static_cast<int64_t>(p.block_table[b * p.max_blocks + s / kCachePage]) * kCachePage +
                                   s % kCachePage

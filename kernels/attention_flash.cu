@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
   const int i0 = q0 + wrow + g, i1 = i0 + 8;  // this thread's two query rows (index among the new tokens)
   const int lim0 = p.causal ? min(k_len, i0 + 1 + offset) : k_len;
   const int lim1 = p.causal ? min(k_len, i1 + 1 + offset) : k_len;
+  const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;  // sliding window
   const float sl2 = p.scale * kLog2e;
 
   uint32_t qf[QREG ? KQ : 1][4];
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
 
     // Scale to log2 units and mask (only tiles that reach past some row's last visible key).
     const int kbase = j * kBc;
-    const bool need_mask = kbase + kBc > full_keys;
+    const bool need_mask = kbase + kBc > full_keys || p.window > 0;
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
         float x = s[n][e] * sl2;
         if (need_mask) {
           const int key = kbase + n * 8 + 2 * t4 + (e & 1);
-          if (key >= (e < 2 ? lim0 : lim1)) x = -INFINITY;
+          if (key >= (e < 2 ? lim0 : lim1) || key < (e < 2 ? lo0 : lo1)) x = -INFINITY;
         }
         s[n][e] = x;
       }
@@ -355,11 +356,12 @@ __global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const Fl
   const int vb_off = ((((lane >> 3) & 1) << 3) + (lane & 7)) * SV + (lane >> 4) * 8;
 
   // Row r = 2·a + hf of this thread: query q0 + wrow + 16a + 8hf + g; lim = its number of visible keys.
-  int lim[4];
+  int lim[4], lo[4];  // lo: the first visible key (0 unless a sliding window)
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int i = q0 + wrow + 16 * (r >> 1) + 8 * (r & 1) + g;
     lim[r] = p.causal ? min(k_len, i + 1 + offset) : k_len;
+    lo[r] = p.window > 0 ? lim[r] - p.window : 0;
   }
   // Keys some row of this warp sees (none when all its rows are past the sequence), and keys all its rows see.
   const int warp_keys =
@@ -429,7 +431,7 @@ __global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const Fl
       }
 
       // Mask (raw units; −inf stays −inf through the positive scale) only where a row's last key is crossed.
-      if (kbase + 32 > warp_full) {
+      if (kbase + 32 > warp_full || p.window > 0) {
 #pragma unroll
         for (int a = 0; a < 2; ++a)
 #pragma unroll
@@ -437,7 +439,7 @@ __global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const Fl
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int key = kbase + n * 8 + 2 * t4 + (e & 1);
-              if (key >= lim[2 * a + (e >> 1)]) s[a][n][e] = -INFINITY;
+              if (key >= lim[2 * a + (e >> 1)] || key < lo[2 * a + (e >> 1)]) s[a][n][e] = -INFINITY;
             }
       }
 

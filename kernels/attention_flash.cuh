@@ -22,6 +22,7 @@ struct FlashParams {
   const int* seq_k_start = nullptr;  // [B] first key row
   const int* seq_k_len = nullptr;    // [B]
   bool causal = false;               // query i of s_q sees keys s < i + 1 + k_len − s_q (bottom-right)
+  int window = 0;                    // > 0: and only the last `window` of those (sliding-window, docs/bugs.md)
   bf16* out_bf16 = nullptr;          // [T, heads, V] when set; else
   float* out_f32 = nullptr;          // [T, heads, V] (the chunked path merges two of these by lse)
   float* lse = nullptr;              // [T, heads] natural log; −inf for an empty key set (out 0)

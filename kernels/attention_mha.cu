@@ -50,6 +50,7 @@ void launch_attention_mha_flash(const MhaArgs& a, RankContext& rc) {
   p.seq_k_start = db.i32(db.seq_new_start);
   p.seq_k_len = db.i32(db.seq_new_len);
   p.causal = a.causal;
+  p.window = a.window;
   p.version = a.kernel;  // 2 or 3 (attention_flash.cu)
   if (db.ctx_total == 0) {
     p.out_bf16 = a.attn_out;
@@ -79,6 +80,7 @@ void launch_attention_mha_flash(const MhaArgs& a, RankContext& rc) {
   p.seq_k_start = db.i32(db.seq_ctx_start);
   p.seq_k_len = db.i32(db.seq_ctx_len);
   p.causal = false;
+  p.window = 0;  // the context is never windowed (docs/bugs.md: sliding-window)
   p.out_f32 = o2;
   p.lse = l2;
   launch_attention_flash(p, s);
@@ -114,6 +116,7 @@ void launch_attention_mha(const MhaArgs& a, RankContext& rc) {
   p.seq_key_len = db.i32(db.seq_new_len);
   p.seq_key_start = db.i32(db.seq_new_start);
   p.causal = a.causal;
+  p.window = a.window;
   p.out = o1;
   p.lse = l1;
   launch_attention_core<kNopePL, kPePL, kVPL>(p, s, "attention_mha");
@@ -139,6 +142,7 @@ void launch_attention_mha(const MhaArgs& a, RankContext& rc) {
   p.seq_key_len = db.i32(db.seq_ctx_len);
   p.seq_key_start = db.i32(db.seq_ctx_start);
   p.causal = false;
+  p.window = 0;
   p.out = o2;
   p.lse = l2;
   launch_attention_core<kNopePL, kPePL, kVPL>(p, s, "attention_mha (context)");

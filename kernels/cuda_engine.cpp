@@ -109,7 +109,9 @@ const std::vector<std::string>& cuda_injections() {
   static const std::vector<std::string> names = {
       "rope-neox",      "rope-mscale",   "position-offset", "softmax-scale", "causal-off",
       "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
-      "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache"};
+      "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache", "residual-drop",
+      "kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "v-up-head", "kv-norm-weight-wrap",
+      "sliding-window"};
   return names;
 }
 
@@ -176,6 +178,19 @@ class CudaEngine : public Engine {
            ",mqa_kernel=" + std::to_string(mqa_kernel_);
   }
   std::string dtype() const override { return "bf16"; }
+  DeviceMemory device_memory(int only_device) override {
+    DeviceMemory m;
+    m.devices = ndev_;
+    if (ndev_ <= 0) return m;
+    for (int d = 0; d < ndev_; ++d) {
+      if (only_device >= 0 && d != only_device % ndev_) continue;
+      size_t free = 0, total = 0;
+      DeviceGuard g(d);
+      if (cudaMemGetInfo(&free, &total) != cudaSuccess) return {ndev_, -1};
+      if (m.free_bytes < 0 || static_cast<double>(free) < m.free_bytes) m.free_bytes = static_cast<double>(free);
+    }
+    return m;
+  }
   std::string device() const override {
     return std::string(prop_.name) + (ndev_ > 1 ? " x" + std::to_string(ndev_) : "");
   }
@@ -197,6 +212,7 @@ class CudaEngine : public Engine {
   void prepare(const RunContext& ctx) override;
   void run_stage(const StageSpec& stage, int layer, int rank) override;
   Tensor download(int rank, const std::string& name) override;
+  bool weight(int layer, int rank, const std::string& name, Tensor& out) override;
   void upload(int rank, const std::string& name, const Tensor& t) override;
   ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
@@ -545,7 +561,9 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
     case Stage::Stage_q_a_norm: {
       const DeviceTensor& q_a = in(rank, "q_a");
       DeviceTensor& q_c = out(rank, "q_c", {T, Lq});
-      cuda::launch_rms_norm(q_a.bf(), Lq, W.q_a_norm.bf(), q_c.bf(), T, Lq, q_norm_eps, s);
+      // q-norm-width: the mean square over kv_lora_rank channels, the other norm's width.
+      cuda::launch_rms_norm(q_a.bf(), Lq, W.q_a_norm.bf(), q_c.bf(), T, Lq, q_norm_eps, s,
+                            {.width = planted("q-norm-width") ? L : 0});
       break;
     }
     case Stage::Stage_q_b_proj:
@@ -573,7 +591,9 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       if (planted("kv-norm-skip"))  // kv_a_layernorm skipped: kv_c passed on as it is
         CUDA_CHECK(cudaMemcpyAsync(n.buf.get(), kv_c.buf.get(), kv_c.bytes(), cudaMemcpyDeviceToDevice, s));
       else
-        cuda::launch_rms_norm(kv_c.bf(), L, W.kv_a_norm.bf(), n.bf(), T, L, eps, s);
+        cuda::launch_rms_norm(kv_c.bf(), L, W.kv_a_norm.bf(), n.bf(), T, L, eps, s,
+                              {.no_weight = planted("kv-norm-no-weight"),
+                               .weight_wrap = planted("kv-norm-weight-wrap") ? L / 2 : 0});
       break;
     }
     case Stage::Stage_rope: {
@@ -636,6 +656,7 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       a.scale = softmax_scale;
       a.causal = !planted("causal-off");
       a.lse_base2 = planted("lse-base2");
+      a.window = planted("sliding-window") ? kSlidingWindowBug : 0;
       a.attn_out = out(rank, "attn_out", {T, Nl, V}).bf();
       a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
       a.kernel = mha_kernel_;
@@ -671,13 +692,16 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
     case Stage::Stage_v_up: {
       const DeviceTensor& lat = in(rank, "attn_latent");
       DeviceTensor& o = out(rank, "attn_out", {T, Nl, V});
-      cuda::launch_v_up(hb, lat.bf(), W.kv_b_proj.bf(), o.bf(), T, Nl, P, V, L);
+      // v-up-head: the model's last head (the last rank's last local head) reads its neighbour's W_UV.
+      cuda::launch_v_up(hb, lat.bf(), W.kv_b_proj.bf(), o.bf(), T, Nl, P, V, L,
+                        /*last_head_from_previous=*/planted("v-up-head") && rank == tp_ - 1);
       break;
     }
     case Stage::Stage_o_proj: {
       const DeviceTensor& a = in(rank, "attn_out");
       DeviceTensor& o = out(rank, "o_partial", {T, H});
-      cuda::launch_o_proj(hb, a.bf(), W.o_proj.bf(), o.bf(), T, Nl * V, H);
+      cuda::launch_o_proj(hb, a.bf(), W.o_proj.bf(), o.bf(), T, Nl * V, H,
+                          /*reduce=*/planted("o-proj-half-heads") ? Nl * V / 2 : 0);  // a wrong K
       break;
     }
     case Stage::Stage_all_reduce: {
@@ -705,7 +729,10 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       const DeviceTensor& h = in(rank, "h");
       const DeviceTensor& o = in(rank, "o");
       DeviceTensor& h_out = out(rank, "h_out", {T, H});
-      cuda::launch_residual(h.bf(), o.bf(), h_out.bf(), T * H, s);
+      if (planted("residual-drop"))  // the add forgotten: h_out = o
+        CUDA_CHECK(cudaMemcpyAsync(h_out.buf.get(), o.buf.get(), o.bytes(), cudaMemcpyDeviceToDevice, s));
+      else
+        cuda::launch_residual(h.bf(), o.bf(), h_out.bf(), T * H, s);
       break;
     }
   }
@@ -737,6 +764,28 @@ Tensor CudaEngine::to_float(const DeviceTensor& t, const std::vector<unsigned ch
 Tensor CudaEngine::download(int rank, const std::string& name) {
   const DeviceTensor& t = in(rank, name);
   return to_float(t, raw_bytes(rank, t));
+}
+
+bool CudaEngine::weight(int layer, int rank, const std::string& name, Tensor& out) {
+  if (!owns_rank(rank) || layer < 0) return false;
+  const RankState& rs = ranks_.at(rank);
+  if (layer >= static_cast<int>(rs.weights.size())) return false;
+  const DeviceLayerWeights& w = rs.weights[layer];
+  const DeviceTensor* t = name == "input_layernorm"      ? &w.input_norm
+                          : name == "q_a_proj"           ? &w.q_a_proj
+                          : name == "q_a_layernorm"      ? &w.q_a_norm
+                          : name == "q_b_proj" || name == "q_proj" ? &w.q_b_proj
+                          : name == "kv_a_proj_with_mqa" ? &w.kv_a_proj
+                          : name == "kv_a_layernorm"     ? &w.kv_a_norm
+                          : name == "kv_b_proj"          ? &w.kv_b_proj
+                          : name == "o_proj"             ? &w.o_proj
+                                                         : nullptr;
+  if (!t || t->bytes() == 0) return false;
+  // The bf16 values the kernels read: after this engine's own dequantization and shard cut.
+  DeviceGuard g(rs.ctx->device());
+  out = to_float(*t, raw_bytes(rank, *t));
+  if (out.shape.size() == 1) out.shape = {1, out.shape[0]};  // a norm's weight: one row
+  return true;
 }
 
 void CudaEngine::upload(int rank, const std::string& name, const Tensor& t) {

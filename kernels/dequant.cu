@@ -3,7 +3,8 @@
 // same float products in the same order. Every float operation is an explicit __fmul_rn / __fadd_rn /
 // __fsub_rn / __fdiv_rn, so nvcc can never contract a product and a sum into an FMA (the CPU file is compiled
 // with contraction off), and denormals are kept (no fast math in this build; the E8M0 and UE4M3 scales reach
-// them). Element codes decode through integer bit construction, exact like the CPU's ldexp.
+// them). Element codes decode through integer bit construction, exact like the CPU's ldexp. The IQ types' grids
+// and sign tables are device copies of harness/weights/iq_tables.h (generated from gguf-py's tables).
 //
 // Version 1 (the only one): element-wise, re-deriving a block's scale per element. Dequantization runs once
 // per weight at load time; the redundant scale arithmetic is deterministic and cheap next to the GEMMs.
@@ -11,9 +12,21 @@
 
 #include <algorithm>
 
+#include "harness/weights/iq_tables.h"
+
 namespace mla::cuda {
 
 namespace {
+
+// The IQ tables in device memory: the same numbers as the host's mla::iq arrays (one macro per table).
+__device__ const uint64_t d_iq2xxs_grid[256] = {MLA_IQ2XXS_GRID_VALUES};
+__device__ const uint64_t d_iq2xs_grid[512] = {MLA_IQ2XS_GRID_VALUES};
+__device__ const uint64_t d_iq2s_grid[1024] = {MLA_IQ2S_GRID_VALUES};
+__device__ const uint32_t d_iq3xxs_grid[256] = {MLA_IQ3XXS_GRID_VALUES};
+__device__ const uint32_t d_iq3s_grid[512] = {MLA_IQ3S_GRID_VALUES};
+__device__ const uint64_t d_iq1s_grid[2048] = {MLA_IQ1S_GRID_VALUES};
+__device__ const uint8_t d_ksigns_iq2xs[128] = {MLA_KSIGNS_IQ2XS_VALUES};
+__device__ const int8_t d_kvalues_iq4nl[16] = {MLA_KVALUES_IQ4NL_VALUES};
 
 __device__ __forceinline__ float bits_f(uint32_t u) { return __uint_as_float(u); }
 // -v as x86 computes it (an xor of the sign bit, NaN payload kept); PTX neg.f32 leaves NaN unspecified.
@@ -23,8 +36,7 @@ __device__ __forceinline__ float negate(float v) { return bits_f(__float_as_uint
 __device__ __forceinline__ float pow2(int e) { return bits_f(static_cast<uint32_t>(e + 127) << 23); }
 
 // from_fp16_bits (harness/model/tensor.cpp): NaN payloads kept, subnormals via m * 2^-24.
-__device__ __forceinline__ float f16_at(const uint8_t* p) {
-  const uint32_t h = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8);
+__device__ __forceinline__ float f16_bits(uint32_t h) {
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
@@ -33,6 +45,9 @@ __device__ __forceinline__ float f16_at(const uint8_t* p) {
     return sign ? negate(v) : v;
   }
   return bits_f(exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp - 15 + 127) << 23) | (mant << 13)));
+}
+__device__ __forceinline__ float f16_at(const uint8_t* p) {
+  return f16_bits(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8));
 }
 
 // e4m3_to_float: bias 7, S.1111.111 NaN (std::quiet_NaN, negated for a set sign bit, as the CPU's -v does).
@@ -111,6 +126,105 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* s, int& sc, i
 __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
          (static_cast<uint32_t>(p[3]) << 24);
+}
+
+__device__ __forceinline__ uint32_t u16_at(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8);
+}
+
+// IQ helpers, as dequant.cpp's: byte j of a grid row; a float +-1 from sign bit j (multiplied, as gguf-py does).
+__device__ __forceinline__ float grid_byte(uint64_t row, int j) { return fl(static_cast<int>((row >> (8 * j)) & 0xFF)); }
+__device__ __forceinline__ float grid_sbyte(uint64_t row, int j) {
+  return fl(static_cast<int8_t>(static_cast<uint8_t>((row >> (8 * j)) & 0xFF)));
+}
+__device__ __forceinline__ float sign_of(unsigned bits, int j) { return (bits >> j) & 1 ? -1.0f : 1.0f; }
+// d * (0.5 + s) * f: the IQ2/IQ3_XXS sub-block scale.
+__device__ __forceinline__ float half_step_scale(float d, unsigned s, float f) {
+  return __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, fl(static_cast<int>(s)))), f);
+}
+__device__ __forceinline__ float signed_grid(float db, float g, float sign) { return __fmul_rn(__fmul_rn(db, g), sign); }
+__device__ __forceinline__ int tq1_digit(const uint8_t* b, int e) {
+  const int pow3[5] = {1, 3, 9, 27, 81};
+  int x;
+  if (e < 160) x = b[e % 32] * pow3[e / 32];
+  else if (e < 240) x = b[32 + (e - 160) % 16] * pow3[(e - 160) / 16];
+  else x = b[48 + (e - 240) % 4] * pow3[(e - 240) / 4];
+  return (((x & 0xFF) * 3) >> 8) - 1;
+}
+
+// Element e of one IQ/TQ block b (dequant.cpp's block_iq* / block_tq*, element by element).
+__device__ float iq_element(uint32_t type, const uint8_t* b, int e) {
+  switch (type) {
+    case ggml::IQ2_XXS: {
+      const int ib = e / 32, l = (e % 32) / 8, j = e % 8;
+      const uint32_t aux0 = u32_at(b + 2 + 8 * ib), aux1 = u32_at(b + 6 + 8 * ib);
+      const float db = half_step_scale(f16_at(b), aux1 >> 28, 0.25f);
+      const uint64_t g = d_iq2xxs_grid[(aux0 >> (8 * l)) & 0xFF];
+      return signed_grid(db, grid_byte(g, j), sign_of(d_ksigns_iq2xs[(aux1 >> (7 * l)) & 127], j));
+    }
+    case ggml::IQ2_XS: {
+      const int q = e / 8, s = q / 2, j = e % 8;
+      const uint32_t v = u16_at(b + 2 + 2 * q);
+      const float db = half_step_scale(f16_at(b), (b[66 + s / 2] >> (4 * (s % 2))) & 15, 0.25f);
+      return signed_grid(db, grid_byte(d_iq2xs_grid[v & 511], j), sign_of(d_ksigns_iq2xs[v >> 9], j));
+    }
+    case ggml::IQ2_S: {
+      const int q = e / 8, s = q / 2, j = e % 8;
+      const float db = half_step_scale(f16_at(b), (b[74 + s / 2] >> (4 * (s % 2))) & 15, 0.25f);
+      const uint64_t g = d_iq2s_grid[b[2 + q] | (((b[66 + q / 4] >> (2 * (q % 4))) & 3) << 8)];
+      return signed_grid(db, grid_byte(g, j), sign_of(b[34 + q], j));
+    }
+    case ggml::IQ3_XXS: {
+      const int ib = e / 32, w = e % 32;
+      const uint32_t aux = u32_at(b + 66 + 4 * ib);
+      const float db = half_step_scale(f16_at(b), aux >> 28, 0.5f);
+      const uint32_t g = d_iq3xxs_grid[b[2 + 8 * ib + w / 4]];
+      return signed_grid(db, grid_byte(g, w % 4), sign_of(d_ksigns_iq2xs[(aux >> (7 * (w / 8))) & 127], w % 8));
+    }
+    case ggml::IQ3_S: {
+      const int s = e / 32, q = e / 4;
+      const float db = __fmul_rn(f16_at(b), fl(1 + 2 * ((b[106 + s / 2] >> (4 * (s % 2))) & 15)));
+      const uint32_t g = d_iq3s_grid[b[2 + q] | (((b[66 + q / 8] >> (q % 8)) & 1) << 8)];
+      return signed_grid(db, grid_byte(g, e % 4), sign_of(b[74 + e / 8], e % 8));
+    }
+    case ggml::IQ1_S: {
+      const int ib = e / 32, l = (e % 32) / 8, j = e % 8;
+      const uint32_t qh = u16_at(b + 34 + 2 * ib);
+      const float dl = __fmul_rn(f16_at(b), fl(static_cast<int>(2 * ((qh >> 12) & 7) + 1)));
+      const float delta = (qh & 0x8000) ? -MLA_IQ1S_DELTA : MLA_IQ1S_DELTA;
+      const uint64_t g = d_iq1s_grid[b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)];
+      return __fmul_rn(dl, __fadd_rn(grid_sbyte(g, j), delta));
+    }
+    case ggml::IQ1_M: {
+      const int q = e / 8, s = q / 2, j = e % 8;
+      const uint8_t* sc = b + 48;
+      const uint32_t dbits = ((u16_at(sc) & 0xF000) >> 12) | ((u16_at(sc + 2) & 0xF000) >> 8) |
+                             ((u16_at(sc + 4) & 0xF000) >> 4) | (u16_at(sc + 6) & 0xF000);
+      const float dl = __fmul_rn(f16_bits(dbits), fl(static_cast<int>(2 * ((u16_at(sc + 2 * (s / 4)) >> (3 * (s % 4))) & 7) + 1)));
+      const int h = (b[32 + q / 2] >> (4 * (q % 2))) & 15;
+      const float delta = (h & 8) ? -MLA_IQ1S_DELTA : MLA_IQ1S_DELTA;
+      const uint64_t g = d_iq1s_grid[b[q] | ((h & 7) << 8)];
+      return __fmul_rn(dl, __fadd_rn(grid_sbyte(g, j), delta));
+    }
+    case ggml::IQ4_NL: {
+      const int j = e % 16, code = e < 16 ? (b[2 + j] & 15) : (b[2 + j] >> 4);
+      return __fmul_rn(f16_at(b), fl(d_kvalues_iq4nl[code]));
+    }
+    case ggml::IQ4_XS: {
+      const int ib = e / 32, w = e % 32;
+      const uint32_t sh = u16_at(b + 2);
+      const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4);
+      const float dl = __fmul_rn(f16_at(b), fl(ls - 32));
+      const uint8_t q = b[8 + 16 * ib + w % 16];
+      return __fmul_rn(dl, fl(d_kvalues_iq4nl[w < 16 ? (q & 15) : (q >> 4)]));
+    }
+    case ggml::TQ1_0: return __fmul_rn(f16_at(b + 52), fl(tq1_digit(b, e)));
+    case ggml::TQ2_0: {
+      const int c = e / 128, s = (e % 128) / 32, l = e % 32;
+      return __fmul_rn(f16_at(b + 64), fl(((b[32 * c + l] >> (2 * s)) & 3) - 1));
+    }
+    default: return bits_f(0x7fc00000u);  // unreachable: ggml_element passes only the types above
+  }
 }
 
 // Element e of one GGUF block b (the block functions of dequant.cpp, element by element).
@@ -215,6 +329,9 @@ __device__ float ggml_element(uint32_t type, const uint8_t* b, int e, bool swap)
       const int lo = swap ? q >> 4 : q & 15, hi = swap ? q & 15 : q >> 4;
       return __fmul_rn(d, kvalue(w < 8 ? lo : hi));
     }
+    case ggml::IQ1_S: case ggml::IQ1_M: case ggml::IQ2_XXS: case ggml::IQ2_XS: case ggml::IQ2_S:
+    case ggml::IQ3_XXS: case ggml::IQ3_S: case ggml::IQ4_NL: case ggml::IQ4_XS: case ggml::TQ1_0: case ggml::TQ2_0:
+      return iq_element(type, b, e);
     default: return bits_f(0x7fc00000u);  // unreachable: the host API accepts only the types above
   }
 }

@@ -3,10 +3,11 @@
 
 namespace mla {
 
-void add_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+namespace {
+void add_to(std::vector<DumpProbe>& list, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   // A stage's outputs arrive rank by rank (q_nope, q_pe of rank 0, then of rank 1): look back a little.
   DumpProbe* found = nullptr;
-  for (auto it = d.probes.rbegin(); it != d.probes.rend() && it->layer == layer; ++it)
+  for (auto it = list.rbegin(); it != list.rend() && it->layer == layer; ++it)
     if (it->name == spec.name) {
       found = &*it;
       break;
@@ -22,12 +23,21 @@ void add_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const Probe
     p.heads_axis = spec.heads_axis;
     p.rope_from = spec.rope_from;
     p.engine_dtype = rec.dtype;
-    d.probes.push_back(std::move(p));
-    found = &d.probes.back();
+    list.push_back(std::move(p));
+    found = &list.back();
   }
   auto& ranks = found->ranks;
   if (static_cast<int>(ranks.size()) <= rank) ranks.resize(rank + 1);
   ranks[rank] = rec;
+}
+}  // namespace
+
+void add_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  add_to(d.probes, layer, spec, rank, rec);
+}
+
+void add_weight_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  add_to(d.weights, layer, spec, rank, rec);
 }
 
 CollectSink::CollectSink(const DumpMeta& meta, int tp) {
@@ -43,6 +53,10 @@ void CollectSink::stage_begin(int layer, Stage stage, int rank) {
 
 void CollectSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   add_record(dump_, layer, spec, rank, rec);
+}
+
+void CollectSink::record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  add_weight_record(dump_, layer, spec, rank, rec);
 }
 
 void CollectSink::finish(const std::string& status) { dump_.status = status; }

@@ -1,5 +1,5 @@
 // Dumps: the journal-backed writer, folding a journal into HDF5 (at finish or on recovery), and the
-// HDF5 reader and writer of schema_version 1 (docs/dump-format.md: the layout and what the reader refuses).
+// HDF5 reader and writer of schema_versions 1 and 2 (docs/dump-format.md: the layout and what the reader refuses).
 #include "probes/dump.h"
 
 #include <fcntl.h>
@@ -32,7 +32,8 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kFormat = "mla-bisect-dump";
-constexpr int kSchemaVersion = 1;
+// 2 = 1 plus the optional /weights group. A dump without weights is written as 1, so older readers still read it.
+constexpr int kSchemaVersion = 2;
 
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
@@ -93,7 +94,7 @@ Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::stri
   if (own >= d.meta.tp)
     throw UsageError(jpath + ": the journal's header says rank " + std::to_string(own) + " of tp " +
                      std::to_string(d.meta.tp));
-  std::map<std::pair<int, std::string>, size_t> index;
+  std::map<std::pair<int, std::string>, size_t> index, weight_index;
   std::vector<std::string> last_stage(std::max(d.meta.tp, 1), own >= 0 ? "" : "not started");
   if (own >= 0) last_stage[own] = "not started";
   std::string last_probe, finished_status, problem = sc.problem;
@@ -104,15 +105,19 @@ Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::stri
     try {
       switch (r.type) {
         case journal::RecordType::RecordType_header: throw journal::FormatError("a second header record");
-        case journal::RecordType::RecordType_probe: {
+        case journal::RecordType::RecordType_probe:
+        case journal::RecordType::RecordType_weight: {
           auto e = journal::decode_probe(r.payload);
+          const bool weight = r.type == journal::RecordType::RecordType_weight;
+          auto& list = weight ? d.weights : d.probes;
+          auto& idx = weight ? weight_index : index;
           const auto key = std::make_pair(e.probe.layer, e.probe.name);
-          auto it = index.find(key);
-          if (it == index.end()) {
-            it = index.emplace(key, d.probes.size()).first;
-            d.probes.push_back(e.probe);
+          auto it = idx.find(key);
+          if (it == idx.end()) {
+            it = idx.emplace(key, list.size()).first;
+            list.push_back(e.probe);
           }
-          auto& ranks = d.probes[it->second].ranks;
+          auto& ranks = list[it->second].ranks;
           if (own >= 0 && e.rank != own)
             throw journal::FormatError("probe " + e.probe.name + " rank " + std::to_string(e.rank) +
                                        " in the journal of rank " + std::to_string(own) + "'s process");
@@ -125,8 +130,9 @@ Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::stri
             throw journal::FormatError("probe " + e.probe.name + " rank " + std::to_string(e.rank) +
                                        " recorded before rank " + std::to_string(ranks.size()));
           }
-          last_probe = "layer " + std::to_string(e.probe.layer) + " probe " + e.probe.name + " rank " +
-                       std::to_string(e.rank);
+          if (!weight)
+            last_probe = "layer " + std::to_string(e.probe.layer) + " probe " + e.probe.name + " rank " +
+                         std::to_string(e.rank);
           break;
         }
         case journal::RecordType::RecordType_stage: {
@@ -146,12 +152,20 @@ Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::stri
       break;
     }
   }
-  std::stable_sort(d.probes.begin(), d.probes.end(), [](const DumpProbe& a, const DumpProbe& b) {
-    return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
-  });
+  for (auto* list : {&d.probes, &d.weights})
+    std::stable_sort(list->begin(), list->end(), [](const DumpProbe& a, const DumpProbe& b) {
+      return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
+    });
   d.last_stage = std::move(last_stage);
 
-  const std::string where = last_probe.empty() ? "before the first probe" : "after " + last_probe;
+  // `run --out` journals its setup (run_options "setup": what it does) before the slow part, then starts the
+  // journal again with the inputs: a journal still marked so stopped during setup.
+  const bool in_setup = last_probe.empty() && d.meta.run_options.is_object() &&
+                        d.meta.run_options.contains("setup") && d.meta.run_options["setup"].is_string();
+  const std::string where = in_setup ? "during setup (" + d.meta.run_options["setup"].get<std::string>() +
+                                           "), before the first stage"
+                            : last_probe.empty() ? "before the first probe"
+                                                 : "after " + last_probe;
   const uint64_t dropped = sc.total_bytes - good;
   const std::string note = dropped > 0 ? " (journal: " + std::to_string(dropped) + " bytes from byte " +
                                              std::to_string(good) + " dropped: " + problem + ")"
@@ -259,9 +273,10 @@ void write_probe(h5::Group& layer, const DumpProbe& p, const Dump& d) {
   g.set_attr("engine_dtype", p.engine_dtype);
   g.set_attr("heads_axis", static_cast<int64_t>(p.heads_axis));
   g.set_attr("rope_from", static_cast<int64_t>(p.rope_from));
-  const int64_t T = p.shape.empty() ? 0 : p.shape[0];
   for (size_t r = 0; r < p.ranks.size(); ++r) {
     const ProbeRecord& rec = p.ranks[r];
+    // Rows of this rank's record: the tokens, or a weight's rows (a rows-sharded weight: its block).
+    const int64_t T = !rec.shape.empty() ? rec.shape[0] : p.shape.empty() ? 0 : p.shape[0];
     h5::Group rg = g.create_group("rank" + std::to_string(d.rank_of(r)));
     rg.set_attr("l2", rec.l2);
     rg.set_attr("absmax", rec.absmax);
@@ -298,7 +313,7 @@ void write_probe(h5::Group& layer, const DumpProbe& p, const Dump& d) {
 void write_file(h5::File& f, const Dump& d) {
   const auto& m = d.meta;
   f.set_attr("format", kFormat);
-  f.set_attr("schema_version", static_cast<int64_t>(kSchemaVersion));
+  f.set_attr("schema_version", static_cast<int64_t>(d.weights.empty() ? 1 : kSchemaVersion));
   f.set_attr("tool_version", d.tool_version.empty() ? std::string(MLA_VERSION) : d.tool_version);
   f.set_attr("git_sha", d.git_sha.empty() ? std::string(MLA_GIT_SHA) : d.git_sha);
   f.set_attr("created_utc", d.created_utc.empty() ? utc_now() : d.created_utc);
@@ -327,6 +342,15 @@ void write_file(h5::File& f, const Dump& d) {
     auto it = layers.find(p.layer);
     if (it == layers.end()) it = layers.emplace(p.layer, f.create_group("layer" + std::to_string(p.layer))).first;
     write_probe(it->second, p, d);
+  }
+  if (!d.weights.empty()) {
+    h5::Group wg = f.create_group("weights");
+    std::map<int, h5::Group> wl;
+    for (const auto& p : d.weights) {
+      auto it = wl.find(p.layer);
+      if (it == wl.end()) it = wl.emplace(p.layer, wg.create_group("layer" + std::to_string(p.layer))).first;
+      write_probe(it->second, p, d);
+    }
   }
 }
 
@@ -438,9 +462,10 @@ struct ProbeTable {
   bool dims = false;   // the model's dimensions: shapes but the token axis, rope_from
   std::map<std::string, std::vector<ProbeSpec>> by_name;
   std::string names;   // "x, q_a, ..." in graph order, for messages
+  bool weights = false;  // the table of layer weights (build_weights), not of probes
 };
 
-ProbeTable make_probe_table(const MlaConfig* cfg, const RunSpec* spec) {
+ProbeTable make_probe_table(const MlaConfig* cfg, const RunSpec* spec, bool weights = false) {
   ProbeTable t;
   std::vector<MlaConfig> cfgs;
   if (cfg) {
@@ -466,14 +491,17 @@ ProbeTable make_probe_table(const MlaConfig* cfg, const RunSpec* spec) {
   }
   for (const auto& c : cfgs)
     for (const auto& g : shapes)
-      for (const auto& p : build_graph(c, g).probes) {
+      for (const auto& p : weights ? build_weights(c, g) : build_graph(c, g).probes) {
         auto& v = t.by_name[p.name];
         if (v.empty()) t.names += (t.names.empty() ? "" : ", ") + p.name;
         v.push_back(p);
       }
   t.exact = cfg && spec;
   t.dims = cfg != nullptr;
-  if (t.exact) {
+  t.weights = weights;
+  if (weights) {
+    t.basis = t.exact ? "the weights of the dump's model and run options" : t.dims ? "the dump's model" : "the weight table";
+  } else if (t.exact) {
     const GraphShape g = spec->graph_shape();
     t.basis = std::string("the graph of the dump's model and run options (") + form_name(g.form) + " form, " +
               std::to_string(g.tokens) + " tokens" + (g.input_norm ? ", layers starting at h" : "") +
@@ -484,19 +512,20 @@ ProbeTable make_probe_table(const MlaConfig* cfg, const RunSpec* spec) {
   return t;
 }
 
-const ProbeTable& every_probe() {
-  static const ProbeTable t = make_probe_table(nullptr, nullptr);
-  return t;
+const ProbeTable& every_probe(bool weights = false) {
+  static const ProbeTable t = make_probe_table(nullptr, nullptr), tw = make_probe_table(nullptr, nullptr, true);
+  return weights ? tw : t;
 }
 
 // The probe's attributes against the table's expectations for its name.
 void check_against_graph(const DumpProbe& p, const ProbeTable& t, const std::string& w) {
   const auto it = t.by_name.find(p.name);
   if (it == t.by_name.end()) {
-    const ProbeTable& all = every_probe();
+    const ProbeTable& all = every_probe(t.weights);
+    const char* what = t.weights ? "weight" : "probe";
     if (all.by_name.count(p.name))
-      throw UsageError(w + ": '" + p.name + "' is not a probe of " + t.basis + "; its probes: " + t.names);
-    throw UsageError(w + ": '" + p.name + "' is not a probe name (the probes: " + all.names + ")");
+      throw UsageError(w + ": '" + p.name + "' is not a " + what + " of " + t.basis + "; its " + what + "s: " + t.names);
+    throw UsageError(w + ": '" + p.name + "' is not a " + what + " name (the " + what + "s: " + all.names + ")");
   }
   const ProbeSpec& e = it->second.front();
   const auto differs = [&](const char* attr, const std::string& got, const std::string& want) {
@@ -507,7 +536,7 @@ void check_against_graph(const DumpProbe& p, const ProbeTable& t, const std::str
   if (p.heads_axis != e.heads_axis)
     differs("heads_axis", std::to_string(p.heads_axis), std::to_string(e.heads_axis));
   std::vector<int64_t> want = e.shape;
-  if (!t.exact) want[0] = p.shape[0];  // any T here; one T for every probe is checked across them
+  if (!t.exact && !t.weights) want[0] = p.shape[0];  // any T here; one T for every probe is checked across them
   if (t.dims ? p.shape != want : p.shape.size() != want.size())
     differs("shape", shape_string(p.shape),
             t.dims ? shape_string(want) : std::to_string(want.size()) + " axes");
@@ -616,6 +645,8 @@ void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const Run
 std::vector<int64_t> local_probe_shape(const DumpProbe& p, int tp) {
   auto s = p.shape;
   if (p.contract == "heads") s[p.heads_axis] /= tp;
+  if (p.contract == "rows") s[0] /= tp;
+  if (p.contract == "columns" && s.size() > 1) s[1] /= tp;
   return s;
 }
 
@@ -626,6 +657,7 @@ struct ProbeContext {
   bool complete = false;  // status "complete": every rank of every probe is there
   const ProbeTable* table = nullptr;
   const DumpReadOptions* opts = nullptr;
+  bool weights = false;    // reading /weights: contracts replicated, rows, columns; rows are not tokens
   int64_t tokens = -1;     // T of every probe: /inputs/x's, else the first probe's (-1: not known yet)
   std::string tokens_from;  // where that T comes from, for messages
 };
@@ -647,8 +679,8 @@ ProbeRecord read_rank(const h5::Group& rg, const DumpProbe& p, int rank, const P
       throw UsageError(w + "/" + c + ": not part of a rank's record (token_l2, head_l2, sketch, data)");
     if (!rg.has_dataset(c)) throw UsageError(w + "/" + c + ": is not a dataset");
   }
-  const int64_t T = p.shape[0];
   const auto local = local_probe_shape(p, ctx.tp);
+  const int64_t T = local[0];  // tokens, or this rank's rows of a weight
   ProbeRecord rec;
   rec.shape = rg.has_attr("shape") ? rg.attr_ints("shape") : local;
   if (rec.shape != local)
@@ -695,7 +727,9 @@ ProbeRecord read_rank(const h5::Group& rg, const DumpProbe& p, int rank, const P
     req.level = ProbeLevel::ProbeLevel_full;
     req.tokens = T;
     req.heads = p.heads_axis >= 0 ? local[p.heads_axis] : 0;
-    req.col_offset = p.contract == "heads" ? static_cast<int64_t>(rank) * (shape_numel(local) / T) : 0;
+    req.col_offset = p.contract == "heads" || p.contract == "columns"
+                         ? static_cast<int64_t>(rank) * (shape_numel(local) / T)
+                         : 0;
     req.probe_key = probe_key(p.name);
     computed = compute_probe_record(data, rec.dtype, req);
     if (rec.dtype.rfind("fp8_", 0) == 0 && !rg.has_attr("checksum"))
@@ -740,8 +774,14 @@ DumpProbe read_probe(const h5::Group& g, int layer, const std::string& name, con
   const int64_t order = g.attr_int("order");
   p.engine_dtype = g.attr_string_or("engine_dtype", "");
   const int64_t heads_axis = g.attr_int_or("heads_axis", -1), rope_from = g.attr_int_or("rope_from", -1);
-  if (p.contract != "replicated" && p.contract != "heads" && p.contract != "partial")
+  if (!ctx.weights && p.contract != "replicated" && p.contract != "heads" && p.contract != "partial")
     throw UsageError(w + ": contract '" + p.contract + "' (expected replicated, heads or partial)");
+  if (ctx.weights && p.contract != "replicated" && p.contract != "rows" && p.contract != "columns")
+    throw UsageError(w + ": contract '" + p.contract + "' (a weight's is replicated, rows or columns)");
+  if (ctx.weights && p.shape.size() == 2 && p.shape[p.contract == "columns" ? 1 : 0] % tp != 0 &&
+      p.contract != "replicated")
+    throw UsageError(w + ": " + p.contract + " " + shape_string(p.shape) + " do not divide over tp " +
+                     std::to_string(tp));
   try {
     parse_stage(p.stage);
   } catch (const UsageError&) {
@@ -766,7 +806,7 @@ DumpProbe read_probe(const h5::Group& g, int layer, const std::string& name, con
       throw UsageError(w + ": " + std::to_string(p.shape[p.heads_axis]) + " heads do not divide over tp " +
                        std::to_string(tp));
   }
-  if (ctx.tokens >= 0 && p.shape[0] != ctx.tokens)
+  if (!ctx.weights && ctx.tokens >= 0 && p.shape[0] != ctx.tokens)
     throw UsageError(w + ": shape " + shape_string(p.shape) + " holds " + std::to_string(p.shape[0]) + " tokens, " +
                      ctx.tokens_from + " " + std::to_string(ctx.tokens) + " (every probe and the inputs hold the "
                      "step's T tokens)");
@@ -806,6 +846,32 @@ bool parse_layer_name(const std::string& name, int* layer) {
   return true;
 }
 
+// /weights/layer{l}/{weight}/rank{r}: the same records as probes, checked against build_weights.
+void read_weights(const h5::File& f, Dump& d, ProbeContext ctx, const MlaConfig* cfg, const RunSpec* spec) {
+  if (!f.has_group("weights")) throw UsageError(f.where() + "weights: is not a group");
+  const h5::Group wg = f.open_group("weights");
+  const ProbeTable table = make_probe_table(cfg, spec, true);
+  ctx.table = &table;
+  ctx.weights = true;
+  for (const auto& c : wg.children()) {
+    int layer = 0;
+    if (!parse_layer_name(c, &layer) || !wg.has_group(c))
+      throw UsageError(wg.where() + "/" + c + ": not a layer group (/weights holds layer{l} groups)");
+    if (spec && layer >= spec->layers)
+      throw UsageError(wg.where() + "/" + c + ": the run options have " + std::to_string(spec->layers) + " layer" +
+                       (spec->layers == 1 ? "" : "s"));
+    const h5::Group lg = wg.open_group(c);
+    for (const auto& wn : lg.children()) {
+      if (!lg.has_group(wn))
+        throw UsageError(lg.where() + "/" + wn + ": is not a group (a layer holds one group per weight)");
+      d.weights.push_back(read_probe(lg.open_group(wn), layer, wn, ctx));
+    }
+  }
+  std::stable_sort(d.weights.begin(), d.weights.end(), [](const DumpProbe& a, const DumpProbe& b) {
+    return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
+  });
+}
+
 Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -826,10 +892,13 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
   Dump d;
   d.path = path;
   d.schema_version = static_cast<int>(f.attr_int("schema_version"));
-  if (d.schema_version != kSchemaVersion)
+  if (d.schema_version < 1 || d.schema_version > kSchemaVersion)
     throw UsageError(path + ": schema_version " + std::to_string(d.schema_version) +
-                     " is not supported (this mla-bisect " MLA_VERSION " reads schema_version " +
+                     " is not supported (this mla-bisect " MLA_VERSION " reads schema_version 1 to " +
                      std::to_string(kSchemaVersion) + ")");
+  if (d.schema_version < 2 && f.has("weights"))
+    throw UsageError(f.where() + "weights: a /weights group needs schema_version 2 (the file says " +
+                     std::to_string(d.schema_version) + ")");
   d.tool_version = f.attr_string_or("tool_version", "");
   d.git_sha = f.attr_string_or("git_sha", "");
   d.created_utc = f.attr_string_or("created_utc", "");
@@ -916,9 +985,9 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
   for (const auto& c : f.children()) {
     int layer = 0;
     const bool is_layer = parse_layer_name(c, &layer);
-    if (!is_layer && c != "inputs")
-      throw UsageError(w + c + ": not part of a dump (the root holds /inputs and /layer{l} groups; a probe is "
-                       "/layer{l}/{probe}/rank{r})");
+    if (!is_layer && c != "inputs" && c != "weights")
+      throw UsageError(w + c + ": not part of a dump (the root holds /inputs, /weights and /layer{l} groups; a "
+                       "probe is /layer{l}/{probe}/rank{r})");
     if (!f.has_group(c)) throw UsageError(w + c + ": is not a group");
     if (is_layer) {
       if (spec && layer >= spec->layers)
@@ -956,6 +1025,7 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
     std::stable_sort(d.probes.begin(), d.probes.end(), [](const DumpProbe& a, const DumpProbe& b) {
       return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
     });
+    if (f.has("weights")) read_weights(f, d, ctx, cfg_p, spec_p);
   }
   return d;
 }
@@ -968,6 +1038,12 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
 
 const DumpProbe* Dump::find(int layer, const std::string& name) const {
   for (const auto& p : probes)
+    if (p.layer == layer && p.name == name) return &p;
+  return nullptr;
+}
+
+const DumpProbe* Dump::find_weight(int layer, const std::string& name) const {
+  for (const auto& p : weights)
     if (p.layer == layer && p.name == name) return &p;
   return nullptr;
 }
@@ -1030,6 +1106,13 @@ void DumpWriter::record(int layer, const ProbeSpec& spec, int rank, const ProbeR
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->finished) return;
   impl_->journal.append(journal::RecordType::RecordType_probe, payload);
+}
+
+void DumpWriter::record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  const std::string payload = journal::encode_probe(layer, spec, rank, rec);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->finished) return;
+  impl_->journal.append(journal::RecordType::RecordType_weight, payload);
 }
 
 void DumpWriter::finish(const std::string& status) {
@@ -1211,14 +1294,15 @@ Dump read_rank_set(const std::string& path, const DumpReadOptions& opts) {
 
   // The probes every rank recorded, as one process records them (a stage's probes after every rank ran it). When
   // a rank stopped, the other ranks' later probes cannot be gathered; they stay readable in their own files.
+  size_t left_out = 0;
+  for (auto list : {&Dump::probes, &Dump::weights}) {
   std::map<std::pair<int, std::string>, std::vector<const DumpProbe*>> by_key;
   for (int r = 0; r < n; ++r)
-    for (const auto& p : parts[r].probes) {
+    for (const auto& p : parts[r].*list) {
       auto& v = by_key[{p.layer, p.name}];
       v.resize(n, nullptr);
       if (!p.ranks.empty()) v[r] = &p;
     }
-  size_t left_out = 0;
   for (const auto& [key, per_rank] : by_key) {
     if (std::find(per_rank.begin(), per_rank.end(), nullptr) != per_rank.end()) {
       ++left_out;
@@ -1235,11 +1319,12 @@ Dump read_rank_set(const std::string& path, const DumpReadOptions& opts) {
                          std::to_string(merged.order));
       merged.ranks.push_back(p.ranks.front());
     }
-    out.probes.push_back(std::move(merged));
+    (out.*list).push_back(std::move(merged));
   }
-  std::stable_sort(out.probes.begin(), out.probes.end(), [](const DumpProbe& a, const DumpProbe& b) {
+  std::stable_sort((out.*list).begin(), (out.*list).end(), [](const DumpProbe& a, const DumpProbe& b) {
     return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
   });
+  }
   if (left_out > 0)
     out.status += "; " + std::to_string(left_out) + " probe" + (left_out == 1 ? "" : "s") +
                   " recorded by only some ranks left out (inspect the rank files for them)";

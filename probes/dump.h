@@ -64,6 +64,9 @@ struct Dump {
   bool has_inputs = false;
   Inputs inputs;       // /inputs: x, positions, seq_lens, context_lens, block_table, kv_cache (per layer)
   std::vector<DumpProbe> probes;  // in (layer, order) order
+  // /weights: the weights each layer computed with (build_weights), as this engine held them; empty where the
+  // engine or producer recorded none. Same record layout as probes (rows play the tokens' part).
+  std::vector<DumpProbe> weights;  // in (layer, order) order
   // Last stage each rank had begun when the run stopped (hang reports): "layer L stage S" per rank.
   std::vector<std::string> last_stage;
   // One process per rank: the files FILE.rank0.h5 ... that read_dump merged into this dump, in rank order.
@@ -73,6 +76,7 @@ struct Dump {
   // The tp rank of DumpProbe::ranks[index].
   int rank_of(size_t index) const { return meta.process_rank >= 0 ? meta.process_rank : static_cast<int>(index); }
   const DumpProbe* find(int layer, const std::string& name) const;
+  const DumpProbe* find_weight(int layer, const std::string& name) const;
   MlaConfig config() const;  // from meta.model
   RunSpec spec() const;      // from meta.run_options
 };
@@ -89,6 +93,7 @@ class DumpWriter : public ProbeSink {
   ~DumpWriter() override;
   void stage_begin(int layer, Stage stage, int rank) override;
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 
  private:
@@ -99,7 +104,7 @@ class DumpWriter : public ProbeSink {
 // What read_dump loads; commands that need less (inspect, run --input) skip the rest.
 struct DumpReadOptions {
   bool inputs = true;  // /inputs
-  bool probes = true;  // /layer{l}/...
+  bool probes = true;  // /layer{l}/... and /weights/...
   bool data = true;    // full tensors (rank{r}/data); false: stats, maps and sketches only
 };
 

@@ -389,7 +389,7 @@ Scan scan(int fd, const std::string& path) {
       s.problem = "bad record magic at byte " + std::to_string(off);
       break;
     }
-    if (type < 1 || type > 4) {
+    if (type < 1 || type > 5) {
       s.problem = "unknown record type " + std::to_string(type) + " at byte " + std::to_string(off);
       break;
     }

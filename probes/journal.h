@@ -4,7 +4,7 @@
 //
 // Record:  [u32 magic "MLAJ"][u32 type][u64 length][payload: length bytes][u32 crc32 of payload]
 // Records: one header (magic string, version, DumpMeta and provenance as JSON, the inputs), then one per
-//          stage_begin marker and one per probe record, in the order the run made them, and a finish
+//          stage_begin marker, one per weight record and one per probe record, in the order the run made them, and a finish
 //          record (the status) written just before the HDF5 file. Little-endian, this machine's layout:
 //          a journal is read back on the machine that wrote it.
 // A reader keeps every intact record up to the first one that is truncated or fails its CRC.
@@ -27,6 +27,7 @@ enum class RecordType : uint32_t {
   RecordType_probe = 2,
   RecordType_stage = 3,
   RecordType_finish = 4,
+  RecordType_weight = 5,  // a weight record (Dump::weights): the probe payload
 };
 
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);  // IEEE 802.3 (zlib's)

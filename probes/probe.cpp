@@ -43,11 +43,11 @@ float sketch_coeff(uint64_t key, int64_t column, int lane) { return sketch_coeff
 ProbeRequest make_probe_request(const ProbeSpec& p, int tp, int rank, ProbeLevel level) {
   ProbeRequest r;
   r.level = level;
-  r.tokens = p.shape.empty() ? 0 : p.shape[0];
-  r.probe_key = probe_key(p.name);
   const auto local = local_shape(p, tp);
+  r.tokens = local.empty() ? 0 : local[0];  // a weight's rows (rows contract: this rank's block)
+  r.probe_key = probe_key(p.name);
   if (p.heads_axis >= 0) r.heads = local[p.heads_axis];
-  if (p.contract == Contract::Contract_heads) {
+  if (p.contract == Contract::Contract_heads || p.contract == Contract::Contract_columns) {
     const int64_t cols = r.tokens ? shape_numel(local) / r.tokens : 0;
     r.col_offset = static_cast<int64_t>(rank) * cols;
   }
@@ -148,6 +148,10 @@ void TeeSink::waiting_over() {
 
 void TeeSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   for (auto* s : sinks_) s->record(layer, spec, rank, rec);
+}
+
+void TeeSink::record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  for (auto* s : sinks_) s->record_weight(layer, spec, rank, rec);
 }
 
 void TeeSink::finish(const std::string& status) {

@@ -71,6 +71,9 @@ class ProbeSink {
   // That wait is over: what runs now is the stage last begun.
   virtual void waiting_over() {}
   virtual void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) = 0;
+  // A weight the engine computes with (build_weights' spec), recorded once per layer and rank before the
+  // layer's first stage. Default: not kept.
+  virtual void record_weight(int /*layer*/, const ProbeSpec& /*spec*/, int /*rank*/, const ProbeRecord& /*rec*/) {}
   virtual void finish(const std::string& /*status*/) {}
 };
 
@@ -84,6 +87,7 @@ class TeeSink : public ProbeSink {
   void waiting(int layer, Stage stage, int rank) override;
   void waiting_over() override;
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 
  private:

@@ -1,8 +1,13 @@
 // Softmax attention: the shared core `attend`, the LSE merge, and both forms.
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <new>
+#include <string>
 
+#include "harness/model/errors.h"
 #include "reference/stages.h"
 
 namespace mla::ref {
@@ -42,37 +47,61 @@ void copy_rows_into(Attn& dst, const Attn& src, int64_t t0) {
 }
 }  // namespace
 
-Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal) {
+Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int window) {
   const int64_t Tq = q.dim(0), Nl = q.dim(1), Dk = q.dim(2), Tk = k.dim(0), Dv = v.dim(-1);
   const int64_t kh = k.rank() == 2 ? 1 : k.dim(1), vh = v.rank() == 2 ? 1 : v.dim(1);
   Attn a{Tensor({Tq, Nl, Dv}), Tensor({Tq, Nl}, kNegInf)};
   if (Tk == 0) return a;
   using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+  // No exception may leave an OpenMP region (the runtime terminates the process): the first one, an allocation
+  // failure above all, is kept, the other heads skipped, and it is rethrown after the loop.
+  std::exception_ptr failed;
+  std::atomic<bool> stop{false};
   // Heads are independent: one head per thread, as many threads as Eigen's GEMMs use. Inside the parallel loop
   // Eigen runs each product single-threaded, and the softmax rows are spread over the cores too.
 #pragma omp parallel for schedule(static) num_threads(Eigen::nbThreads())
   for (int64_t h = 0; h < Nl; ++h) {
-    Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
-    Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));
-    Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
-    RowMatrix S = (Q * K.transpose()) * static_cast<float>(scale);  // [Tq, Tk]
-    for (int64_t i = 0; i < Tq; ++i) {
-      const int64_t visible = causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk;
-      float m = kNegInf;
-      for (int64_t j = 0; j < visible; ++j) m = std::max(m, S(i, j));
-      float sum = 0.f;
-      for (int64_t j = 0; j < Tk; ++j) {
-        S(i, j) = (j < visible && m != kNegInf) ? std::exp(S(i, j) - m) : 0.f;
-        sum += S(i, j);
+    if (stop.load(std::memory_order_relaxed)) continue;
+    try {
+      Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
+      Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));
+      Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
+      RowMatrix S = (Q * K.transpose()) * static_cast<float>(scale);  // [Tq, Tk]
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t visible = causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;  // sliding window
+        float m = kNegInf;
+        for (int64_t j = first; j < visible; ++j) m = std::max(m, S(i, j));
+        float sum = 0.f;
+        for (int64_t j = 0; j < Tk; ++j) {
+          S(i, j) = (j >= first && j < visible && m != kNegInf) ? std::exp(S(i, j) - m) : 0.f;
+          sum += S(i, j);
+        }
+        if (sum > 0.f) {
+          S.row(i) /= sum;
+          a.lse.data[i * Nl + h] = m + std::log(sum);
+        }
       }
-      if (sum > 0.f) {
-        S.row(i) /= sum;
-        a.lse.data[i * Nl + h] = m + std::log(sum);
+      Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> O(a.out.ptr() + h * Dv, Tq, Dv, Eigen::OuterStride<>(Nl * Dv));
+      O.noalias() = S * Vm;
+    } catch (...) {
+      std::exception_ptr e = std::current_exception();
+      try {
+        throw;
+      } catch (const std::bad_alloc&) {
+        const double bytes = 4.0 * static_cast<double>(Tq) * static_cast<double>(Tk);
+        e = std::make_exception_ptr(OutOfMemoryError(
+            "attention: the scores of one head are a [" + std::to_string(Tq) + ", " +
+            std::to_string(Tk) + "] matrix (" + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
+            " MiB), " + std::to_string(std::min<int64_t>(Nl, Eigen::nbThreads())) + " heads at once"));
+      } catch (...) {
       }
+#pragma omp critical(mla_attend_failure)
+      if (!failed) failed = e;
+      stop.store(true, std::memory_order_relaxed);
     }
-    Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> O(a.out.ptr() + h * Dv, Tq, Dv, Eigen::OuterStride<>(Nl * Dv));
-    O.noalias() = S * Vm;
   }
+  if (failed) std::rethrow_exception(failed);
   return a;
 }
 
@@ -103,7 +132,8 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
   const Tensor K = concat_last(k_nope, k_pe_rope);  // [T, Nl, P+R], k_pe broadcast over heads
   for (int b = 0; b < batch.num_seqs(); ++b) {
     const int64_t t0 = batch.first_token(b), n = batch.new_lens[b], ctx = batch.context_lens[b];
-    Attn part = attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale, opt.causal);
+    Attn part = attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale, opt.causal,
+                       opt.window);
     if (ctx > 0) {
       // Context: latent rows from the cache, up-projected through kv_b_proj, attended without a mask.
       const Tensor rows = gather_cache_rows(cache, batch, b, static_cast<int>(ctx));  // [ctx, L+R]

@@ -31,6 +31,28 @@ Tensor q_absorb_wuk_transposed(const Tensor& q_nope, const Tensor& w_kvb_local, 
   return q_latent;
 }
 
+Tensor o_proj_half_reduction(const Tensor& attn_out, const Tensor& w_o_local) {
+  const int64_t T = attn_out.dim(0), H = w_o_local.dim(0), K = w_o_local.dim(1), Kh = K / 2;
+  Tensor o({T, H});
+  Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>> a(attn_out.ptr(), T, Kh, Eigen::OuterStride<>(K));
+  Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>> w(w_o_local.ptr(), H, Kh, Eigen::OuterStride<>(K));
+  Eigen::Map<RowMatrix> y(o.ptr(), T, H);
+  y.noalias() = a * w.transpose();
+  return o;
+}
+
+Tensor v_up_last_head_from_previous(const Tensor& attn_latent, const Tensor& w_kvb_local, const MlaConfig& cfg) {
+  const int64_t T = attn_latent.dim(0), Nl = attn_latent.dim(1), P = cfg.qk_nope, V = cfg.v_head, L = cfg.kv_lora_rank;
+  Tensor out = v_up(attn_latent, w_kvb_local, cfg);
+  if (Nl < 2) return out;  // no neighbour to read
+  const int64_t h = Nl - 1;
+  ConstMatrixMap w_uv(w_kvb_local.ptr() + ((h - 1) * (P + V) + P) * L, V, L);  // head h-1's W_UV
+  Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>> a(attn_latent.ptr() + h * L, T, L, Eigen::OuterStride<>(Nl * L));
+  Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> o(out.ptr() + h * V, T, V, Eigen::OuterStride<>(Nl * V));
+  o.noalias() = a * w_uv.transpose();
+  return out;
+}
+
 Batch shift_block_table(const Batch& batch) {
   Batch b = batch;
   for (int s = 0; s < b.num_seqs(); ++s)

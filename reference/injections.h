@@ -14,6 +14,12 @@ KvB kv_b_proj_split_by_block(const Tensor& kv_c_norm, const Tensor& w_kvb_local,
 // wuk-transpose: W_UK_h's [P, L] memory read as [L, P].
 Tensor q_absorb_wuk_transposed(const Tensor& q_nope, const Tensor& w_kvb_local, const MlaConfig& cfg);
 
+// o-proj-half-heads: o_proj's reduction length K = Nl·V / 2 (a wrong K): only the first half of the heads summed.
+Tensor o_proj_half_reduction(const Tensor& attn_out, const Tensor& w_o_local);
+
+// v-up-head: v_up with the last local head reading head Nl-2's W_UV (an off-by-one in a head index).
+Tensor v_up_last_head_from_previous(const Tensor& attn_latent, const Tensor& w_kvb_local, const MlaConfig& cfg);
+
 // page-off-by-one: the block table as a kernel that reads block_table[b][j+1] for j >= 1 sees it.
 Batch shift_block_table(const Batch& batch);
 

@@ -68,6 +68,18 @@ void ReferenceEngine::put(int rank, const std::string& name, Tensor t) {
 
 Tensor ReferenceEngine::download(int rank, const std::string& name) { return get(rank, name); }
 
+bool ReferenceEngine::weight(int layer, int rank, const std::string& name, Tensor& out) {
+  const auto field = weight_field(name);
+  if (!field || layer < 0 || layer >= static_cast<int>(weights_.size())) return false;
+  // What run_stage computes with: the rank's shard (tp-head-offset: rank r >= 1 takes rank r-1's q_b_proj block).
+  const bool head_sharded = field == &LayerWeights::q_b_proj || field == &LayerWeights::kv_b_proj ||
+                            field == &LayerWeights::o_proj;
+  const int src = field == &LayerWeights::q_b_proj && planted("tp-head-offset") && rank >= 1 ? rank - 1 : rank;
+  out = head_sharded ? sharded(layer, src, field) : weights_[layer].*field;
+  if (out.shape.size() == 1) out.shape = {1, out.shape[0]};  // a norm's weight: one row
+  return true;
+}
+
 void ReferenceEngine::set_injections(const std::vector<Injection>& list) {
   for (const auto& inj : list) {
     const auto* z = find_zoo_entry(inj.name);
@@ -102,7 +114,13 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       break;
     case Stage::Stage_input_norm: put(rank, "x", ref::rms_norm(get(rank, "h"), W.input_norm, cfg.rms_eps)); break;
     case Stage::Stage_q_a_proj: put(rank, "q_a", ref::linear(get(rank, "x"), W.q_a_proj)); break;
-    case Stage::Stage_q_a_norm: put(rank, "q_c", ref::rms_norm(get(rank, "q_a"), W.q_a_norm, q_norm_eps)); break;
+    case Stage::Stage_q_a_norm: {
+      // q-norm-width: the mean square over kv_lora_rank channels, the other norm's width (plants nothing where
+      // kv_lora_rank >= q_lora_rank: the whole row).
+      const ref::NormOptions opt{.width = planted("q-norm-width") ? cfg.kv_lora_rank : 0};
+      put(rank, "q_c", ref::rms_norm(get(rank, "q_a"), W.q_a_norm, q_norm_eps, opt));
+      break;
+    }
     case Stage::Stage_q_b_proj:
     case Stage::Stage_q_proj: {
       const Tensor& in = get(rank, st.stage == Stage::Stage_q_b_proj ? "q_c" : "x");
@@ -119,7 +137,13 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       break;
     }
     case Stage::Stage_kv_a_norm:
-      put(rank, "kv_c_norm", planted("kv-norm-skip") ? get(rank, "kv_c") : ref::rms_norm(get(rank, "kv_c"), W.kv_a_norm, cfg.rms_eps));
+      // kv-norm-no-weight: the weight never multiplied; kv-norm-weight-wrap: channel c takes the weight of
+      // c mod L/2 (a kernel that handles c and c + L/2 in one thread and loads the weight once).
+      put(rank, "kv_c_norm", planted("kv-norm-skip")
+                                 ? get(rank, "kv_c")
+                                 : ref::rms_norm(get(rank, "kv_c"), W.kv_a_norm, cfg.rms_eps,
+                                                 {.weight = !planted("kv-norm-no-weight"),
+                                                  .weight_wrap = planted("kv-norm-weight-wrap") ? cfg.kv_lora_rank / 2 : 0}));
       break;
     case Stage::Stage_rope:
       put(rank, "q_pe_rope", ref::rope(get(rank, "q_pe"), positions, cfg.inv_freq, cfg.rope_mscale, cfg.rope_style));
@@ -141,7 +165,8 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
     case Stage::Stage_attention_mha: {
       auto a = ref::attention_mha(get(rank, "q_nope"), get(rank, "q_pe_rope"), get(rank, "k_nope"), get(rank, "k_pe_rope"),
                                   get(rank, "v"), cache, batch, sharded(layer, rank, &LayerWeights::kv_b_proj), cfg,
-                                  {.causal = !planted("causal-off"), .lse_base2 = planted("lse-base2")});
+                                  {.causal = !planted("causal-off"), .lse_base2 = planted("lse-base2"),
+                                   .window = planted("sliding-window") ? kSlidingWindowBug : 0});
       put(rank, "attn_out", std::move(a.out));
       put(rank, "lse", std::move(a.lse));
       break;
@@ -160,11 +185,19 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       put(rank, "lse", std::move(a.lse));
       break;
     }
-    case Stage::Stage_v_up:
-      put(rank, "attn_out", ref::v_up(get(rank, "attn_latent"), sharded(layer, rank, &LayerWeights::kv_b_proj), cfg));
+    case Stage::Stage_v_up: {
+      // v-up-head: the model's last head (the last rank's last local head) reads its neighbour's W_UV.
+      const bool last_rank = rank == static_cast<int>(ranks_.size()) - 1;
+      const Tensor& w_kvb = sharded(layer, rank, &LayerWeights::kv_b_proj);
+      put(rank, "attn_out", planted("v-up-head") && last_rank
+                                ? ref::bug::v_up_last_head_from_previous(get(rank, "attn_latent"), w_kvb, cfg)
+                                : ref::v_up(get(rank, "attn_latent"), w_kvb, cfg));
       break;
+    }
     case Stage::Stage_o_proj:
-      put(rank, "o_partial", ref::o_proj(get(rank, "attn_out"), sharded(layer, rank, &LayerWeights::o_proj)));
+      put(rank, "o_partial", planted("o-proj-half-heads")
+                                 ? ref::bug::o_proj_half_reduction(get(rank, "attn_out"), sharded(layer, rank, &LayerWeights::o_proj))
+                                 : ref::o_proj(get(rank, "attn_out"), sharded(layer, rank, &LayerWeights::o_proj)));
       break;
     case Stage::Stage_all_reduce: {
       std::vector<const Tensor*> parts;
@@ -173,7 +206,9 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       put(rank, "o", ref::all_reduce(parts));
       break;
     }
-    case Stage::Stage_residual: put(rank, "h_out", ref::residual(get(rank, "h"), get(rank, "o"))); break;
+    case Stage::Stage_residual:  // residual-drop: the add forgotten, h_out = o
+      put(rank, "h_out", planted("residual-drop") ? get(rank, "o") : ref::residual(get(rank, "h"), get(rank, "o")));
+      break;
   }
 }
 

@@ -14,7 +14,13 @@ namespace mla::ref {
 Tensor linear(const Tensor& x, const Tensor& w);
 
 // RMSNorm over the last axis in fp32: x / sqrt(mean(x²) + eps) · w. x [T, C], w [C].
-Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+// NormOptions plant the norm bugs of the zoo (docs/bugs.md); the defaults are the right norm.
+struct NormOptions {
+  bool weight = true;       // false: normalized but never multiplied by w (kv-norm-no-weight)
+  int64_t width = 0;        // > 0: the mean square over the first `width` channels only (q-norm-width)
+  int64_t weight_wrap = 0;  // > 0: channel c multiplied by w[c % weight_wrap] (kv-norm-weight-wrap)
+};
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps, const NormOptions& opt = {});
 
 // q_a = x·W_qaᵀ [T, Lq] (q_a_proj); q_c = RMSNorm(q_a) (q_a_norm); then q_b_proj.
 // q = q_c·W_qbᵀ viewed [T, Nl, P+R], split into q_nope [T, Nl, P] and q_pe [T, Nl, R].
@@ -54,7 +60,9 @@ struct Attn {
   Tensor out;  // [Tq, Nl, Dv]
   Tensor lse;  // [Tq, Nl]
 };
-Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal);
+// window > 0: each query sees only the last `window` of its visible keys (a sliding window; sliding-window in
+// docs/bugs.md plants it).
+Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int window = 0);
 
 // LSE merge of two partial attentions over disjoint key sets (natural log): lse = ln(e^a + e^b),
 // out = e^(a-lse)·out_a + e^(b-lse)·out_b.
@@ -67,6 +75,7 @@ Attn merge_lse(const Attn& a, const Attn& b, bool base2 = false);
 struct MhaOptions {
   bool causal = true;      // false plants causal-off
   bool lse_base2 = false;  // true plants lse-base2 in the context merge
+  int window = 0;          // > 0 plants sliding-window: each new token sees its last `window` new-token keys
 };
 Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& k_nope, const Tensor& k_pe_rope,
                    const Tensor& v, const Tensor& cache, const Batch& batch, const Tensor& w_kvb_local,

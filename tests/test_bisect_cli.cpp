@@ -57,7 +57,8 @@ TEST(BisectCli, PatternsAreNamed) {
       {"--inject rope-mscale", "q_pe_rope", "pure scale"},
       {"--inject causal-off", "attn_out", "last token exact"},
       {"--inject kv-b-split", "k_nope", "layout"},
-      {"--inject tp-head-offset --tp 4", "q_nope", "only ranks 1-3"},
+      // The shard is the weight: ranks 1-3 hold the q_b_proj rows of the rank before them.
+      {"--inject tp-head-offset --tp 4", "q_nope", "rank 1 holds rank 0's block"},
       {"--inject allreduce-skip --tp 2", "o", "all-reduce"},
       {"--inject page-off-by-one --mode decode --batch 2 --context 40,200", "attn_latent", "one page"},
       {"--inject lse-base2 --mode chunked --batch 2 --context 0,30", "attn_out", "cached context"},
@@ -86,10 +87,15 @@ TEST(BisectCli, Fp8BlockScalesGiveBlockShapedErrorOnDeepSeekV2LiteDims) {
   std::ifstream f(dir + "/b.json");
   const auto j = nlohmann::json::parse(f);
   EXPECT_EQ(j["first_divergence"]["probe"], "q_nope");
+  // The cause is the weight: q_proj as dequantized differs, block by block; the probe's own rule still sees the
+  // blocks in q_proj's output channels (its evidence).
+  EXPECT_EQ(j["weight_cause"]["weight"], "q_proj");
   const std::string pattern = j["diagnosis"]["pattern"].get<std::string>();
-  EXPECT_NE(pattern.find("block-shaped error"), std::string::npos) << j["diagnosis"].dump();
-  EXPECT_NE(pattern.find("blocks of 128 output channels of the q_proj output (q_nope | q_pe"), std::string::npos)
-      << pattern;
+  EXPECT_NE(pattern.find("weight q_proj differs: block-shaped"), std::string::npos) << j["diagnosis"].dump();
+  EXPECT_NE(pattern.find("128x128 blocks off"), std::string::npos) << pattern;
+  EXPECT_NE(j["diagnosis"].dump().find("blocks of 128 output channels of the q_proj output (q_nope | q_pe"),
+            std::string::npos)
+      << j["diagnosis"].dump();
 }
 
 TEST(BisectCli, HtmlReportHasThePictures) {

@@ -683,6 +683,71 @@ TEST(DiagnoseKept, NoKnownPatternSaysWhereTheErrorSits) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------------------------
+// The rules on the evidence of the zoo's engine bugs, where it is fainter than in the synthetic pairs above.
+// ---------------------------------------------------------------------------------------------------------------
+
+// h_out = o with o a few percent of h (a residual stream): the candidate is small, but it is o, not zeros.
+TEST(DiagnoseSums, ResidualDroppedWithOSmallBesideHIsNotZeros) {
+  rng().seed(1030);
+  Residual r;
+  for (auto& x : r.o.data) x *= 0.05f;
+  const Diagnosis d = r.pair(r.o).diagnose("h_out");
+  expect(d, {"residual add dropped", "h_out equals o"}, {"all zeros"});
+}
+
+// q_a rows alike from token to token (a fixed channel profile, the last 16 of 48 channels scaled by 0.95..1.05 per
+// token): the mean square over the first 32 channels scales each token by its own factor, only ±2% apart, yet
+// several times the per-token tolerance: a per-token scale, not one factor.
+TEST(DiagnoseScales, NormOverTheWrongWidthWithTokensAlikeIsStillPerToken) {
+  rng().seed(1031);
+  const Tensor base = randn({1, 48}, 2.0);
+  Tensor q_a({16, 48});
+  for (int64_t t = 0; t < 16; ++t)
+    for (int64_t c = 0; c < 48; ++c)
+      q_a.data[t * 48 + c] = base.data[c] * (c < 32 ? 1.0f : 0.95f + 0.1f * static_cast<float>(t) / 15);
+  std::vector<float> w(48);
+  std::normal_distribution<float> nd(1.0f, 0.1f);
+  for (auto& x : w) x = nd(rng());
+  Pair p;
+  p.add("q_c", Stage::Stage_q_a_norm, Contract::Contract_replicated, rms_norm(q_a, w, 32), rms_norm(q_a, w));
+  expect(p.diagnose("q_c"), {"scale per token"}, {"pure scale"});
+}
+
+// kv_a_layernorm's weight indexed c mod C/2: the upper half of the channels each by its own factor w[c - C/2]/w[c],
+// the lower half exact: one contiguous group of half the channels.
+TEST(DiagnoseChannels, UpperHalfOfANormsWeightMisindexedIsAChannelGroup) {
+  rng().seed(1032);
+  const Tensor kv_c = randn({16, 32}, 2.0);
+  std::vector<float> w(32), wrapped(32);
+  std::normal_distribution<float> nd(1.0f, 0.1f);
+  for (auto& x : w) x = nd(rng());
+  for (int c = 0; c < 32; ++c) wrapped[c] = w[c % 16];
+  Pair p;
+  p.add("kv_c_norm", Stage::Stage_kv_a_norm, Contract::Contract_replicated, rms_norm(kv_c, wrapped), rms_norm(kv_c, w));
+  const Diagnosis d = p.diagnose("kv_c_norm");
+  expect(d, {"a channel group off", "scaled"}, {"norm without its weight"});
+  // Only channels of the upper half are named.
+  EXPECT_TRUE(evidence_has(d, "channels 1")) << dump(d);
+  EXPECT_FALSE(evidence_has(d, "channels 0")) << dump(d);
+}
+
+// A sliding window of 8 over 32 tokens, at attention's wider tolerance: the first tokens past the window lose one
+// key of nine and may stay under the per-token tolerance; the error still starts at position 8.
+TEST(DiagnoseTokens, SlidingWindowWhoseFirstTokensStayUnderTolerance) {
+  rng().seed(1033);
+  const Tensor q = randn({32, 8, 24}, 0.3), k = randn({32, 8, 24}, 0.3), v = randn({32, 8, 16});
+  const double scale = 1.0 / std::sqrt(24.0);
+  Pair p;
+  p.batch = one_sequence(32);
+  p.tol = Tolerance{0.03, 0.2, "test: attention-sized"};
+  p.add("attn_out", Stage::Stage_attention_mha, Contract::Contract_heads, attention(q, k, v, scale, 8).out,
+        attention(q, k, v, scale).out, 1);
+  const Diagnosis d = p.diagnose("attn_out");
+  expect(d, {"error starts at position 8", "sliding window"}, {"softmax", "layout"});
+}
+
 // The zoo scores the pattern as well as the probe.
 // ---------------------------------------------------------------------------------------------------------------
 

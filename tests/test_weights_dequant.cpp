@@ -124,7 +124,7 @@ TEST(Dequant, RowsMustBeWholeBlocks) {
     EXPECT_NE(std::string(e.what()).find("a Q8_0 row of 33 elements is not a whole number of blocks of 32"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(dequantize_ggml_row(16 /* IQ2_XXS */, b.data(), y.data(), 256), UsageError);
+  EXPECT_THROW(dequantize_ggml_row(15 /* Q8_K: no dequantizer */, b.data(), y.data(), 256), UsageError);
   PackedWeight p;
   p.format = WeightFormat::WeightFormat_nvfp4;
   p.rows = 2, p.cols = 32, p.origin = "f.safetensors: w";

@@ -299,7 +299,9 @@ TEST(WeightsCli, BisectOnCheckpointsFindsNothingWhenCleanAndTheInjectionWhenPlan
   const Cli r = mla_bisect("bisect --weights '" + fx.at("models/modelopt_nvfp4").string() +
                         "' --layers 2 --tokens 8 --inject nvfp4-nibble-swap --workdir '" + (work / "swap").string() + "'");
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("first divergence: layer 0 q_a (stage q_a_proj)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first divergence: layer 0 weight q_a_proj (stage q_a_proj), then probe q_a"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("WEIGHT DIFFERS: layer 0 q_a_proj"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("introduced by stage q_a_proj"), std::string::npos) << r.out;
 }
 

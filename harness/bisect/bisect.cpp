@@ -10,6 +10,7 @@
 
 #include "harness/bisect/child.h"
 #include "harness/bisect/isolate.h"
+#include "harness/compare/weight_diff.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/run/runner.h"
@@ -84,9 +85,14 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const auto weights = load_weights(opt.weights, cfg, spec, opt.weight_seed).layers;
   // Weight injections are a wrong dequantization (harness/weights): the candidate's in-process runs get their own.
   const auto injections = parse_injections(opt.inject);
-  const auto cand_weights = engine_injections(injections).size() != injections.size()
-                                ? load_weights(opt.weights, cfg, spec, opt.weight_seed, injections).layers
-                                : weights;
+  // An engine that dequantizes on its own side (cuda) gets the packed weights in process too, as its child run did:
+  // a bug in its dequantization must show in the in-process runs as well.
+  const bool cand_packed = engine_dequantizes(EngineSpec::parse(opt.candidate).name, opt.weights);
+  LoadedWeights cand_loaded;
+  if (cand_packed || engine_injections(injections).size() != injections.size())
+    cand_loaded = load_weights(opt.weights, cfg, spec, opt.weight_seed, injections, cand_packed);
+  const auto& cand_weights = cand_loaded.layers.empty() ? weights : cand_loaded.layers;
+  const PackedWeights cand_pw{cand_packed ? &cand_loaded.packed : nullptr, dequant_bugs(injections)};
   const Inputs inputs = ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
   const Precision cand_precision =
       cand.meta.engine_dtype.empty() ? Precision::Precision_fp32 : parse_precision(cand.meta.engine_dtype);
@@ -113,7 +119,9 @@ BisectReport run_bisect(const BisectOptions& opt) {
     // A candidate that finished without recording every probe of the graph has not passed.
     rep.exit_code = rep.compare.exit_code();
     rep.headline = rep.exit_code == ExitCode_ok ? "no divergence: every probe within its calibrated tolerance"
-                                                : "probes missing: " + rep.compare.verdict_line();
+                   : rep.compare.first_weight >= 0
+                       ? "weight differs, no probe beyond tolerance: " + weight_sentence(rep.compare.weights[rep.compare.first_weight])
+                       : "probes missing: " + rep.compare.verdict_line();
     rep.seconds = timer.s();
     return rep;
   }
@@ -131,7 +139,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
     return e;
   };
   auto cand_engine = make_candidate();
-  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, cand_weights, inputs);
+  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, -1, nullptr, cand_pw);
   const CompareReport full_rep = compare_dumps(cand_full, ref_full, tol);
   for (const auto& r : full_rep.results)
     if (r.layer == first.layer && r.name == first.name) rep.full = r.m;
@@ -147,7 +155,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const StageGraph graph = build_graph(cfg, spec.graph_shape());
   const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
   auto iso_engine = make_candidate();
-  const Dump iso = run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full, first.layer, stage);
+  const Dump iso = run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full, first.layer, stage, cand_pw);
   const IsolationResult judged = judge_isolation(iso, ref_full, first, full_rep);
   if (judged.judged) {
     rep.isolated = judged.isolated;
@@ -158,6 +166,18 @@ BisectReport run_bisect(const BisectOptions& opt) {
   rep.diagnosis = diagnose(first, m, first.tol, inputs.batch, full_rep);
   rep.headline = "first divergence: layer " + std::to_string(first.layer) + " " + first.name + " (stage " +
                  first.stage + ")";
+  // A weight the stage (or an earlier one) computes with differs: that is the cause, whatever isolation says. The
+  // in-process comparison has the weights in full (block shapes, transposes); the dumps' sketches stand in otherwise.
+  const ProbeResult* cause = weight_cause(full_rep, first);
+  if (!cause) cause = weight_cause(rep.compare, first);
+  if (cause) {
+    rep.weight_cause = *cause;
+    blame_weight(rep.diagnosis, *cause);
+    rep.headline = "first divergence: layer " + std::to_string(cause->layer) + " weight " + cause->name +
+                   " (stage " + cause->stage + "), then probe " + first.name;
+    if (!rep.isolation.empty())
+      rep.isolation += "; the stage computes with a weight that differs (" + cause->name + "): the weight is the cause";
+  }
   rep.seconds = timer.s();
   return rep;
 }
@@ -210,6 +230,7 @@ void print_bisect(std::ostream& os, const BisectReport& r) {
          << " on full tensors (recomputed in process): drill-down and diagnosis below use these\n";
     os << "tolerance " << f.tol.origin << "\n";
     if (!r.isolation.empty()) os << "isolation " << r.isolation << "\n";
+    if (r.weight_cause) print_weight_difference(os, *r.weight_cause);
     print_findings(os, Findings{r.drill, r.diagnosis});
   }
   if (!r.compare.results.empty()) {
@@ -236,6 +257,12 @@ nlohmann::json bisect_to_json(const BisectReport& r) {
                              // full-tensor numbers the drill-down and diagnosis use
                              {"rel_l2", r.first->m.rel_l2}, {"basis", r.first->m.basis}};
     j["isolation"] = r.isolation;
+    j["weight_cause"] = nullptr;
+    if (r.weight_cause)
+      j["weight_cause"] = {{"layer", r.weight_cause->layer},       {"weight", r.weight_cause->name},
+                           {"stage", r.weight_cause->stage},       {"why", r.weight_cause->why},
+                           {"ranks_off", r.weight_cause->ranks_off}, {"pattern", r.weight_cause->pattern},
+                           {"evidence", r.weight_cause->evidence},   {"sentence", weight_sentence(*r.weight_cause)}};
     const auto f = findings_to_json(Findings{r.drill, r.diagnosis});
     j["diagnosis"] = f["diagnosis"];
     j["drill_down"] = f["drill_down"];

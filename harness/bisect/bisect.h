@@ -57,6 +57,9 @@ struct BisectReport {
   Metrics full;                       // the divergent probe compared on full tensors
   ValueHistogram first_values;        // its values from those full tensors (the HTML report's histogram)
   std::string isolation;              // "introduced by STAGE" | "amplified ..." | ""
+  // The weight that explains the first divergence (a weight of its stage or an earlier one differs), compared on
+  // the in-process full tensors where the runs recorded weights.
+  std::optional<ProbeResult> weight_cause;
   Metrics isolated;
   DrillDown drill;
   Diagnosis diagnosis;

@@ -30,6 +30,9 @@ struct ZooEntry {
   bool needs_quantized = false;       // needs --weight-format (a weight injection)
 };
 const std::vector<ZooEntry>& bug_zoo();
+
+// sliding-window: the window (keys) a sliding-window flag left on masks to; both engines plant this one.
+constexpr int kSlidingWindowBug = 16;
 const ZooEntry* find_zoo_entry(const std::string& name);
 
 // Weight injections (needs_quantized: fp8-scale-transpose, nvfp4-*) are planted by the weight loader as a

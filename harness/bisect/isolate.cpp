@@ -11,8 +11,9 @@
 namespace mla {
 
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
-                    const Inputs& in, const Dump* feed, int layer, const StageSpec* stage) {
+                    const Inputs& in, const Dump* feed, int layer, const StageSpec* stage, const PackedWeights& packed) {
   Runner runner(cfg, spec);
+  if (packed.packed && !packed.packed->empty()) runner.set_packed_weights(packed.packed, packed.bugs);
   ProbePlan plan;
   plan.level = ProbeLevel::ProbeLevel_full;
   CollectSink sink({}, spec.tp);

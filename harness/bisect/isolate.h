@@ -3,6 +3,7 @@
 // upstream.
 // Shared by bisect (after its child runs) and explore (on two dumps).
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,8 +14,15 @@ namespace mla {
 
 // A run in this process with every probe in full. With `feed`, `stage` of `layer` first gets its input tensors
 // from `feed` (a full-level dump of the same spec and tp), rank by rank.
+// `packed`: the projections as stored, for an engine that dequantizes them itself (LoadedWeights::packed of a load
+// with keep_packed, and the run's dequantization bugs), so the run computes with what a child run would.
+struct PackedWeights {
+  const std::vector<std::map<std::string, PackedWeight>>* packed = nullptr;
+  DequantBugs bugs;
+};
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
-                    const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr);
+                    const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr,
+                    const PackedWeights& packed = {});
 
 struct IsolationResult {
   bool judged = false;      // both runs hold the probe

@@ -28,13 +28,17 @@ int run_bench_cmd(BenchCmdOptions o, const CLI::App& cmd) {
   if (device && !cmd.count("--warmup")) o.warmup = 3;
   BenchOptions b;
   b.engine = o.engine;
-  b.cfg = load_model_config(o.run.model);
+  b.cfg = o.run.load_config();
   b.spec = o.run.to_spec();
+  b.spec.validate(b.cfg);
+  o.run.check_full_probes({build_graph(b.cfg, b.spec.graph_shape())});
   b.weight_seed = o.run.weight_seed;
   b.repeats = o.repeats;
   b.warmup = o.warmup;
   b.probe_repeats = o.probe_repeats;
   const ProbePlan plan = o.run.to_plan();
+  // The engine is made by run_bench; its devices' memory is checked there by the allocations themselves.
+  check_run_memory(b.cfg, b.spec, plan, {.engine = device ? "cuda" : "reference"});
   b.full_probes = plan.full;
   b.probe_levels.clear();
   for (ProbeLevel l : {ProbeLevel::ProbeLevel_stats, ProbeLevel::ProbeLevel_sketch, ProbeLevel::ProbeLevel_full})

@@ -1,6 +1,8 @@
 // `mla-bisect bisect`: reference vs candidate, first divergence, isolation, drill-down, diagnosis.
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -29,11 +31,12 @@ std::map<std::string, double> parse_tol_overrides(const std::vector<std::string>
   for (const auto& t : items) {
     const auto eq = t.find('=');
     if (eq == std::string::npos || eq == 0) throw UsageError("--tol " + t + ": expected PROBE=VALUE");
-    try {
-      out[t.substr(0, eq)] = std::stod(t.substr(eq + 1));
-    } catch (const std::exception&) {
-      throw UsageError("--tol " + t + ": '" + t.substr(eq + 1) + "' is not a number");
-    }
+    const std::string v = t.substr(eq + 1);
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(d) || !(d > 0))
+      throw UsageError("--tol " + t + ": '" + v + "' is not a number > 0 (a relative L2 tolerance)");
+    out[t.substr(0, eq)] = d;
   }
   return out;
 }
@@ -54,9 +57,14 @@ struct BisectCmdOptions {
 
 int run_bisect_cmd(const BisectCmdOptions& o) {
   BisectOptions b;
-  b.cfg = load_model_config(o.run.model);
+  b.cfg = o.run.load_config();
   b.spec = o.run.to_spec();
   b.spec.validate(b.cfg);
+  o.run.check_full_probes({build_graph(b.cfg, b.spec.graph_shape())});
+  // The drill-down recomputes both runs' full tensors in this process; the children check their own runs.
+  ProbePlan full;
+  full.level = ProbeLevel::ProbeLevel_full;
+  check_run_memory(b.cfg, b.spec, full, {.dump = true, .quantized = !o.run.weight_format.empty()});
   b.weight_seed = o.run.weight_seed;
   b.weights = o.run.weight_spec();
   b.run_args = o.run.to_args();
@@ -96,13 +104,15 @@ void setup_bisect(CLI::App& app, int& exit_code) {
   cmd->add_option("--reference", o->reference, "Reference engine")->capture_default_str();
   cmd->add_option("--inject", o->inject, "Plant bugs in the candidate: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX, "
                                          "hang-at:STAGE[@rank], crash-at:STAGE[@rank]");
-  cmd->add_option("--timeout", o->timeout, "Per-stage watchdog of each run, seconds")->capture_default_str();
+  cmd->add_option("--timeout", o->timeout, "Per-stage watchdog of each run, seconds")->capture_default_str()
+      ->check(finite_number(0, true, "seconds"));
   cmd->add_option("--workdir", o->workdir, "Where the reference and candidate dumps are written")->capture_default_str();
   cmd->add_option("--json", o->json, "Write the report as JSON");
   cmd->add_option("--junit", o->junit, "Write JUnit XML (one testcase per probe)");
   cmd->add_option("--html", o->html, "Write a self-contained HTML report (error profile, per-token chart, "
                                      "token x head heat map)");
-  cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str();
+  cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str()
+      ->check(finite_number(0, true));
   cmd->add_option("--tol", o->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
   cmd->add_flag("--brief", o->brief, "Print only the headline and the diagnosis");
   refuse_rank_options(*cmd);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "harness/cli/commands.h"
+#include "harness/cli/run_options.h"
 #include "harness/compare/tolerance_for.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
@@ -258,7 +259,8 @@ void setup_explore(CLI::App& app, int& exit_code) {
   cmd->add_option("reference", o->b, "Reference dump (.h5)")->required();
   cmd->add_option("--tolerance", o->tolerance, "auto (calibrate unless the candidate is FP32), calibrate, or exact")
       ->capture_default_str();
-  cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str();
+  cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str()
+      ->check(finite_number(0, true));
   cmd->add_option("--tol", o->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
   cmd->add_option("--color", o->color, "Heat-map colors: auto (when stdout is a terminal), always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}))

@@ -73,8 +73,12 @@ int run_make(const GoldenMakeOptions& o, const CLI::App& cmd) {
   if (cmd.count("--probe-level") && o.run.probe_level != "full")
     throw UsageError("golden make: goldens hold every probe in full; drop --probe-level");
   if (!o.run.full_probes.empty()) throw UsageError("golden make: goldens hold every probe in full; drop --full-probes");
-  const MlaConfig cfg = load_model_config(o.run.model);
+  const MlaConfig cfg = o.run.load_config();
   const RunSpec spec = o.run.to_spec();
+  spec.validate(cfg);
+  ProbePlan full;  // goldens hold every probe in full, written from memory
+  full.level = ProbeLevel::ProbeLevel_full;
+  check_run_memory(cfg, spec, full, {.dump = true});
   const std::string command = command_line(cmd, "mla-bisect golden make");
   const Dump d = make_golden(cfg, spec, o.run.weight_seed, command);
   write_dump_h5(d, o.out);  // temp file, fsync, rename
@@ -206,7 +210,8 @@ void setup_golden(CLI::App& app, int& exit_code) {
   check->add_option("--engine", co->engine, "Engine to check, e.g. reference, reference:precision=bf16, cuda")
       ->capture_default_str();
   check->add_option("--inject", co->inject, "Plant bugs in the engine (docs/bugs.md): the check must then fail");
-  check->add_option("--tp", co->tp, "Run the engine at this many ranks (default: the golden's tp)");
+  check->add_option("--tp", co->tp, "Run the engine at this many ranks (default: the golden's tp)")
+      ->check(CLI::PositiveNumber);
   check->add_option("--json", co->json, "Write the comparison as JSON");
   check->add_option("--junit", co->junit, "Write JUnit XML, one testcase per probe");
   check->add_option("--tol", co->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
@@ -217,9 +222,11 @@ void setup_golden(CLI::App& app, int& exit_code) {
                     "Probes the engine may leave out without failing (comma list: NAME or layerL/NAME); still "
                     "reported");
   check->add_option("--tol-factor", co->k, "Tolerance = factor x calibrated noise floor (non-FP32 engines)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_number(0, true));
   check->add_option("--timeout", co->timeout, "Per-stage watchdog in seconds: a hung engine exits 3 (0: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_number(0, false, "seconds (0: off)"));
   check->add_option("--manifest", co->manifest, "Manifest holding the golden's sha256 (default: MANIFEST.json "
                                                 "beside it, if present)");
   check->add_flag("--no-manifest", co->no_manifest, "Do not verify the golden's sha256 against a manifest");

@@ -208,9 +208,13 @@ struct Inspector {
   int (*run)(const InspectOptions&);
 };
 
+// Exit 2 when the checkpoint's config or its checked layer cannot be loaded: a run on it would fail.
 int inspect_weights(const InspectOptions& o) {
-  describe_weights(o.file, std::cout, o.layer);
-  return 0;
+  const std::string problem = describe_weights(o.file, std::cout, o.layer);
+  if (problem.empty()) return ExitCode_ok;
+  std::cout.flush();
+  std::cerr << "error: " << o.file << " cannot be used as a checkpoint: " << problem << "\n";
+  return ExitCode_usage;
 }
 
 // Unknown extensions go to the dump reader, which says clearly what the file is not.
@@ -241,7 +245,8 @@ void setup_inspect(CLI::App& app, int& exit_code) {
                                    "model.safetensors or a checkpoint directory (tensors, types, shapes, the detected "
                                    "MLA config)")
       ->required();
-  cmd->add_option("--layer", o->layer, "Only list the probes (or a checkpoint's tensors) of this layer");
+  cmd->add_option("--layer", o->layer, "Only list the probes (or a checkpoint's tensors) of this layer")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([o, &exit_code] { exit_code = run_inspect(*o); });
 }
 

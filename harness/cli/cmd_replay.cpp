@@ -5,6 +5,7 @@
 
 #include "harness/bisect/replay.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/run_options.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/html.h"
@@ -69,13 +70,15 @@ void setup_replay(CLI::App& app, int& exit_code) {
                                            "config.json, a .safetensors file (config.json beside it) or a .gguf")
       ->required();
   cmd->add_option("--layer", o->layer, "The checkpoint layer the capture holds (default: the capture's layer_index "
-                                       "attribute, else 0)");
+                                       "attribute, else 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--reference-out", o->reference_out,
                   "Write the reference's dump here (then `mla-bisect explore CAPTURE REF` explores the pair)");
   cmd->add_option("--json", o->json, "Write the report as JSON");
   cmd->add_option("--junit", o->junit, "Write JUnit XML (one testcase per probe)");
   cmd->add_option("--html", o->html, "Write a self-contained HTML report");
-  cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str();
+  cmd->add_option("--tol-factor", o->k, "Tolerance = factor x calibrated noise floor")->capture_default_str()
+      ->check(finite_number(0, true));
   cmd->add_option("--tol", o->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
   cmd->add_flag("--brief", o->brief, "Print only the headline, isolation and diagnosis");
   cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");

@@ -1,9 +1,15 @@
 // `mla-bisect run`: one engine on one model and input; prints the per-probe table.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -165,14 +171,82 @@ Inputs inputs_from_dump(const std::string& path, const MlaConfig& cfg, const CLI
   return in;
 }
 
+// --out before any work: a directory is refused; a journal left by a killed run there is folded into its dump
+// (or set aside when it cannot be), and any earlier dump at the path is renamed FILE.previous, so that a run
+// killed during setup never leaves an older result under the name of this one.
+void refuse_out_directory(const std::string& out) {
+  std::error_code ec;
+  if (!out.empty() && std::filesystem::is_directory(out, ec))
+    throw UsageError("--out " + out + ": is a directory; --out names the dump file to write, e.g. " +
+                     (std::filesystem::path(out) / "run.h5").string());
+}
+
+void move_previous_dump_aside(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string journal = path + ".journal";
+  if (fs::exists(journal, ec)) {
+    const int fd = ::open(journal.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      const bool live = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+      ::close(fd);
+      if (live)
+        throw UsageError("--out " + path + ": another run is writing this dump now (" + journal +
+                         " is locked by it); give this run another --out");
+    }
+    try {
+      recover_dump(path);  // the killed run's records, folded into its dump (moved aside below)
+    } catch (const std::exception&) {
+    }
+    if (fs::exists(journal, ec)) {
+      fs::rename(journal, path + ".previous.journal", ec);
+      std::cerr << "note: --out " << path << ": the journal of an earlier run there is now " << path
+                << ".previous.journal\n";
+    }
+  }
+  if (fs::exists(path, ec)) {
+    fs::rename(path, path + ".previous", ec);
+    if (ec) throw UsageError("--out " + path + ": cannot move the earlier dump there aside: " + ec.message());
+    std::cerr << "note: --out " << path << ": the earlier dump there is now " << path
+              << ".previous (this run writes a new one)\n";
+  }
+}
+
+// The stage the run is in, for an allocation failure that still happens.
+class StageTracker : public ProbeSink {
+ public:
+  void stage_begin(int layer, Stage stage, int rank) override {
+    where_ = "in layer " + std::to_string(layer) + " stage " + stage_name(stage) + " (rank " + std::to_string(rank) + ")";
+  }
+  void record(int, const ProbeSpec&, int, const ProbeRecord&) override {}
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_ = "before the first stage";
+};
+
+// Runs `f`; an allocation failure becomes an OutOfMemoryError (exit 3) naming where and the run's estimate.
+template <class F>
+auto out_of_memory_names(const std::function<std::string()>& where, const std::string& estimate, F&& f) {
+  try {
+    return f();
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError("out of memory " + where() + ": " + e.what() + "; " + estimate);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError("out of memory " + where() + ": an allocation failed; " + estimate);
+  }
+}
+
 int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
-  const MlaConfig cfg = load_model_config(o.run.model);
+  refuse_out_directory(o.out);
+  const MlaConfig cfg = o.run.load_config();
   RunSpec spec = o.run.to_spec();
   uint64_t weight_seed = o.run.weight_seed;
   Inputs inputs;
   if (!o.input.empty()) inputs = inputs_from_dump(o.input, cfg, cmd, spec, weight_seed);
   const ProbePlan plan = o.run.to_plan();
   Runner runner(cfg, spec);
+  o.run.check_full_probes({runner.graph()});
   ProcessRank process = resolve_process_rank(o.rank, o.rendezvous, spec.tp);
   process.rendezvous_timeout_s = o.rendezvous_timeout;
   const EngineSpec engine_spec = EngineSpec::parse(o.engine);
@@ -186,23 +260,20 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
       throw UsageError("--inject " + inj.text + ": rank " + std::to_string(inj.rank) + " does not exist at --tp " +
                        std::to_string(spec.tp));
   engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
+  // Before any work: a run that cannot fit in this machine's memory is refused now, not after minutes.
+  const WeightSpec ws = o.run.weight_spec();
+  MemoryCheck mem;
+  mem.engine = engine->name();
+  mem.device = engine.get();
+  mem.dump = !o.out.empty();
+  mem.quantized = !ws.format.empty();
+  mem.local_rank = process.per_process() ? process.local_rank : -1;
+  const std::string estimate = check_run_memory(cfg, spec, plan, mem);
   // One process per rank: the launch id and the engine's communicator id, through the rendezvous file (after
   // every check of the command line, so a bad option fails at once rather than after waiting for rank 0).
   rendezvous_launch(process, engine->communicator_id_bytes(), [&] { return engine->make_communicator_id(); });
   runner.set_process_rank(process);
   const auto t0 = std::chrono::steady_clock::now();
-  // The CUDA engine uploads quantized weights as stored and dequantizes them on its device (kernels/dequant.cu),
-  // injected bugs included; unquantized synthetic weights need no packed copy.
-  const WeightSpec ws = o.run.weight_spec();
-  const bool keep_packed = engine->name() == "cuda" && (!ws.format.empty() || !ws.synthetic());
-  const LoadedWeights loaded = load_weights(ws, cfg, spec, weight_seed, injections, keep_packed);
-  if (keep_packed) runner.set_packed_weights(&loaded.packed, dequant_bugs(injections));
-  const auto& weights = loaded.layers;
-  if (o.input.empty()) inputs = synthetic_inputs(cfg, spec, weights);
-  TableSink table(spec.tp);
-  TeeSink tee;
-  tee.add(table);
-  std::unique_ptr<DumpWriter> writer;
   // One process per rank: each writes FILE.rank<R>.h5 with its rank's records; read_dump(FILE.h5) merges the set.
   const std::string out_path = process.per_process() && !o.out.empty() ? rank_dump_path(o.out, process.rank) : o.out;
   if (process.per_process() && !o.out.empty()) {
@@ -211,7 +282,7 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     std::filesystem::remove(o.out, ec);
     std::filesystem::remove(o.out + ".journal", ec);
   }
-  if (!o.out.empty()) {
+  const auto make_meta = [&](const std::string& weights_loaded) {
     DumpMeta meta;
     meta.engine = engine->name();
     meta.engine_options = engine->options();
@@ -222,7 +293,7 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     meta.run_options["weights"] = o.run.weights;
     if (!o.run.weight_format.empty()) meta.run_options["weight_format"] = o.run.weight_format;
     if (!o.run.layer_range.empty()) meta.run_options["layer_range"] = o.run.layer_range;
-    meta.run_options["weights_loaded"] = loaded.description;
+    meta.run_options["weights_loaded"] = weights_loaded;
     meta.run_options["weight_seed"] = weight_seed;
     meta.run_options["input"] = o.input.empty() ? std::string("synthetic") : o.input;
     meta.run_options["probe_level"] = o.run.probe_level;
@@ -238,7 +309,36 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
       meta.processes = process.world;
       meta.launch_id = process.launch_id;
     }
-    writer = std::make_unique<DumpWriter>(out_path, meta, &inputs);
+    return meta;
+  };
+  // The journal exists from here on, before the slow setup (weights, inputs): a run killed now reads as stopped
+  // during setup, never as the earlier dump that was at this path.
+  std::unique_ptr<DumpWriter> writer;
+  if (!o.out.empty()) {
+    move_previous_dump_aside(out_path);
+    DumpMeta setup = make_meta("not loaded yet");
+    setup.run_options["setup"] = "loading the weights, making the inputs";
+    writer = std::make_unique<DumpWriter>(out_path, setup, nullptr);
+  }
+  StageTracker tracker;
+  const auto setup_where = [] { return std::string("during setup (loading the weights, making the inputs)"); };
+  // The CUDA engine uploads quantized weights as stored and dequantizes them on its device (kernels/dequant.cu),
+  // injected bugs included; unquantized synthetic weights need no packed copy.
+  const bool keep_packed = engine_dequantizes(engine->name(), ws);
+  const LoadedWeights loaded = out_of_memory_names(setup_where, estimate, [&] {
+    return load_weights(ws, cfg, spec, weight_seed, injections, keep_packed);
+  });
+  if (keep_packed) runner.set_packed_weights(&loaded.packed, dequant_bugs(injections));
+  const auto& weights = loaded.layers;
+  if (o.input.empty())
+    inputs = out_of_memory_names(setup_where, estimate, [&] { return synthetic_inputs(cfg, spec, weights); });
+  TableSink table(spec.tp);
+  TeeSink tee;
+  tee.add(table);
+  tee.add(tracker);
+  if (writer) {
+    writer.reset();  // the setup journal is replaced by the run's, with its inputs
+    writer = std::make_unique<DumpWriter>(out_path, make_meta(loaded.description), &inputs);
     tee.add(*writer);
   }
   SlowSink slow(slow_stage_ms());
@@ -247,7 +347,10 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   ProgressSink progress(watchdog, spec.layers, static_cast<int>(runner.graph().stages.size()),
                         process.per_process() ? 1 : spec.tp);
   const auto t1 = std::chrono::steady_clock::now();
-  runner.run(*engine, weights, inputs, plan, progress);
+  out_of_memory_names([&] { return tracker.where(); }, estimate, [&] {
+    runner.run(*engine, weights, inputs, plan, progress);
+    return 0;
+  });
   const auto t2 = std::chrono::steady_clock::now();
   if (o.quiet) return 0;
   std::cout << "model " << cfg.name << "  engine " << engine->name() << ":" << engine->options() << "  mode "
@@ -279,14 +382,16 @@ void setup_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--engine", o->engine, "Engine and options, e.g. reference, reference:precision=bf16, cuda")
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Write every probe to this HDF5 dump (crash-safe: FILE.h5.journal is kept "
-                                   "while the run is alive and folded into FILE.h5 by any later read)");
+                                   "while the run is alive and folded into FILE.h5 by any later read). An earlier "
+                                   "dump at the path is renamed FILE.h5.previous when the run starts");
   cmd->add_option("--input", o->input, "Take the layer input, batch layout and kv caches from this dump's /inputs "
                                        "instead of synthetic ones (mode, tokens, batch, context and layers follow "
                                        "the dump)");
   cmd->add_option("--inject", o->inject, "Plant bugs in this engine: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX[@rank], "
                                          "hang-at:STAGE[@rank], crash-at:STAGE[@rank]");
   cmd->add_option("--watchdog", o->watchdog, "Exit 3 when a stage makes no progress for this many seconds, closing "
-                                             "the dump with the rank and stage that hung (0: off)");
+                                             "the dump with the rank and stage that hung (0: off)")
+      ->check(finite_number(0, false, "seconds (0: off)"));
   cmd->add_flag("--quiet", o->quiet, "Do not print the probe table");
   cmd->add_option("--rank", o->rank,
                   "One process per tensor-parallel rank: this process's rank, a number (0..tp-1) or 'auto' (from the "
@@ -304,7 +409,8 @@ void setup_run(CLI::App& app, int& exit_code) {
       ->type_name("PATH");
   cmd->add_option("--rendezvous-timeout", o->rendezvous_timeout,
                   "Seconds the ranks other than 0 wait for the rendezvous file")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_number(0, true, "seconds"));
   cmd->callback([o, cmd, &exit_code] { exit_code = run_run(*o, *cmd); });
 }
 

@@ -38,7 +38,19 @@ struct ZooCmdOptions {
 };
 
 int run_zoo(ZooCmdOptions o) {
-  const MlaConfig cfg = load_model_config(o.run.model);
+  const MlaConfig cfg = o.run.load_config();
+  {
+    // The cases run in several modes and forms: a --full-probes name must be a probe of one of them.
+    std::vector<StageGraph> graphs;
+    RunSpec s = o.run.to_spec();
+    for (Mode m : {Mode::Mode_prefill, Mode::Mode_decode, Mode::Mode_chunked})
+      for (AttentionForm f : {AttentionForm::AttentionForm_mha, AttentionForm::AttentionForm_absorbed}) {
+        s.mode = m;
+        s.form = f;
+        graphs.push_back(build_graph(cfg, s.graph_shape()));
+      }
+    o.run.check_full_probes(graphs);
+  }
   std::vector<ZooCase> cases;
   const auto only = split_list(o.only);
   auto selected = [&](const std::string& n) { return only.empty() || std::find(only.begin(), only.end(), n) != only.end(); };
@@ -51,6 +63,9 @@ int run_zoo(ZooCmdOptions o) {
     c.options.cfg = cfg;
     c.options.spec = ro.to_spec();
     c.options.spec.validate(cfg);
+    ProbePlan full;  // each case's drill-down recomputes full tensors in this process
+    full.level = ProbeLevel::ProbeLevel_full;
+    check_run_memory(cfg, c.options.spec, full, {.dump = true, .quantized = !ro.weight_format.empty()});
     c.options.weight_seed = ro.weight_seed;
     c.options.weights = ro.weight_spec();
     c.options.run_args = ro.to_args();
@@ -74,6 +89,10 @@ int run_zoo(ZooCmdOptions o) {
     if (e.name == "page-off-by-one") { ro.batch = 2; ro.context = "40,200"; ro.tokens = 1; }
     if (e.name == "lse-base2") { ro.batch = 2; ro.context = "0,30"; ro.tokens = std::min(ro.tokens > 0 ? ro.tokens : 16, 16); }
     if (e.name == "decode-empty-cache") { ro.mode = "prefill"; ro.context.clear(); }
+    // The residual stage runs only when a layer starts at h (stacked layers).
+    if (e.name == "residual-drop") ro.layers = std::max(ro.layers, 2);
+    // Tokens past the window, so that the later ones lose keys to it.
+    if (e.name == "sliding-window") ro.tokens = std::max(ro.tokens > 0 ? ro.tokens : 16, 3 * kSlidingWindowBug);
     if (ro.mode == "prefill") ro.context.clear();
     cases.push_back(make_case(e.name, ro, e.expected, e.pattern));
   }
@@ -139,13 +158,15 @@ void setup_zoo(CLI::App& app, int& exit_code) {
                                           "runs 1, lse-base2 at most 16)");
   cmd->add_option("--candidate", o->candidate, "Candidate engine (default: cuda when a GPU is present, else "
                                                "reference:precision=bf16)");
-  cmd->add_option("--clean-seeds", o->clean_seeds, "Clean runs (seeds) that must not be flagged")->capture_default_str();
+  cmd->add_option("--clean-seeds", o->clean_seeds, "Clean runs (seeds) that must not be flagged")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--only", o->only, "Comma list of injections to run (default: all)");
   cmd->add_option("--shard", o->shard, "I/N: run only the cases i with i % N == I (0 <= I < N), so that N "
                                        "processes share one zoo; the totals are the shard's");
   cmd->add_flag("--progress", o->progress, "Print one line per finished case on stderr (for logs)");
   cmd->add_option("--workdir", o->workdir, "Where the dumps go")->capture_default_str();
-  cmd->add_option("--timeout", o->timeout, "Per-stage watchdog, seconds")->capture_default_str();
+  cmd->add_option("--timeout", o->timeout, "Per-stage watchdog, seconds")->capture_default_str()
+      ->check(finite_number(0, true, "seconds"));
   cmd->add_option("--json", o->json, "Write the table as JSON");
   refuse_rank_options(*cmd);
   cmd->callback([o, &exit_code] { exit_code = run_zoo(*o); });

@@ -1,5 +1,6 @@
 // mla-bisect: wires the subcommands and maps errors to exit codes (0 ok, 1 divergence, 2 usage, 3 engine).
 #include <iostream>
+#include <new>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -51,6 +52,10 @@ int main(int argc, char** argv) {
     return mla::ExitCode_usage;
   } catch (const mla::EngineError& e) {
     std::cerr << "engine error: " << e.what() << "\n";
+    return mla::ExitCode_engine;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: out of memory: an allocation failed (the run's estimate did not foresee it; lower --tokens, "
+                 "--context, --batch or --layers)\n";
     return mla::ExitCode_engine;
   } catch (const std::exception& e) {
     std::cerr << "internal error: " << e.what() << "\n";

@@ -1,10 +1,16 @@
 // Shared run options: parsing into RunSpec and ProbePlan.
 #include "harness/cli/run_options.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <set>
 #include <string>
 
 #include "harness/model/errors.h"
+#include "harness/run/memory_estimate.h"
+#include "reference/cpu_threads.h"
 
 namespace mla::cli {
 
@@ -19,6 +25,92 @@ std::vector<std::string> split_list(const std::string& s, char sep) {
     pos = next + 1;
   }
   return out;
+}
+
+CLI::Validator finite_number(double min, bool strict, const std::string& unit) {
+  char bound[64];
+  std::snprintf(bound, sizeof bound, "%s %g", strict ? ">" : ">=", min);
+  const std::string want = std::string("a number ") + bound + (unit.empty() ? "" : " " + unit);
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        const char* b = v.c_str();
+        char* end = nullptr;
+        const double d = std::strtod(b, &end);
+        if (v.empty() || end != b + v.size() || !std::isfinite(d) || (strict ? !(d > min) : !(d >= min)))
+          return "must be " + want + ", got '" + v + "'";
+        return "";
+      },
+      want, "finite");
+}
+
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        bool digits = !v.empty() && v.size() <= 20;
+        for (char c : v) digits = digits && c >= '0' && c <= '9';
+        if (digits && (v.size() < 20 || v <= "18446744073709551615")) return "";
+        return "must be an integer from 0 to 18446744073709551615, got '" + v + "'";
+      },
+      "UINT64", "non-negative integer");
+}
+
+MlaConfig RunOptions::load_config() const {
+  if (model_from_weights) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::exists(weights, ec))
+      throw UsageError("--weights '" + weights + "': no such file or directory (a checkpoint: a .gguf file, a "
+                       ".safetensors file or a directory of them with config.json; or synthetic[:SEED])");
+    if (fs::is_directory(weights, ec) && !fs::exists(fs::path(weights) / "config.json", ec))
+      throw UsageError("--weights '" + weights + "': the directory has no config.json, which gives the model's "
+                       "dimensions; put the checkpoint's HF config.json there, or pass --model PRESET|CONFIG.json");
+  }
+  return load_model_config(model);
+}
+
+void RunOptions::check_full_probes(const std::vector<StageGraph>& graphs) const {
+  std::set<std::string> valid;
+  std::vector<std::string> ordered;
+  for (const auto& g : graphs)
+    for (const auto& p : g.probes)
+      if (valid.insert(p.name).second) ordered.push_back(p.name);
+  // Weights too: all of them ("weights") or one by its checkpoint name.
+  static const char* const weights[] = {"weights",        "input_layernorm",    "q_a_proj",       "q_a_layernorm",
+                                        "q_b_proj",       "q_proj",             "kv_a_proj_with_mqa",
+                                        "kv_a_layernorm", "kv_b_proj",          "o_proj"};
+  for (const char* w : weights)
+    if (valid.insert(w).second) ordered.push_back(w);
+  for (const auto& n : split_list(full_probes)) {
+    if (valid.count(n)) continue;
+    std::string names;
+    for (const auto& v : ordered) names += (names.empty() ? "" : ", ") + v;
+    throw UsageError("--full-probes: '" + n + "' is not a probe of this run (mode " + mode + ", attention " +
+                     (attention.empty() ? "default" : attention) + "); its probes: " + names);
+  }
+}
+
+std::string check_run_memory(const MlaConfig& cfg, const RunSpec& spec, const ProbePlan& plan, const MemoryCheck& how) {
+  MemoryEstimateInput in;
+  in.cfg = &cfg;
+  in.spec = &spec;
+  in.plan = plan;
+  in.dump = how.dump;
+  in.engine = how.engine;
+  in.quantized = how.quantized;
+  in.per_process = how.local_rank >= 0;
+  in.threads = how.engine == "reference" ? ref::set_eigen_threads() : 1;
+  const MemoryEstimate host = estimate_host_memory(in);
+  const MemoryAvailable have = available_host_memory();
+  require_memory(host, have, "host memory");
+  const std::string summary = memory_summary(host, have);
+  if (!how.device) return summary;
+  const Engine::DeviceMemory dm = how.device->device_memory(how.local_rank);
+  if (dm.devices <= 0 || dm.free_bytes < 0) return summary;
+  in.devices = dm.devices;
+  require_memory(estimate_device_memory(in), {dm.free_bytes, "free on the GPU (cudaMemGetInfo)"},
+                 "memory on each GPU (" + std::to_string(in.per_process ? 1 : (spec.tp + dm.devices - 1) / dm.devices) +
+                     " of the " + std::to_string(spec.tp) + " ranks per GPU)");
+  return summary;
 }
 
 void add_run_options(CLI::App& app, RunOptions& o) {
@@ -45,10 +137,13 @@ void add_run_options(CLI::App& app, RunOptions& o) {
                                          "(default: 200 decode, 100 chunked, 0 prefill)");
   app.add_option("--tp", o.tp, "Tensor-parallel ranks (heads must divide)")->capture_default_str();
   app.add_option("--layers", o.layers, "Stacked layers (> 1: each starts at h with input_layernorm)")->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed of the synthetic inputs")->capture_default_str();
-  app.add_option("--weight-seed", o.weight_seed, "Seed of the synthetic weights")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the synthetic inputs (>= 0)")->capture_default_str()
+      ->check(non_negative_integer());
+  app.add_option("--weight-seed", o.weight_seed, "Seed of the synthetic weights (>= 0)")->capture_default_str()
+      ->check(non_negative_integer());
   app.add_option("--probe-level", o.probe_level, "stats | sketch | full")->capture_default_str();
-  app.add_option("--full-probes", o.full_probes, "Comma list of probes captured in full regardless of --probe-level");
+  app.add_option("--full-probes", o.full_probes, "Comma list of probes captured in full regardless of --probe-level ('weights': every weight, or a "
+                 "weight's name, e.g. q_a_proj)");
   app.add_option("--weights", o.weights, "synthetic[:SEED], or a checkpoint: a .gguf file, a .safetensors file or a "
                                          "directory of them (config.json beside; sharded through "
                                          "model.safetensors.index.json). A checkpoint also gives the model config "
@@ -62,7 +157,8 @@ void add_run_options(CLI::App& app, RunOptions& o) {
                                                  "tensors are read");
   // After parsing: a checkpoint brings its config, and a layer range its layer count.
   app.parse_complete_callback([&app, &o] {
-    if (!app.count("--model") && !o.weight_spec().synthetic()) o.model = o.weights;
+    o.model_from_weights = !app.count("--model") && !o.weight_spec().synthetic();
+    if (o.model_from_weights) o.model = o.weights;
     if (!o.layer_range.empty()) {
       const LayerRange r = parse_layer_range(o.layer_range);
       if (app.count("--layers") && o.layers != r.count())
@@ -119,6 +215,9 @@ RunSpec RunOptions::to_spec() const {
     } catch (const std::exception&) {
       throw UsageError("--context: '" + c + "' is not an integer");
     }
+    // Far beyond any model's context, and where the page arithmetic (int) would overflow.
+    if (s.context.back() > (1 << 26))
+      throw UsageError("--context: " + c + " cached tokens is more than the 67108864 a run may hold per sequence");
   }
   if (s.context.empty() && s.mode != Mode::Mode_prefill) s.context = {s.mode == Mode::Mode_decode ? 200 : 100};
   if (!weight_spec().synthetic()) s.input_norm = true;  // real checkpoints carry input_layernorm: start at h

@@ -1,5 +1,6 @@
 // Metrics, tolerances, verdicts, the first divergence, and what is comparable and expected.
 #include "harness/compare/compare.h"
+#include "harness/compare/weight_diff.h"
 
 #include <algorithm>
 #include <cmath>
@@ -344,7 +345,9 @@ std::pair<int, std::string> parse_probe_name(const std::string& text) {
 
 }  // namespace
 
-std::string ProbeResult::label() const { return probe_label(layer, name, multi_layer); }
+std::string ProbeResult::label() const {
+  return weight ? "weight " + probe_label(layer, name, multi_layer) : probe_label(layer, name, multi_layer);
+}
 
 std::vector<std::string> check_comparable(const Dump& a, const Dump& b) {
   std::vector<std::string> diff;
@@ -503,6 +506,12 @@ ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOption
 // The comparison and its verdict
 // ---------------------------------------------------------------------------------------------------
 
+int CompareReport::divergent_weights() const {
+  int n = 0;
+  for (const auto& r : weights) n += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite;
+  return n;
+}
+
 int CompareReport::divergent() const {
   int n = 0;
   for (const auto& r : results) n += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite;
@@ -519,7 +528,7 @@ std::vector<const ProbeResult*> CompareReport::missing(bool allowed) const {
 int CompareReport::exit_code() const {
   if (stopped_early()) return ExitCode_engine;
   if (matched == 0) return ExitCode_usage;
-  if (first_divergence >= 0 || missing_fails()) return ExitCode_divergence;
+  if (first_divergence >= 0 || first_weight >= 0 || missing_fails()) return ExitCode_divergence;
   return ExitCode_ok;
 }
 
@@ -544,6 +553,12 @@ std::string CompareReport::verdict_line() const {
     os << ", " << div << " beyond tolerance (first: " << results[first_divergence].label() << ")";
   else if (matched > 0)
     os << ", " << (miss.empty() && allowed.empty() ? "every probe" : "every matched probe") << " within its tolerance";
+  if (!weights.empty()) {
+    const int wd = divergent_weights();
+    os << "; " << weights.size() << " weight" << (weights.size() == 1 ? "" : "s") << " compared, ";
+    if (wd > 0) os << wd << " beyond tolerance (first: " << weights[first_weight].label() << ")";
+    else os << "every one within its tolerance";
+  }
   switch (exit_code()) {
     case ExitCode_engine:
       os << ": INCOMPLETE (a dump stopped early: "
@@ -672,6 +687,7 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
                    (d == &a ? "candidate" : "reference") + ")";
     if (!extra.empty()) rep.notes.push_back("not expected by " + ex.from + ", not compared: " + extra);
   }
+  compare_weights(a, b, tol, opt, rep);
   for (size_t i = 0; i < rep.results.size(); ++i) {
     const auto v = rep.results[i].verdict;
     if (v == Verdict::Verdict_diverge || v == Verdict::Verdict_nonfinite) {
@@ -717,6 +733,21 @@ ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::v
        << " (floor: 1 " << precision_name(precision) << " ulp)";
     t.origin = os.str();
     tm.per_probe[std::to_string(ph.layer) + "/" + ph.name] = t;
+  }
+  // The weights as the candidate's precision holds them: the FP32 weights rounded (their rounding is the floor).
+  for (const auto& wh : hi.weights) {
+    const DumpProbe* wl = lo.find_weight(wh.layer, wh.name);
+    if (!wl) continue;
+    const Metrics m = compare_gathered(gather(*wl), gather(wh), wh, wh.layer, {});
+    Tolerance t;
+    t.rel_l2 = std::max(k * m.rel_l2, ulp);
+    t.token_rel = std::max(k * m.max_token_rel, 2 * ulp);
+    std::ostringstream os;
+    os.precision(2);
+    os << "calibrated: " << k << " x the weight's own " << precision_name(precision) << " rounding " << std::scientific
+       << m.rel_l2 << " (floor: 1 " << precision_name(precision) << " ulp)";
+    t.origin = os.str();
+    tm.per_probe[std::to_string(wh.layer) + "/weights/" + wh.name] = t;
   }
   return tm;
 }

@@ -101,8 +101,14 @@ struct ProbeResult {
   std::string why;        // one line: which limit, by how much (missing: why it was not compared)
   std::vector<std::string> problems;
   bool missing_allowed = false;  // Verdict_missing that the user allowed (--allow-missing): reported, not failed
+  bool weight = false;           // a layer weight (CompareReport::weights), not an activation probe
+  // A weight beyond tolerance, described (describe_weight): the pattern in plain words and the numbers behind it.
+  std::string pattern;
+  std::vector<std::string> evidence;
+  std::vector<int> ranks_off;  // ranks whose shard of the weight is beyond tolerance
   bool matched() const { return verdict != Verdict::Verdict_missing; }
-  std::string label() const;     // "q_c", or "layer1/q_c" where layers matter (set by compare_dumps)
+  std::string label() const;     // "q_c", or "layer1/q_c" where layers matter (set by compare_dumps); weights:
+                                 // "weight q_a_proj", "weight layer1/q_a_proj"
   bool multi_layer = false;
 };
 
@@ -111,12 +117,17 @@ struct CompareReport {
   // Every expected probe in (layer, graph order): matched ones with their metrics, the others Verdict_missing.
   std::vector<ProbeResult> results;
   int first_divergence = -1;         // index into results
+  // The weights both dumps recorded, compared before the activations (harness/compare/weight_diff.h), and the first
+  // beyond its tolerance (index into weights, -1 none). A weight that differs fails the comparison.
+  std::vector<ProbeResult> weights;
+  int first_weight = -1;
   std::vector<std::string> notes;    // e.g. "b has no full tensors: metrics from sketches"
   int expected = 0;                  // probes expected: the reference's stage graph, or the --probes selection
   int matched = 0;                   // of those, present in both dumps and compared
   std::string expected_from;         // where the expected list came from, in words
   bool stopped_early() const { return a_status != "complete" || b_status != "complete"; }
   int divergent() const;             // results beyond tolerance (diverge or NaN/Inf)
+  int divergent_weights() const;
   std::vector<const ProbeResult*> missing(bool allowed) const;  // missing probes, not allowed / allowed ones
   bool missing_fails() const { return !missing(false).empty(); }
   // 3 a dump stopped early, 2 nothing matched, 1 a divergence or a missing probe not allowed, 0 pass.

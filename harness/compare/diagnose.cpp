@@ -775,13 +775,33 @@ Found rule_positions(const Ctx& c) {
     bool clean_split = true;
     for (int64_t t = 0; t < c.T; ++t) clean_split &= (pos[t] >= first) == static_cast<bool>(c.off[t]);
     if (clean_split) W = first;
+    // A mask that hides one key of many moves the first tokens past it less than the per-token tolerance: W is
+    // still where the error profile splits, when every token from there on has more error than any token before
+    // (all of those within tolerance), three quarters of them are off, and their median is 3x the error before.
+    for (int p = 2; W < 0 && p <= first && p <= max_pos; ++p) {
+      const double before = max_rel_where([&](int64_t t) { return pos[t] < p; }),
+                   after = min_rel_where([&](int64_t t) { return pos[t] >= p; });
+      std::vector<double> rel_after;
+      int64_t off_after = 0;
+      for (int64_t t = 0; t < c.T; ++t)
+        if (pos[t] >= p) rel_after.push_back(m.token_rel[t]), off_after += c.off[t];
+      const auto n_after = static_cast<int64_t>(rel_after.size());
+      std::nth_element(rel_after.begin(), rel_after.begin() + n_after / 2, rel_after.end());
+      if (after > before && 4 * off_after >= 3 * n_after && rel_after[n_after / 2] >= 3 * before) W = p;
+    }
   }
   if (W >= 2) {
     const double before = max_rel_where([&](int64_t t) { return pos[t] < W; }),
                  after = min_rel_where([&](int64_t t) { return pos[t] >= W; });
+    int64_t n_after = 0, off_after = 0;
+    for (int64_t t = 0; t < c.T; ++t)
+      if (pos[t] >= W) n_after += 1, off_after += c.off[t];
     std::vector<std::string> ev{"tokens at positions < " + std::to_string(W) + " within tolerance (max rel_l2 " +
-                                    fmt_num(before) + "), every token at position >= " + std::to_string(W) +
-                                    " off (min rel_l2 " + fmt_num(after) + ")"};
+                                    fmt_num(before) + "), " +
+                                    (off_after == n_after ? "every token at position >= " + std::to_string(W) + " off"
+                                                          : std::to_string(off_after) + " of " + std::to_string(n_after) +
+                                                                " tokens at position >= " + std::to_string(W) + " off") +
+                                    " (min rel_l2 " + fmt_num(after) + ")"};
     if (c.attention)
       return Finding{"error starts at position " + std::to_string(W) + ": a mask that begins there, e.g. a sliding "
                      "window of " + std::to_string(W) + " keys (tokens before it see every key either way) or a "
@@ -831,13 +851,21 @@ Found rule_channels(const Ctx& c) {
   if (!(err > 0) || !(ref > 0)) return std::nullopt;
   // Named: channels above the tolerance on their own that carry a share of the error (a clean channel's rounding
   // may cross the tolerance by chance, but carries next to none of it). They must hold 90% of the error, be at most
-  // a quarter of the channels, and leave the rest within the tolerance.
+  // a quarter of the channels, or lie in one contiguous range of at most half of them (the upper half's weights
+  // misindexed), and leave the rest within the tolerance. A channel above the tolerance inside the range the named
+  // ones span belongs to them even with a small share (a weight factor near 1 in a misindexed range).
+  std::vector<char> above(c.C), share(c.C);
+  int64_t lo = c.C, hi = -1;
+  for (int64_t ch = 0; ch < c.C; ++ch) {
+    above[ch] = m.channel_ref2[ch] > 0 ? m.channel_err2[ch] > c.tol.rel_l2 * c.tol.rel_l2 * m.channel_ref2[ch]
+                                       : m.channel_err2[ch] > 0;
+    share[ch] = above[ch] && m.channel_err2[ch] >= 1e-3 * err;
+    if (share[ch]) lo = std::min(lo, ch), hi = std::max(hi, ch);
+  }
   std::vector<int64_t> named;
   double acc = 0, rest_err = 0, rest_ref = 0;
   for (int64_t ch = 0; ch < c.C; ++ch) {
-    const bool above = m.channel_ref2[ch] > 0 ? m.channel_err2[ch] > c.tol.rel_l2 * c.tol.rel_l2 * m.channel_ref2[ch]
-                                              : m.channel_err2[ch] > 0;
-    if (above && m.channel_err2[ch] >= 1e-3 * err) {
+    if (share[ch] || (above[ch] && ch > lo && ch < hi && 2 * (hi - lo + 1) <= c.C)) {
       named.push_back(ch);
       acc += m.channel_err2[ch];
     } else {
@@ -846,8 +874,9 @@ Found rule_channels(const Ctx& c) {
     }
   }
   const double rest_rel = rest_ref > 0 ? std::sqrt(rest_err / rest_ref) : 0;
-  if (named.empty() || 4 * static_cast<int64_t>(named.size()) > c.C || acc < 0.9 * err || rest_rel > c.tol.rel_l2)
-    return std::nullopt;
+  const bool few = 4 * static_cast<int64_t>(named.size()) <= c.C;
+  const bool one_range = !named.empty() && 2 * (named.back() - named.front() + 1) <= c.C;
+  if (named.empty() || !(few || one_range) || acc < 0.9 * err || rest_rel > c.tol.rel_l2) return std::nullopt;
   // Most of a head's lanes are the head rule's.
   if (c.N > 1 && c.X > 0) {
     std::vector<int64_t> per_head(c.N);
@@ -983,6 +1012,9 @@ Found rule_scale(const Ctx& c) {
   std::vector<std::string> ev{"cosine " + fmt_num(m.cosine, 6) + " (direction kept), norm ratio " + fmt_num(m.norm_ratio, 5)};
   if (c.per_token) {
     const auto [lo, hi] = std::minmax_element(m.token_norm_ratio.begin(), m.token_norm_ratio.end());
+    // Tokens' factors apart by more than a token's tolerance: each token its own factor (the token-scale rule's),
+    // however close to 1 the overall cosine stays.
+    if (!(*hi <= *lo * (1 + 2 * c.tol.token_rel))) return std::nullopt;
     ev.push_back("per-token norm ratios " + fmt_num(*lo, 5) + " to " + fmt_num(*hi, 5) + " (the same factor for every token)");
   }
   if (const NamedFactor* f = named_factor(m.norm_ratio, 2e-3)) {
@@ -1055,7 +1087,8 @@ Found rule_token_scale(const Ctx& c) {
                                   "); per-token norm ratios " + fmt_num(rmin, 4) + " to " + fmt_num(rmax, 4),
                               "the scale explains " + percent(std::max(0.0, 1 - orth_med)) +
                                   " of a token's error energy (median over tokens)"};
-  if (rmax / rmin > 1.0 + 10 * c.tol.rel_l2 && orth_med < 0.3) {
+  // The factors differ by more than a token's tolerance (a pure scale's agree to rounding).
+  if (rmax / rmin > 1.0 + 2 * c.tol.token_rel && orth_med < 0.3) {
     const bool exact = min_cos > 1 - 1e-4;
     return Finding{std::string(exact ? "a per-token scale: " : "") + "content kept, scale per token off: a "
                    "normalization missing or wrong (RMSNorm skipped, over the wrong width, eps)" +
@@ -1118,6 +1151,26 @@ std::string match_line(const std::string& what, const NeighbourMatch& n, int64_t
          (n.next ? "; the next neighbour (" + n.next->name + ") to " + percent(n.next_miss) : "");
 }
 
+// The candidate itself equal to one neighbour and the error to another: the sum is missing the error's neighbour,
+// the candidate is the other term (h_out = o: h never added).
+Found rule_neighbour_equal(const Ctx& c) {
+  if (!c.channel_factors) return std::nullopt;
+  const Metrics& m = c.m;
+  const double err = std::accumulate(m.channel_err2.begin(), m.channel_err2.end(), 0.0);
+  if (!(err > 0)) return std::nullopt;
+  const NeighbourMatch e = match_neighbour(c, m.channel_err2);
+  if (!clear_match(e)) return std::nullopt;
+  const NeighbourMatch a = match_neighbour(c, m.channel_cand2);
+  if (!clear_match(a) || a.p == e.p || a.p->name == e.p->name) return std::nullopt;
+  const double k = part_index(m.norm_ratio, m.rel_l2);
+  std::vector<std::string> ev{match_line("per-channel error energy", e, c.C),
+                              "(a−b)·b / ‖a−b‖² = " + fmt_num(k, 3) + " (−1: the reference minus a part; +1: plus a part)",
+                              match_line("the candidate's per-channel energy", a, c.C)};
+  const std::string what = c.r.stage == "residual" ? "residual add dropped: " : "a term of the sum dropped: ";
+  return Finding{what + c.r.name + " equals " + a.p->name + " (" + e.p->name + " never added; the error is minus " +
+                     e.p->name + ")", "high", ev};
+}
+
 Found rule_neighbour_part(const Ctx& c) {
   if (!c.channels) return std::nullopt;
   const Metrics& m = c.m;
@@ -1128,16 +1181,7 @@ Found rule_neighbour_part(const Ctx& c) {
   const double k = part_index(m.norm_ratio, m.rel_l2);
   std::vector<std::string> ev{match_line("per-channel error energy", e, c.C),
                               "(a−b)·b / ‖a−b‖² = " + fmt_num(k, 3) + " (−1: the reference minus a part; +1: plus a part)"};
-  // The candidate itself equal to another neighbour: the sum is missing e.p, the candidate is the other term.
-  if (c.channel_factors) {
-    const NeighbourMatch a = match_neighbour(c, m.channel_cand2);
-    if (clear_match(a) && a.p != e.p && a.p->name != e.p->name) {
-      ev.push_back(match_line("the candidate's per-channel energy", a, c.C));
-      const std::string what = c.r.stage == "residual" ? "residual add dropped: " : "a term of the sum dropped: ";
-      return Finding{what + c.r.name + " equals " + a.p->name + " (" + e.p->name + " never added; the error is minus " +
-                         e.p->name + ")", "high", ev};
-    }
-  }
+  if (Found f = rule_neighbour_equal(c)) return f;
   // Only the error matched: its sign from how it lies against the reference.
   if (std::fabs(k + 1) < 0.5)
     return Finding{"candidate = reference minus " + e.p->name + ": " + e.p->name +
@@ -1321,9 +1365,14 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
     ev.insert(ev.end(), f.evidence.begin(), f.evidence.end());
     return dg;
   };
-  if (m.norm_ratio < 0.05 && (m.norm_ratio == 0 || m.cosine < 0.99))
+  if (m.norm_ratio < 0.05 && (m.norm_ratio == 0 || m.cosine < 0.99)) {
+    // Small beside the reference but another probe of this layer (h_out = o, next to a large h): a term dropped,
+    // not a missing write.
+    if (m.norm_ratio > 0)
+      if (Found f = rule_neighbour_equal(c)) return take(std::move(*f));
     return take({"the candidate's tensor is (nearly) all zeros: a write that never happened (an empty cache row, "
                  "a kernel that did not run)", "high", {"norm ratio ‖a‖/‖b‖ " + fmt_num(m.norm_ratio, 4)}});
+  }
   // Most specific first: a rule that names the rows, ranks or channels before one that names a shape of the whole.
   static Found (*const rules[])(const Ctx&) = {
       rule_unwritten, rule_sequences, rule_ranks,         rule_all_reduce,  rule_blocks,

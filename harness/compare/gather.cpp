@@ -126,12 +126,44 @@ Gathered gather(const DumpProbe& p) {
   const int64_t T = p.shape.empty() ? 1 : p.shape[0];
   const int64_t row = shape_numel(p.shape) / std::max<int64_t>(T, 1);
   const int tp = g.tp;
-  const bool heads = p.contract == "heads", partial = p.contract == "partial";
+  // A columns-sharded weight gathers as heads do (each rank a block of every row); a rows-sharded one stacks its
+  // ranks' rows.
+  const bool heads = p.contract == "heads" || p.contract == "columns", partial = p.contract == "partial";
+  const bool rows = p.contract == "rows";
   g.full = all_have(p, [](const ProbeRecord& r) { return r.data.numel() > 0; });
   g.sketch = all_have(p, [](const ProbeRecord& r) { return !r.sketch.empty(); });
   for (auto& r : p.ranks) {
     g.nan += r.nan;
     g.inf += r.inf;
+  }
+  if (rows) {
+    const int64_t local_rows = T / std::max(tp, 1);
+    double ss = 0;
+    if (g.full) g.data = Tensor(p.shape);
+    if (g.sketch) g.sketch_rows.assign(T * kSketchDim, 0.f);
+    g.token_l2.assign(T, 0.f);
+    for (int r = 0; r < tp; ++r) {
+      const auto& rec = p.ranks[r];
+      ss += rec.l2 * rec.l2;
+      g.absmax = std::max(g.absmax, rec.absmax);
+      const int64_t base = r * local_rows;
+      if (g.full) {
+        if (rec.data.numel() != local_rows * row) {
+          g.problems.push_back("rank " + std::to_string(r) + " holds " + shape_string(rec.data.shape) +
+                               ", expected its rows of " + shape_string(p.shape));
+          g.full = false;
+        } else {
+          std::memcpy(g.data.ptr() + base * row, rec.data.ptr(), sizeof(float) * local_rows * row);
+        }
+      }
+      if (g.sketch && static_cast<int64_t>(rec.sketch.size()) == local_rows * kSketchDim)
+        std::copy(rec.sketch.begin(), rec.sketch.end(), g.sketch_rows.begin() + base * kSketchDim);
+      for (int64_t t = 0; t < local_rows && t < static_cast<int64_t>(rec.token_l2.size()); ++t)
+        g.token_l2[base + t] = rec.token_l2[t];
+    }
+    if (!g.full) g.data = Tensor();
+    g.l2 = std::sqrt(ss);
+    return g;
   }
   if (!heads && !partial) {
     // Replicated: the ranks must agree bit for bit. Ranks that agree form a group; the largest group's copy speaks

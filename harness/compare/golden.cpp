@@ -61,6 +61,9 @@ class StopHook : public ProbeSink {
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
     inner_.record(layer, spec, rank, rec);
   }
+  void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
+    inner_.record_weight(layer, spec, rank, rec);
+  }
   void finish(const std::string& status) override {
     inner_.finish(status);
     if (on_stop_ && status.rfind("stopped", 0) == 0) on_stop_(status);

@@ -335,7 +335,9 @@ MlaConfig load_model_config(const std::string& spec) {
   if (!in) throw UsageError("cannot read " + path.string());
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_hf_config(ss.str(), path.string());
+  MlaConfig c = parse_hf_config(ss.str(), path.string());
+  warn_unknown_config_fields(ss.str(), path.string());  // harness/weights/checkpoint_config.h
+  return c;
 }
 
 }  // namespace mla

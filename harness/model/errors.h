@@ -17,4 +17,9 @@ struct EngineError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An allocation failed during a run (exit 3): the message says how much, for what; the command adds where.
+struct OutOfMemoryError : EngineError {
+  using EngineError::EngineError;
+};
+
 }  // namespace mla

@@ -64,6 +64,8 @@ const char* contract_name(Contract c) {
     case Contract::Contract_replicated: return "replicated";
     case Contract::Contract_heads: return "heads";
     case Contract::Contract_partial: return "partial";
+    case Contract::Contract_rows: return "rows";
+    case Contract::Contract_columns: return "columns";
   }
   return "?";
 }
@@ -158,9 +160,36 @@ StageGraph build_graph(const MlaConfig& c, const GraphShape& g) {
   return G;
 }
 
+std::vector<ProbeSpec> build_weights(const MlaConfig& c, const GraphShape& g) {
+  const int64_t H = c.hidden, N = c.heads, Lq = c.q_lora_rank, L = c.kv_lora_rank, R = c.qk_rope, P = c.qk_nope,
+                V = c.v_head;
+  std::vector<ProbeSpec> w;
+  auto weight = [&](std::string name, Stage s, Contract ct, std::vector<int64_t> shape) {
+    w.push_back(ProbeSpec{std::move(name), s, ct, std::move(shape), -1, -1, static_cast<int>(w.size())});
+  };
+  using S = Stage;
+  const auto rep = Contract::Contract_replicated;
+  if (g.input_norm) weight("input_layernorm", S::Stage_input_norm, rep, {1, H});
+  if (c.has_q_lora()) {
+    weight("q_a_proj", S::Stage_q_a_proj, rep, {Lq, H});
+    weight("q_a_layernorm", S::Stage_q_a_norm, rep, {1, Lq});
+    weight("q_b_proj", S::Stage_q_b_proj, Contract::Contract_rows, {N * (P + R), Lq});
+  } else {
+    weight("q_proj", S::Stage_q_proj, Contract::Contract_rows, {N * (P + R), H});
+  }
+  weight("kv_a_proj_with_mqa", S::Stage_kv_a_proj, rep, {L + R, H});
+  weight("kv_a_layernorm", S::Stage_kv_a_norm, rep, {1, L});
+  weight("kv_b_proj", g.form == AttentionForm::AttentionForm_mha ? S::Stage_kv_b_proj : S::Stage_q_absorb,
+         Contract::Contract_rows, {N * (P + V), L});
+  weight("o_proj", S::Stage_o_proj, Contract::Contract_columns, {H, N * V});
+  return w;
+}
+
 std::vector<int64_t> local_shape(const ProbeSpec& p, int tp) {
   auto s = p.shape;
   if (p.contract == Contract::Contract_heads && p.heads_axis >= 0) s[p.heads_axis] /= tp;
+  if (p.contract == Contract::Contract_rows && !s.empty()) s[0] /= tp;
+  if (p.contract == Contract::Contract_columns && s.size() > 1) s[1] /= tp;
   return s;
 }
 

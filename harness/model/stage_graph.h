@@ -11,8 +11,10 @@ namespace mla {
 
 enum class Mode { Mode_prefill, Mode_decode, Mode_chunked };
 enum class AttentionForm { AttentionForm_mha, AttentionForm_absorbed };
-// How ranks hold a probe: the same on every rank, a block of heads each, or a partial sum.
-enum class Contract { Contract_replicated, Contract_heads, Contract_partial };
+// How ranks hold a probe: the same on every rank, a block of heads each, or a partial sum. Weights (build_weights)
+// are held whole (replicated), as a block of rows each (column-parallel q_b_proj, kv_b_proj) or as a block of
+// columns each (row-parallel o_proj).
+enum class Contract { Contract_replicated, Contract_heads, Contract_partial, Contract_rows, Contract_columns };
 
 enum class Stage {
   Stage_layer_input,  // h (or x) enters the layer
@@ -76,7 +78,13 @@ struct StageGraph {
 
 StageGraph build_graph(const MlaConfig& cfg, const GraphShape& g);
 
-// Rank r's slice of a global probe shape: heads axis divided by tp, everything else whole.
+// The weights a layer computes with, one spec each, named as checkpoints name them (input_layernorm, q_a_proj,
+// q_a_layernorm, q_b_proj or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj), in the order the
+// stages use them. Shapes are the checkpoint's [out, in]; a norm's weight is one row [1, D]. `stage` is the first
+// stage that reads it (kv_b_proj: kv_b_proj in the MHA form, q_absorb in the absorbed form).
+std::vector<ProbeSpec> build_weights(const MlaConfig& cfg, const GraphShape& g);
+
+// Rank r's slice of a global probe shape: heads axis divided by tp (weights: rows or columns), everything else whole.
 std::vector<int64_t> local_shape(const ProbeSpec& p, int tp);
 
 }  // namespace mla

@@ -28,6 +28,18 @@ void fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, float st
   }
 }
 
+Tensor LayerWeights::*weight_field(const std::string& name) {
+  if (name == "input_layernorm") return &LayerWeights::input_norm;
+  if (name == "q_a_proj") return &LayerWeights::q_a_proj;
+  if (name == "q_a_layernorm") return &LayerWeights::q_a_norm;
+  if (name == "q_b_proj" || name == "q_proj") return &LayerWeights::q_b_proj;
+  if (name == "kv_a_proj_with_mqa") return &LayerWeights::kv_a_proj;
+  if (name == "kv_a_layernorm") return &LayerWeights::kv_a_norm;
+  if (name == "kv_b_proj") return &LayerWeights::kv_b_proj;
+  if (name == "o_proj") return &LayerWeights::o_proj;
+  return nullptr;
+}
+
 LayerWeights shard_layer(const LayerWeights& w, const MlaConfig& c, int tp, int rank) {
   if (tp == 1) return w;
   const int64_t Nl = c.heads / tp, D = c.qk_head(), PV = c.qk_nope + c.v_head, V = c.v_head;

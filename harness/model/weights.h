@@ -1,6 +1,7 @@
 // The MLA weights of one layer, global (unsharded) and FP32, stored [out, in] as checkpoints store them,
 // and the head-block slices a tensor-parallel rank holds.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "harness/model/config.h"
@@ -18,6 +19,10 @@ struct LayerWeights {
   Tensor kv_b_proj;   // [N*(P+V), L]; per head P k_nope rows then V v rows
   Tensor o_proj;      // [H, N*V]
 };
+
+// The field of LayerWeights that holds the weight a checkpoint names `name` (build_weights' names: q_proj is the
+// q_b_proj field); nullptr for a name that is not a layer weight.
+Tensor LayerWeights::*weight_field(const std::string& name);
 
 // Rank `rank` of `tp`: column-parallel slices of q_b/q_proj and kv_b (head blocks), the row-parallel
 // slice of o_proj (its input columns), everything else replicated.

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "harness/compare/weight_diff.h"
 #include "harness/model/batch.h"
 #include "harness/model/errors.h"
 
@@ -49,6 +50,7 @@ std::optional<Findings> explain_first_divergence(const CompareReport& rep, const
   Findings f;
   f.drill = drill_down(r, r.m, r.tol);
   f.diagnosis = diagnose(r, r.m, r.tol, batch, rep);
+  if (const ProbeResult* w = weight_cause(rep, r)) blame_weight(f.diagnosis, *w);
   return f;
 }
 
@@ -77,6 +79,18 @@ void print_findings(std::ostream& os, const Findings& f) {
   }
 }
 
+void print_weight_difference(std::ostream& os, const ProbeResult& w) {
+  os << "\nWEIGHT DIFFERS: layer " << w.layer << " " << w.name << " (used by stage " << w.stage << ")";
+  if (!w.ranks_off.empty() && w.m.rank_rel.size() > 1) {
+    std::vector<int64_t> v(w.ranks_off.begin(), w.ranks_off.end());
+    os << " on rank" << (v.size() == 1 ? " " : "s ") << ranges(v);
+  }
+  os << ": " << w.why << "\n";
+  if (!w.pattern.empty()) os << "  pattern: " << w.pattern << "\n";
+  for (auto& e : w.evidence) os << "  - " << e << "\n";
+  os << "  tolerance " << fmt_num(w.tol.rel_l2) << ": " << w.tol.origin << "\n";
+}
+
 void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows, const Findings* findings) {
   os << "candidate " << rep.a_path << " (" << rep.a_status << ")\nreference " << rep.b_path << " (" << rep.b_status
      << ")\n";
@@ -86,6 +100,7 @@ void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows, co
        << (rep.b_status != "complete" ? "the reference " + rep.b_status : "")
        << "\n  the comparison covers only the probes recorded before it stopped\n";
   }
+  if (rep.first_weight >= 0) print_weight_difference(os, rep.weights[rep.first_weight]);
   if (rep.first_divergence >= 0) {
     const auto& r = rep.results[rep.first_divergence];
     os << "\nFIRST DIVERGENCE: layer " << r.layer << " probe " << r.name << " (stage " << r.stage << "): " << r.why << "\n";
@@ -94,7 +109,7 @@ void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows, co
          << r.m.max_at.to_string() << "\n";
     os << "  tolerance " << fmt_num(r.tol.rel_l2) << ": " << r.tol.origin << "\n";
     if (findings) print_findings(os, *findings);
-  } else if (!rep.stopped_early() && rep.matched > 0 && !rep.missing_fails()) {
+  } else if (!rep.stopped_early() && rep.matched > 0 && !rep.missing_fails() && rep.first_weight < 0) {
     os << "\nno divergence: every " << (rep.missing(true).empty() ? "" : "matched ") << "probe within its tolerance\n";
   }
   const auto miss = rep.missing(false), allowed = rep.missing(true);
@@ -106,6 +121,21 @@ void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows, co
       for (const auto* r : *list) os << "  " << r->label() << ": " << r->why << "\n";
   }
   for (auto& n : rep.notes) os << "note: " << n << "\n";
+  if (all_rows && !rep.weights.empty()) {
+    char line[512];
+    std::snprintf(line, sizeof line, "\n%-3s %-20s %-8s %10s %9s %9s %10s %10s  %s\n", "L", "weight", "basis", "rel_l2",
+                  "cosine", "norm", "worst row", "tol", "verdict");
+    os << line;
+    for (size_t i = 0; i < rep.weights.size(); ++i) {
+      const auto& r = rep.weights[i];
+      std::snprintf(line, sizeof line, "%-3d %-20s %-8s %10s %9s %9s %10s %10s  %s%s\n", r.layer, r.name.c_str(),
+                    r.m.basis.substr(0, 8).c_str(), fmt_num(r.m.rel_l2).c_str(), fmt_num(r.m.cosine, 5).c_str(),
+                    fmt_num(r.m.norm_ratio, 4).c_str(), fmt_num(r.m.max_token_rel).c_str(), fmt_num(r.tol.rel_l2).c_str(),
+                    verdict_name(r.verdict), static_cast<int>(i) == rep.first_weight ? "  <- first" : "");
+      os << line;
+      for (auto& p : r.problems) os << "      " << p << "\n";
+    }
+  }
   if (all_rows) {
     char line[512];
     std::snprintf(line, sizeof line, "\n%-3s %-12s %-8s %10s %9s %9s %10s %9s %10s  %s\n", "L", "probe", "basis",
@@ -200,6 +230,29 @@ nlohmann::json compare_to_json(const CompareReport& rep, const Findings* finding
     probes.push_back(std::move(p));
   }
   j["probes"] = std::move(probes);
+  // The weights both dumps recorded (compared before the probes); [] when either recorded none.
+  nlohmann::json weights = nlohmann::json::array();
+  j["first_weight"] = nullptr;
+  for (size_t i = 0; i < rep.weights.size(); ++i) {
+    const auto& r = rep.weights[i];
+    nlohmann::json w{{"layer", r.layer},
+                     {"weight", r.name},
+                     {"stage", r.stage},
+                     {"contract", r.contract},
+                     {"shape", r.shape},
+                     {"verdict", verdict_name(r.verdict)},
+                     {"why", r.why},
+                     {"tolerance", {{"rel_l2", r.tol.rel_l2}, {"row_rel", r.tol.token_rel}, {"origin", r.tol.origin}}},
+                     {"metrics", metrics_to_json(r.m)},
+                     {"ranks_off", r.ranks_off},
+                     {"pattern", r.pattern},
+                     {"evidence", r.evidence},
+                     {"problems", r.problems}};
+    if (static_cast<int>(i) == rep.first_weight) j["first_weight"] = w;
+    weights.push_back(std::move(w));
+  }
+  j["weights"] = std::move(weights);
+  j["divergent_weights"] = rep.divergent_weights();
   if (findings) {
     const auto f = findings_to_json(*findings);
     j["diagnosis"] = f["diagnosis"];
@@ -213,10 +266,19 @@ std::string compare_to_junit(const CompareReport& rep, const std::string& suite)
   for (auto& r : rep.results)
     failures += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite ||
                 (r.verdict == Verdict::Verdict_missing && !r.missing_allowed);
+  failures += rep.divergent_weights();
   std::ostringstream os;
   os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"" << xml_escape(suite)
-     << "\" tests=\"" << rep.results.size() << "\" failures=\"" << failures << "\" errors=\""
+     << "\" tests=\"" << rep.results.size() + rep.weights.size() << "\" failures=\"" << failures << "\" errors=\""
      << (rep.stopped_early() ? 1 : 0) << "\">\n";
+  for (auto& r : rep.weights) {
+    os << "  <testcase classname=\"" << xml_escape(suite) << ".layer" << r.layer << ".weights\" name=\""
+       << xml_escape(r.name) << "\">";
+    if (r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite)
+      os << "<failure type=\"weight\" message=\"" << xml_escape(weight_sentence(r)) << "\">"
+         << xml_escape(r.why + "\npattern: " + r.pattern + "\ntolerance: " + r.tol.origin) << "</failure>";
+    os << "</testcase>\n";
+  }
   for (auto& r : rep.results) {
     os << "  <testcase classname=\"" << xml_escape(suite) << ".layer" << r.layer << "\" name=\"" << xml_escape(r.name)
        << "\">";

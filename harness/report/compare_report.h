@@ -25,6 +25,8 @@ Batch batch_of(const Dump& reference, const Dump& candidate);
 // `findings` (optional) is printed under the first divergence.
 void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows = true, const Findings* findings = nullptr);
 void print_findings(std::ostream& os, const Findings& f);
+// "WEIGHT DIFFERS: layer 0 q_a_proj (used by stage q_a_proj) on rank 1: ...", its pattern, evidence and tolerance.
+void print_weight_difference(std::ostream& os, const ProbeResult& weight);
 // {"schema_version": 1, "verdict", "verdict_line", "exit_code", "expected", "matched", "missing": [{layer, probe,
 // stage, reason, allowed}], "first_divergence", "probes", ...}; with `findings`, also "diagnosis" and "drill_down".
 nlohmann::json compare_to_json(const CompareReport& rep, const Findings* findings = nullptr);

@@ -45,6 +45,9 @@ class ProgressSink : public ProbeSink {
   void waiting(int layer, Stage stage, int rank) override { inner_.waiting(layer, stage, rank); }
   void waiting_over() override { inner_.waiting_over(); }
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
+    inner_.record_weight(layer, spec, rank, rec);
+  }
   void finish(const std::string& status) override;
 
  private:

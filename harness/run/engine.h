@@ -65,6 +65,17 @@ class Engine {
   virtual std::string options() const = 0;       // canonical option string, recorded in dumps
   virtual std::string dtype() const = 0;         // activation dtype: fp32, bf16, fp16
   virtual std::string device() const { return "cpu"; }
+  // Device engines: the GPUs the ranks are spread over and the smallest free memory among them (bytes), or that of
+  // `only_device` alone (one process per rank), for the memory estimate made before any work; {0, -1}: a host
+  // engine, or unknown.
+  struct DeviceMemory {
+    int devices = 0;
+    double free_bytes = -1;
+  };
+  virtual DeviceMemory device_memory(int only_device = -1) {
+    (void)only_device;
+    return {};
+  }
 
   // Takes the weights (sharding them for its ranks) and the inputs: layer-0 activations, batch, caches.
   virtual void prepare(const RunContext& ctx) = 0;
@@ -83,6 +94,13 @@ class Engine {
   }
   // Tensor by probe name, as this rank holds it (local shape), as float32.
   virtual Tensor download(int rank, const std::string& name) = 0;
+  // The weight `name` (build_weights' names) of `layer` as this rank computes with it: its shard, after the
+  // engine's own dequantization and rounding, as float32 in the checkpoint's [out, in] layout (a norm: [1, D]).
+  // False: this engine does not say (the run records no weights).
+  virtual bool weight(int layer, int rank, const std::string& name, Tensor& out) {
+    (void)layer, (void)rank, (void)name, (void)out;
+    return false;
+  }
   // Replaces a tensor of this rank (isolation: feed a stage the reference's exact inputs).
   virtual void upload(int rank, const std::string& name, const Tensor& t) = 0;
   // The probe record of a tensor, computed where the tensor lives. Default: download and compute on the host.

@@ -55,6 +55,7 @@ Runner::Runner(const MlaConfig& cfg, const RunSpec& spec) : cfg_(cfg), spec_(spe
   cfg_.validate();
   spec_.validate(cfg_);
   graph_ = build_graph(cfg_, spec_.graph_shape());
+  weights_ = build_weights(cfg_, spec_.graph_shape());
 }
 
 void Runner::set_process_rank(const ProcessRank& p) {
@@ -62,6 +63,28 @@ void Runner::set_process_rank(const ProcessRank& p) {
     throw UsageError("process rank " + std::to_string(p.rank) + " of " + std::to_string(p.world) +
                      " processes does not fit --tp " + std::to_string(spec_.tp));
   process_ = p;
+}
+
+// The weights of `layer` as the engine computes with them, one record per weight and rank, before the layer's
+// first stage: a comparison checks them before any activation. Engines that do not say record nothing.
+void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, ProbeSink& sink,
+                            const std::function<bool(int)>& mine) const {
+  for (const auto& w : weights_) {
+    for (int rank = 0; rank < spec_.tp; ++rank) {
+      if (!mine(rank) || !engine.owns_rank(rank)) continue;
+      Tensor t;
+      if (!engine.weight(layer, rank, w.name, t)) return;
+      const auto local = local_shape(w, spec_.tp);
+      if (t.shape != local)
+        throw EngineError("engine " + engine.name() + " gave layer " + std::to_string(layer) + " weight " + w.name +
+                          " of rank " + std::to_string(rank) + " as " + shape_string(t.shape) + ", expected " +
+                          shape_string(local));
+      ProbeLevel level = plan.level_for(w.name);
+      if (plan.full.count("weights")) level = ProbeLevel::ProbeLevel_full;
+      sink.record_weight(layer, w, rank,
+                         compute_probe_record(t, engine.dtype(), make_probe_request(w, spec_.tp, rank, level)));
+    }
+  }
 }
 
 void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const Inputs& inputs,
@@ -123,6 +146,7 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
   };
   try {
     for (int layer = 0; layer < spec_.layers; ++layer) {
+      if (!plan.off) record_weights(engine, layer, plan, sink, mine);
       for (const auto& st : graph_.stages) {
         // Per process, the stage begins (for the journal and the watchdog) before the other ranks this process
         // computes: the time they take is this stage's.

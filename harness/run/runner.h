@@ -42,9 +42,13 @@ class Runner {
   const ProcessRank& process_rank() const { return process_; }
 
  private:
+  void record_weights(Engine& engine, int layer, const ProbePlan& plan, ProbeSink& sink,
+                      const std::function<bool(int)>& mine) const;
+
   MlaConfig cfg_;
   RunSpec spec_;
   StageGraph graph_;
+  std::vector<ProbeSpec> weights_;  // build_weights: recorded before each layer's first stage
   const std::vector<std::map<std::string, PackedWeight>>* packed_ = nullptr;
   DequantBugs dequant_bugs_;
   ProcessRank process_;

@@ -18,6 +18,9 @@ class WatchdogSink : public ProbeSink {
   void waiting(int layer, Stage stage, int rank) override;
   void waiting_over() override;
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
+  void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
+    inner_.record_weight(layer, spec, rank, rec);
+  }
   void finish(const std::string& status) override;
 
  private:

@@ -4,7 +4,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <mutex>
+#include <set>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "harness/model/errors.h"
 #include "harness/weights/gguf.h"
@@ -22,12 +27,88 @@ std::string safetensors_config_path(const std::string& path) {
   return ((dir.empty() ? fs::path(".") : dir) / "config.json").string();
 }
 
+namespace {
+// True the first time `what` is seen in this process: each file's warnings are printed once, however often it is read.
+bool first_time(const std::string& what) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert(what).second;
+}
+
+// The keys of an MLA architecture's namespace in llama.cpp's converter (gguf-py constants): those read here and
+// those that describe parts of the model outside attention.
+const std::set<std::string>& known_gguf_keys() {
+  static const std::set<std::string> k = {
+      // read into the config
+      "embedding_length", "block_count", "attention.head_count", "attention.q_lora_rank", "attention.kv_lora_rank",
+      "attention.key_length", "attention.value_length", "attention.key_length_mla", "attention.value_length_mla",
+      "attention.layer_norm_rms_epsilon", "rope.dimension_count", "rope.freq_base", "rope.scaling.type",
+      "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast",
+      "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier", "attention.indexer.top_k",
+      // outside attention, or equal to what is modelled
+      "vocab_size", "context_length", "feed_forward_length", "leading_dense_block_count", "expert_feed_forward_length",
+      "expert_shared_feed_forward_length", "expert_count", "expert_used_count", "expert_shared_count",
+      "expert_group_count", "expert_group_used_count", "expert_weights_scale", "expert_weights_norm",
+      "expert_gating_func", "nextn_predict_layers", "attention.head_count_kv", "rope.scaling.finetuned",
+      "attention.indexer.head_count", "attention.indexer.key_length", "pooling_type", "moe_every_n_layers"};
+  return k;
+}
+
+void warn_unknown_gguf_keys(const Bytes& file, const GgufHeader& h, const std::string& arch) {
+  const std::string prefix = arch + ".";
+  std::vector<std::string> unknown;
+  for (const auto& kv : h.kvs)
+    if (kv.key.rfind(prefix, 0) == 0 && !known_gguf_keys().count(kv.key.substr(prefix.size()))) unknown.push_back(kv.key);
+  if (unknown.empty() || !first_time("gguf:" + file.origin())) return;
+  for (const auto& k : unknown)
+    std::cerr << "warning: " << file.origin() << ": metadata key '" << k << "' is not one this reader knows; it is "
+              << "ignored. If it is a damaged name of a known key (e.g. " << prefix << "rope.scaling.type), that "
+              << "setting is read as absent\n";
+}
+
+bool looks_like_attention(const std::string& name) {
+  for (const char* w : {"rope", "attn", "attention", "scaling", "window", "head"})
+    if (name.find(w) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+void warn_unknown_config_fields(const std::string& text, const std::string& origin) {
+  using nlohmann::json;
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return;
+  if (j.contains("text_config") && j["text_config"].is_object() && !j.contains("kv_lora_rank")) j = j["text_config"];
+  // Read into the config, or standard HF fields that MLA does not use (num_key_value_heads: MLA has one latent).
+  static const std::set<std::string> known = {
+      "num_attention_heads", "num_key_value_heads", "attention_bias", "attention_dropout", "routed_scaling_factor",
+      "rope_scaling", "rope_parameters", "rope_theta", "rope_interleave", "qk_rope_head_dim", "qk_nope_head_dim",
+      "v_head_dim", "head_dim", "index_head_dim", "index_n_heads", "_attn_implementation", "attn_implementation",
+      "_attn_implementation_autoset"};
+  static const std::set<std::string> known_rope = {"type", "rope_type", "factor", "original_max_position_embeddings",
+                                                   "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "rope_theta"};
+  std::vector<std::string> lines;
+  for (const auto& [k, v] : j.items())
+    if (looks_like_attention(k) && !known.count(k))
+      lines.push_back("field '" + k + "' looks like a rope or attention setting but is not read (" + v.dump() +
+                      "); whatever it changes is not modelled");
+  for (const char* r : {"rope_scaling", "rope_parameters"})
+    if (j.contains(r) && j[r].is_object())
+      for (const auto& [k, v] : j[r].items())
+        if (!known_rope.count(k))
+          lines.push_back(std::string(r) + "." + k + " is not a rope setting this reader knows (" + v.dump() +
+                          "); it is ignored");
+  if (lines.empty() || !first_time("config:" + origin)) return;
+  for (const auto& l : lines) std::cerr << "warning: " << origin << ": " << l << "\n";
+}
+
 MlaConfig config_from_gguf(const Bytes& file, const GgufHeader& h) {
   const std::string& origin = file.origin();
   const auto arch = gguf_get_string(file, h, "general.architecture");
   if (!arch) throw UsageError(origin + ": no general.architecture in the metadata");
   const std::string& a = *arch;
   const auto key = [&](const std::string& k) { return a + "." + k; };
+  warn_unknown_gguf_keys(file, h, a);
   const auto req_int = [&](const std::string& k) {
     const auto v = gguf_get_int(file, h, key(k));
     if (!v) throw UsageError(origin + ": metadata '" + key(k) + "' is missing");
@@ -97,7 +178,9 @@ MlaConfig checkpoint_config(const std::string& path) {
   if (!in) throw UsageError("cannot read " + cp);
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_hf_config(ss.str(), cp);
+  MlaConfig c = parse_hf_config(ss.str(), cp);
+  warn_unknown_config_fields(ss.str(), cp);
+  return c;
 }
 
 }  // namespace mla

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "harness/model/errors.h"
+#include "harness/weights/iq_tables.h"
 
 // After the includes: only this file's functions are affected (x86-64-v2 has no FMA anyway; this keeps the
 // results exact under -march=native too).
@@ -26,6 +27,8 @@ namespace {
 constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 // gguf-py's kvalues for MXFP4/NVFP4: E2M1 doubled (the block scales carry the 0.5).
 constexpr int8_t kKvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// TQ1_0's digit multipliers (uint8 products wrap, as gguf-py's uint8 arrays do).
+constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
 
 inline float f16(const uint8_t* p) {
   uint16_t h;
@@ -140,7 +143,9 @@ bool ggml_type_supported(uint32_t t) {
   switch (t) {
     case ggml::F32: case ggml::F16: case ggml::BF16: case ggml::Q8_0: case ggml::Q4_0: case ggml::Q4_1:
     case ggml::Q5_0: case ggml::Q5_1: case ggml::Q2_K: case ggml::Q3_K: case ggml::Q4_K: case ggml::Q5_K:
-    case ggml::Q6_K: case ggml::MXFP4: case ggml::NVFP4:
+    case ggml::Q6_K: case ggml::MXFP4: case ggml::NVFP4: case ggml::IQ1_S: case ggml::IQ1_M: case ggml::IQ2_XXS:
+    case ggml::IQ2_XS: case ggml::IQ2_S: case ggml::IQ3_XXS: case ggml::IQ3_S: case ggml::IQ4_NL: case ggml::IQ4_XS:
+    case ggml::TQ1_0: case ggml::TQ2_0:
       return true;
     default: return false;
   }
@@ -295,13 +300,166 @@ void block_nvfp4(const uint8_t* b, float* y, bool swap) {
   }
 }
 
+// ---- IQ and TQ types (gguf-py's IQ*/TQ* dequantize_blocks). A grid row's element j is byte j of its table entry;
+// a sign bit set means minus. Where gguf-py multiplies by a float +-1 sign, so do these (it makes -0 of a zero).
+
+inline uint16_t u16_at(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+inline uint32_t u32_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline float grid_byte(uint64_t row, int j) { return static_cast<float>((row >> (8 * j)) & 0xFF); }
+inline float sign_of(unsigned bits, int j) { return (bits >> j) & 1 ? -1.0f : 1.0f; }
+
+// 8 sub-blocks of 32: u32 pairs (4 grid bytes; 4 x 7 sign bits and a 4-bit scale).
+void block_iq2_xxs(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint32_t aux0 = u32_at(b + 2 + 8 * ib), aux1 = u32_at(b + 6 + 8 * ib);
+    const float db = d * (0.5f + static_cast<float>(aux1 >> 28)) * 0.25f;
+    for (int l = 0; l < 4; ++l) {
+      const uint64_t g = iq::kIq2xxsGrid[(aux0 >> (8 * l)) & 0xFF];
+      const unsigned signs = iq::kKsignsIq2xs[(aux1 >> (7 * l)) & 127];
+      for (int j = 0; j < 8; ++j) y[32 * ib + 8 * l + j] = db * grid_byte(g, j) * sign_of(signs, j);
+    }
+  }
+}
+// 32 u16 (9-bit grid index, 7 sign bits), a 4-bit scale per 16.
+void block_iq2_xs(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const uint8_t* sc = b + 66;
+  for (int q = 0; q < 32; ++q) {
+    const uint16_t v = u16_at(b + 2 + 2 * q);
+    const int s = q / 2;  // scale of elements 16s..16s+15
+    const float db = d * (0.5f + static_cast<float>((sc[s / 2] >> (4 * (s % 2))) & 15)) * 0.25f;
+    const uint64_t g = iq::kIq2xsGrid[v & 511];
+    const unsigned signs = iq::kKsignsIq2xs[v >> 9];
+    for (int j = 0; j < 8; ++j) y[8 * q + j] = db * grid_byte(g, j) * sign_of(signs, j);
+  }
+}
+// 32 grid bytes + 2 high bits each, 32 sign bytes, a 4-bit scale per 16.
+void block_iq2_s(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *sc = b + 74;
+  for (int q = 0; q < 32; ++q) {
+    const int s = q / 2;
+    const float db = d * (0.5f + static_cast<float>((sc[s / 2] >> (4 * (s % 2))) & 15)) * 0.25f;
+    const uint64_t g = iq::kIq2sGrid[qs[q] | (((qh[q / 4] >> (2 * (q % 4))) & 3) << 8)];
+    for (int j = 0; j < 8; ++j) y[8 * q + j] = db * grid_byte(g, j) * sign_of(signs[q], j);
+  }
+}
+// 64 grid bytes (4 values each), then 8 u32 (4 x 7 sign bits and a 4-bit scale per 32).
+void block_iq3_xxs(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const uint8_t* qs = b + 2;
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint32_t aux = u32_at(b + 66 + 4 * ib);
+    const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+    for (int l = 0; l < 4; ++l) {
+      const unsigned signs = iq::kKsignsIq2xs[(aux >> (7 * l)) & 127];
+      for (int j = 0; j < 8; ++j) {
+        const int e = 8 * l + j;  // within the sub-block
+        const uint32_t g = iq::kIq3xxsGrid[qs[8 * ib + e / 4]];
+        y[32 * ib + e] = db * grid_byte(g, e % 4) * sign_of(signs, j);
+      }
+    }
+  }
+}
+// 64 grid bytes + 1 high bit each, 32 sign bytes, a 4-bit odd scale per 32.
+void block_iq3_s(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *sc = b + 106;
+  for (int e = 0; e < 256; ++e) {
+    const int s = e / 32, q = e / 4;
+    const float db = d * static_cast<float>(1 + 2 * ((sc[s / 2] >> (4 * (s % 2))) & 15));
+    const uint32_t g = iq::kIq3sGrid[qs[q] | (((qh[q / 8] >> (q % 8)) & 1) << 8)];
+    y[e] = db * grid_byte(g, e % 4) * sign_of(signs[e / 8], e % 8);
+  }
+}
+// 32 grid bytes + 3 high bits each (in u16 qh per 32, with a 3-bit scale and the delta's sign); values -1, 0, 1.
+void block_iq1_s(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const uint8_t* qs = b + 2;
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint16_t qh = u16_at(b + 34 + 2 * ib);
+    const float dl = d * static_cast<float>(2 * ((qh >> 12) & 7) + 1);
+    const float delta = (qh & 0x8000) ? -iq::kIq1sDelta : iq::kIq1sDelta;
+    for (int l = 0; l < 4; ++l) {
+      const uint64_t g = iq::kIq1sGrid[qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)];
+      for (int j = 0; j < 8; ++j)
+        y[32 * ib + 8 * l + j] = dl * (static_cast<float>(static_cast<int8_t>((g >> (8 * j)) & 0xFF)) + delta);
+    }
+  }
+}
+// IQ1_S's grid with a 3-bit scale per 16 and the delta's sign per 8; the fp16 scale is the top nibbles of the
+// four u16 scale words.
+void block_iq1_m(const uint8_t* b, float* y) {
+  const uint8_t *qs = b, *qh = b + 32, *sc = b + 48;
+  uint16_t w[4];
+  for (int k = 0; k < 4; ++k) w[k] = u16_at(sc + 2 * k);
+  const uint16_t dbits = static_cast<uint16_t>(((w[0] & 0xF000) >> 12) | ((w[1] & 0xF000) >> 8) |
+                                               ((w[2] & 0xF000) >> 4) | (w[3] & 0xF000));
+  const float d = from_fp16_bits(dbits);
+  for (int q = 0; q < 32; ++q) {
+    const int s = q / 2;  // scale of elements 16s..16s+15
+    const float dl = d * static_cast<float>(2 * ((w[s / 4] >> (3 * (s % 4))) & 7) + 1);
+    const int h = (qh[q / 2] >> (4 * (q % 2))) & 15;
+    const float delta = (h & 8) ? -iq::kIq1sDelta : iq::kIq1sDelta;
+    const uint64_t g = iq::kIq1sGrid[qs[q] | ((h & 7) << 8)];
+    for (int j = 0; j < 8; ++j)
+      y[8 * q + j] = dl * (static_cast<float>(static_cast<int8_t>((g >> (8 * j)) & 0xFF)) + delta);
+  }
+}
+void block_iq4_nl(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * static_cast<float>(iq::kKvaluesIq4nl[b[2 + j] & 15]);
+    y[j + 16] = d * static_cast<float>(iq::kKvaluesIq4nl[b[2 + j] >> 4]);
+  }
+}
+// 8 sub-blocks of 32 with 6-bit scales (low 4 bits in scales_l, high 2 in the u16 scales_h), minus 32.
+void block_iq4_xs(const uint8_t* b, float* y) {
+  const float d = f16(b);
+  const uint16_t sh = u16_at(b + 2);
+  const uint8_t *sl = b + 4, *qs = b + 8;
+  for (int ib = 0; ib < 8; ++ib) {
+    const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4);
+    const float dl = d * static_cast<float>(ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[32 * ib + j] = dl * static_cast<float>(iq::kKvaluesIq4nl[qs[16 * ib + j] & 15]);
+      y[32 * ib + 16 + j] = dl * static_cast<float>(iq::kKvaluesIq4nl[qs[16 * ib + j] >> 4]);
+    }
+  }
+}
+// Ternary digit e of a TQ1_0 block (base-3 digits packed as fixed-point bytes: q * 3^n mod 256, then * 3 >> 8).
+inline int tq1_digit(const uint8_t* b, int e) {
+  uint8_t x;
+  if (e < 160) x = static_cast<uint8_t>(b[e % 32] * kPow3[e / 32]);
+  else if (e < 240) x = static_cast<uint8_t>(b[32 + (e - 160) % 16] * kPow3[(e - 160) / 16]);
+  else x = static_cast<uint8_t>(b[48 + (e - 240) % 4] * kPow3[(e - 240) / 4]);
+  return ((x * 3) >> 8) - 1;
+}
+void block_tq1_0(const uint8_t* b, float* y) {
+  const float d = f16(b + 52);
+  for (int e = 0; e < 256; ++e) y[e] = d * static_cast<float>(tq1_digit(b, e));
+}
+void block_tq2_0(const uint8_t* b, float* y) {
+  const float d = f16(b + 64);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 128, s = (e % 128) / 32, l = e % 32;
+    y[e] = d * static_cast<float>(((b[32 * c + l] >> (2 * s)) & 3) - 1);
+  }
+}
+
 }  // namespace
 
 void dequantize_ggml_row(uint32_t type, const uint8_t* src, float* dst, int64_t n, bool nibble_swap) {
   const GgmlTypeInfo* ti = ggml_type_info(type);
   if (!ti || !ggml_type_supported(type))
     throw UsageError("no dequantization for ggml type " + ggml_type_name(type) +
-                     " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, NVFP4)");
+                     " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, NVFP4, "
+                     "IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0)");
   if (n % ti->block != 0)
     throw UsageError(std::string("a ") + ti->name + " row of " + std::to_string(n) +
                      " elements is not a whole number of blocks of " + std::to_string(ti->block));
@@ -338,6 +496,17 @@ void dequantize_ggml_row(uint32_t type, const uint8_t* src, float* dst, int64_t 
       case ggml::Q6_K: block_q6_k(b, y); break;
       case ggml::MXFP4: block_mxfp4(b, y); break;
       case ggml::NVFP4: block_nvfp4(b, y, nibble_swap); break;
+      case ggml::IQ2_XXS: block_iq2_xxs(b, y); break;
+      case ggml::IQ2_XS: block_iq2_xs(b, y); break;
+      case ggml::IQ2_S: block_iq2_s(b, y); break;
+      case ggml::IQ3_XXS: block_iq3_xxs(b, y); break;
+      case ggml::IQ3_S: block_iq3_s(b, y); break;
+      case ggml::IQ1_S: block_iq1_s(b, y); break;
+      case ggml::IQ1_M: block_iq1_m(b, y); break;
+      case ggml::IQ4_NL: block_iq4_nl(b, y); break;
+      case ggml::IQ4_XS: block_iq4_xs(b, y); break;
+      case ggml::TQ1_0: block_tq1_0(b, y); break;
+      case ggml::TQ2_0: block_tq2_0(b, y); break;
       default: break;
     }
   }

@@ -55,7 +55,8 @@ void validate_packed(const PackedWeight& w);
 Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs = {});
 
 // One row (n elements, a whole number of blocks) of a ggml type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1, Q2_K..Q6_K, MXFP4, NVFP4. Throws UsageError for types without a dequantizer.
+// Q5_1, Q2_K..Q6_K, MXFP4, NVFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0,
+// TQ2_0. Throws UsageError for types without a dequantizer.
 void dequantize_ggml_row(uint32_t ggml_type, const uint8_t* src, float* dst, int64_t n, bool nibble_swap = false);
 bool ggml_type_supported(uint32_t ggml_type);
 

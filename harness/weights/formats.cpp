@@ -70,6 +70,7 @@ struct FormatRow {
   const char* name;
   uint32_t ggml;  // ~0u: not a ggml type
   int64_t k_multiple;
+  bool quantizable = true;  // false: read from GGUF files only
 };
 constexpr uint32_t kNone = ~0u;
 constexpr FormatRow kFormats[] = {
@@ -92,6 +93,17 @@ constexpr FormatRow kFormats[] = {
     {WeightFormat::WeightFormat_q6_k, "q6_k", ggml::Q6_K, K},
     {WeightFormat::WeightFormat_gguf_mxfp4, "gguf-mxfp4", ggml::MXFP4, 32},
     {WeightFormat::WeightFormat_gguf_nvfp4, "gguf-nvfp4", ggml::NVFP4, 64},
+    {WeightFormat::WeightFormat_iq1_s, "iq1_s", ggml::IQ1_S, K, false},
+    {WeightFormat::WeightFormat_iq1_m, "iq1_m", ggml::IQ1_M, K, false},
+    {WeightFormat::WeightFormat_iq2_xxs, "iq2_xxs", ggml::IQ2_XXS, K, false},
+    {WeightFormat::WeightFormat_iq2_xs, "iq2_xs", ggml::IQ2_XS, K, false},
+    {WeightFormat::WeightFormat_iq2_s, "iq2_s", ggml::IQ2_S, K, false},
+    {WeightFormat::WeightFormat_iq3_xxs, "iq3_xxs", ggml::IQ3_XXS, K, false},
+    {WeightFormat::WeightFormat_iq3_s, "iq3_s", ggml::IQ3_S, K, false},
+    {WeightFormat::WeightFormat_iq4_nl, "iq4_nl", ggml::IQ4_NL, 32, false},
+    {WeightFormat::WeightFormat_iq4_xs, "iq4_xs", ggml::IQ4_XS, K, false},
+    {WeightFormat::WeightFormat_tq1_0, "tq1_0", ggml::TQ1_0, K, false},
+    {WeightFormat::WeightFormat_tq2_0, "tq2_0", ggml::TQ2_0, K, false},
 };
 
 const FormatRow& row(WeightFormat f) {
@@ -140,18 +152,33 @@ WeightFormat parse_weight_format(const std::string& s) {
   if (low == "fp32") low = "f32";
   if (low == "fp16") low = "f16";
   if (low == "fp8-block" || low == "f8_e4m3") low = "fp8";
-  for (const auto& r : kFormats)
-    if (low == r.name) return r.f;
   std::string names;
-  for (const auto& r : kFormats) names += (names.empty() ? "" : ", ") + std::string(r.name);
+  for (const auto& r : kFormats)
+    if (r.quantizable) names += (names.empty() ? "" : ", ") + std::string(r.name);
+  for (const auto& r : kFormats) {
+    if (low != r.name) continue;
+    if (r.quantizable) return r.f;
+    throw UsageError("weight format '" + s + "' is read from GGUF files only: --weight-format cannot quantize into it "
+                     "(it can: " + names + ")");
+  }
   throw UsageError("unknown weight format '" + s + "' (known: " + names + ")");
 }
 
 std::vector<WeightFormat> all_weight_formats() {
   std::vector<WeightFormat> v;
-  for (const auto& r : kFormats) v.push_back(r.f);
+  for (const auto& r : kFormats)
+    if (r.quantizable) v.push_back(r.f);
   return v;
 }
+
+std::vector<WeightFormat> gguf_only_weight_formats() {
+  std::vector<WeightFormat> v;
+  for (const auto& r : kFormats)
+    if (!r.quantizable) v.push_back(r.f);
+  return v;
+}
+
+bool is_quantizable(WeightFormat f) { return row(f).quantizable; }
 
 bool is_gguf_block_format(WeightFormat f) {
   const auto& r = row(f);

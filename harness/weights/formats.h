@@ -32,7 +32,9 @@ const GgmlTypeInfo* ggml_type_info(uint32_t id);  // nullptr for an unknown id
 std::string ggml_type_name(uint32_t id);           // "Q4_K", or "type 99" when unknown
 namespace ggml {
 constexpr uint32_t F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11,
-                   Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, MXFP4 = 39, NVFP4 = 40;
+                   Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19,
+                   IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23, IQ1_M = 29, BF16 = 30, TQ1_0 = 34, TQ2_0 = 35,
+                   MXFP4 = 39, NVFP4 = 40;
 constexpr int64_t QK_K = 256;
 }  // namespace ggml
 
@@ -47,10 +49,19 @@ enum class WeightFormat {
   WeightFormat_q8_0, WeightFormat_q4_0, WeightFormat_q4_1, WeightFormat_q5_0, WeightFormat_q5_1,
   WeightFormat_q2_k, WeightFormat_q3_k, WeightFormat_q4_k, WeightFormat_q5_k, WeightFormat_q6_k,
   WeightFormat_gguf_mxfp4, WeightFormat_gguf_nvfp4,
+  // Read from GGUF files only (the "dynamic" quant mixes use them for some tensors): dequantized, never
+  // produced by --weight-format (their quantizers search codebooks with importance data).
+  WeightFormat_iq1_s, WeightFormat_iq1_m, WeightFormat_iq2_xxs, WeightFormat_iq2_xs, WeightFormat_iq2_s,
+  WeightFormat_iq3_xxs, WeightFormat_iq3_s, WeightFormat_iq4_nl, WeightFormat_iq4_xs,
+  WeightFormat_tq1_0, WeightFormat_tq2_0,
 };
 const char* weight_format_name(WeightFormat f);  // the --weight-format spelling: "q4_k", "nvfp4-ct", ...
-WeightFormat parse_weight_format(const std::string& s);  // case-insensitive; throws UsageError listing them
-std::vector<WeightFormat> all_weight_formats();
+// A --weight-format name, case-insensitive. Throws UsageError listing them, or, for a format read from GGUF files
+// only, saying so.
+WeightFormat parse_weight_format(const std::string& s);
+std::vector<WeightFormat> all_weight_formats();     // what --weight-format can quantize into
+std::vector<WeightFormat> gguf_only_weight_formats();  // the IQ and TQ types: dequantized, never produced
+bool is_quantizable(WeightFormat f);                // in all_weight_formats()
 bool is_gguf_block_format(WeightFormat f);
 uint32_t ggml_type_of(WeightFormat f);                    // for F32/F16/BF16 and the GGUF block formats
 std::optional<WeightFormat> weight_format_of_ggml(uint32_t ggml_type);

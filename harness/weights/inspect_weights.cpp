@@ -43,13 +43,13 @@ int layer_of(const std::string& name) {
   return -1;
 }
 
-void config_lines(const std::string& path, std::ostream& os, int layer) {
+std::string config_lines(const std::string& path, std::ostream& os, int layer) {
   MlaConfig cfg;
   try {
     cfg = checkpoint_config(path);
   } catch (const UsageError& e) {
     os << "config    none: " << e.what() << "\n";
-    return;
+    return e.what();
   }
   char yarn_buf[96] = "";
   if (cfg.rope_scaling == RopeScaling::RopeScaling_yarn)
@@ -79,10 +79,12 @@ void config_lines(const std::string& path, std::ostream& os, int layer) {
     os << "check     layer " << l << " loads and agrees with the config: " << w.description << "\n";
   } catch (const UsageError& e) {
     os << "check     layer " << l << ": " << e.what() << "\n";
+    return e.what();
   }
+  return "";
 }
 
-void describe_gguf(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
+std::string describe_gguf(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
   const GgufFile g(path);
   const auto& h = g.header();
   const Bytes b = g.bytes();
@@ -124,10 +126,10 @@ void describe_gguf(const std::string& path, std::ostream& os, int layer, size_t 
   const bool split = g.find("blk." + std::to_string(layers.empty() ? 0 : *layers.begin()) + ".attn_k_b.weight") != nullptr;
   os << (layers.empty() ? "" : split ? ", kv_b_proj as attn_k_b [N, L, P] + attn_v_b [N, V, L]" : ", kv_b_proj as attn_kv_b")
      << "\n";
-  if (!layers.empty()) config_lines(path, os, layer);
+  return layers.empty() ? std::string() : config_lines(path, os, layer);
 }
 
-void describe_safetensors(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
+std::string describe_safetensors(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
   const SafetensorsCheckpoint ck(path);
   const auto names = ck.names();
   os << "file      " << path << " (safetensors, " << ck.shard_count() << " file" << (ck.shard_count() == 1 ? "" : "s")
@@ -159,12 +161,12 @@ void describe_safetensors(const std::string& path, std::ostream& os, int layer, 
   os << "MLA       " << layers.size() << " attention layers";
   if (!layers.empty()) os << " (" << *layers.begin() << ".." << *layers.rbegin() << ")";
   os << "\n";
-  if (!layers.empty()) config_lines(path, os, layer);
+  return layers.empty() ? std::string() : config_lines(path, os, layer);
 }
 
 }  // namespace
 
-void describe_weights(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
+std::string describe_weights(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
   if (is_gguf_path(path)) return describe_gguf(path, os, layer, max_tensors);
   if (is_safetensors_path(path)) return describe_safetensors(path, os, layer, max_tensors);
   throw UsageError(path + ": not a .gguf, a .safetensors file or a directory of safetensors");

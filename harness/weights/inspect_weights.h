@@ -7,6 +7,7 @@
 namespace mla {
 
 // layer >= 0: list only that layer's tensors (and check that layer). max_tensors bounds the listing otherwise.
-void describe_weights(const std::string& path, std::ostream& os, int layer = -1, size_t max_tensors = 200);
+// Returns what could not be loaded (the config, or the checked layer), "" when everything loads.
+std::string describe_weights(const std::string& path, std::ostream& os, int layer = -1, size_t max_tensors = 200);
 
 }  // namespace mla

@@ -451,6 +451,10 @@ LayerRange parse_layer_range(const std::string& text) {
   return r;
 }
 
+bool engine_dequantizes(const std::string& engine, const WeightSpec& ws) {
+  return engine == "cuda" && (!ws.format.empty() || !ws.synthetic());
+}
+
 DequantBugs dequant_bugs(const std::vector<Injection>& injections) {
   DequantBugs b;
   b.fp8_scale_transpose = has_injection(injections, "fp8-scale-transpose");

@@ -48,6 +48,10 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
                            const std::vector<Injection>& injections = {}, bool keep_packed = false);
 
 
+// Whether a run of `engine` takes the projections as stored and dequantizes them on its own side (cuda, for a
+// --weight-format or a checkpoint): load_weights with keep_packed, and the Runner's set_packed_weights.
+bool engine_dequantizes(const std::string& engine, const WeightSpec& ws);
+
 // --weight-format text: a format name, and for fp8 an optional ":N" block size.
 struct FormatChoice {
   WeightFormat format = WeightFormat::WeightFormat_f32;

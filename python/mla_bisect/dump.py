@@ -70,7 +70,8 @@ from . import journal as jr
 from .graph import PAGE_SIZE, ProbeSpec, build_graph, config_dict, default_form, parse_hf_config, probe_request
 
 FORMAT = "mla-bisect-dump"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # what this writer writes (no /weights)
+READ_SCHEMA_VERSIONS = (1, 2)  # 2: version 1 plus the optional /weights group (C++ runs that record weights)
 ENGINE_DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -149,6 +150,9 @@ class Dump:
     inputs: Optional[Inputs]
     probes: Dict[Tuple[int, str], Probe]  # by (layer, name), in (layer, graph order) order
     parts: List[str] = field(default_factory=list)  # FILE.rank0.h5 ... merged into this dump
+    # /weights: the weights each layer computed with, as the engine held them (C++ engines record them), by
+    # (layer, checkpoint name); same record layout as probes, rows in the tokens' place; {} when none were recorded.
+    weights: Dict[Tuple[int, str], Probe] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -758,6 +762,7 @@ def _fold(sc: jr.Scan, dump_path: str, jpath: str, mode: str, finish_status: str
         inputs = Inputs(x=i["x"], positions=i["positions"], seq_lens=i["seq_lens"], context_lens=i["context_lens"],
                         block_table=i["block_table"], num_blocks=int(i["num_blocks"]), kv_cache=i["kv_cache"])
     probes: Dict[Tuple[int, str], Probe] = {}
+    weights: Dict[Tuple[int, str], Probe] = {}
     last_stage = ["" if own >= 0 else "not started"] * max(tp, 1)
     if own >= 0:
         last_stage[own] = "not started"
@@ -766,12 +771,13 @@ def _fold(sc: jr.Scan, dump_path: str, jpath: str, mode: str, finish_status: str
         try:
             if r.type == jr.HEADER:
                 raise jr.FormatError("a second header record")
-            if r.type == jr.PROBE:
+            if r.type in (jr.PROBE, jr.WEIGHT):
                 e = jr.decode_probe(r.payload, copy=copy)
                 key = (e["layer"], e["name"])
-                p = probes.get(key)
+                table = probes if r.type == jr.PROBE else weights
+                p = table.get(key)
                 if p is None:
-                    p = probes[key] = Probe(layer=e["layer"], name=e["name"], stage=e["stage"],
+                    p = table[key] = Probe(layer=e["layer"], name=e["name"], stage=e["stage"],
                                             contract=e["contract"], shape=e["shape"], order=e["order"],
                                             heads_axis=e["heads_axis"], rope_from=e["rope_from"],
                                             engine_dtype=e["rec"]["dtype"])
@@ -781,7 +787,8 @@ def _fold(sc: jr.Scan, dump_path: str, jpath: str, mode: str, finish_status: str
                 if own < 0 and rank > len(p.ranks):
                     raise jr.FormatError(f"probe {e['name']} rank {rank} recorded before rank {len(p.ranks)}")
                 p.ranks[rank] = _record_from(e["rec"])  # recorded again (a re-run stage): the later one wins
-                last_probe = f"layer {e['layer']} probe {e['name']} rank {rank}"
+                if r.type == jr.PROBE:
+                    last_probe = f"layer {e['layer']} probe {e['name']} rank {rank}"
             elif r.type == jr.STAGE:
                 e = jr.decode_stage(r.payload)
                 if e["rank"] >= len(last_stage):
@@ -808,9 +815,11 @@ def _fold(sc: jr.Scan, dump_path: str, jpath: str, mode: str, finish_status: str
     attrs["status"] = status
     attrs["last_stage"] = last_stage
     ordered = dict(sorted(probes.items(), key=lambda kv: (kv[1].layer, kv[1].order)))
-    for p in ordered.values():
+    w_ordered = dict(sorted(weights.items(), key=lambda kv: (kv[1].layer, kv[1].order)))
+    for p in list(ordered.values()) + list(w_ordered.values()):
         p.ranks = dict(sorted(p.ranks.items()))
-    return Dump(path=dump_path, attrs=attrs, status=status, last_stage=last_stage, inputs=inputs, probes=ordered)
+    return Dump(path=dump_path, attrs=attrs, status=status, last_stage=last_stage, inputs=inputs, probes=ordered,
+                weights=w_ordered)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -959,9 +968,9 @@ def _read_open_h5(f, path: str, data: bool, want_inputs: bool) -> Dump:
     if fmt != FORMAT:
         raise DumpError(f"{path}: format is '{fmt}', expected '{FORMAT}'")
     sv = _attr(f, "schema_version")
-    if sv != SCHEMA_VERSION:
+    if sv not in READ_SCHEMA_VERSIONS:
         raise DumpError(f"{path}: schema_version {sv} is not supported (this reader reads schema_version "
-                        f"{SCHEMA_VERSION})")
+                        f"{' and '.join(map(str, READ_SCHEMA_VERSIONS))})")
     attrs = {k: _attr(f, k) for k in f.attrs.keys()}
     attrs["model"] = _json_attr(f, "model", path)
     attrs["run_options"] = _json_attr(f, "run_options", path)
@@ -994,21 +1003,32 @@ def _read_open_h5(f, path: str, data: bool, want_inputs: bool) -> Dump:
             if isinstance(g, h5py_group_type()):
                 probes.append(_read_probe(g, f"{path}:/{lname}/{pname}", layer, pname, tp, own, data))
     probes.sort(key=lambda p: (p.layer, p.order))
+    weights = []
+    if "weights" in f:
+        for lname, lg in f["weights"].items():
+            if not (lname.startswith("layer") and lname[5:].isdigit()):
+                raise DumpError(f"{path}:/weights/{lname}: not a layer group (/weights holds layer{{l}} groups)")
+            for wname, g in lg.items():
+                weights.append(_read_probe(g, f"{path}:/weights/{lname}/{wname}", int(lname[5:]), wname, tp, own, data,
+                                           weight=True))
+    weights.sort(key=lambda p: (p.layer, p.order))
     return Dump(path=path, attrs=attrs, status=status, last_stage=last_stage, inputs=inp,
-                probes={(p.layer, p.name): p for p in probes})
+                probes={(p.layer, p.name): p for p in probes}, weights={(p.layer, p.name): p for p in weights})
 
 
 def h5py_group_type():
     return _h5py().Group
 
 
-def _read_probe(g, where: str, layer: int, name: str, tp: int, own: int, data: bool) -> Probe:
+def _read_probe(g, where: str, layer: int, name: str, tp: int, own: int, data: bool, weight: bool = False) -> Probe:
     shape = tuple(_attr(g, "shape") or ())
     p = Probe(layer=layer, name=name, stage=_attr(g, "stage", ""), contract=_attr(g, "contract", ""),
               shape=shape, order=int(_attr(g, "order", 0)), heads_axis=int(_attr(g, "heads_axis", -1)),
               rope_from=int(_attr(g, "rope_from", -1)), engine_dtype=_attr(g, "engine_dtype", ""))
-    if p.contract not in ("replicated", "heads", "partial"):
+    if not weight and p.contract not in ("replicated", "heads", "partial"):
         raise DumpError(f"{where}: contract '{p.contract}' (expected replicated, heads or partial)")
+    if weight and p.contract not in ("replicated", "rows", "columns"):
+        raise DumpError(f"{where}: contract '{p.contract}' (a weight's is replicated, rows or columns)")
     if not shape or any(s <= 0 for s in shape):
         raise DumpError(f"{where}: shape {list(shape)} is not valid")
     local = list(shape)
@@ -1017,6 +1037,11 @@ def _read_probe(g, where: str, layer: int, name: str, tp: int, own: int, data: b
             raise DumpError(f"{where}: heads probe {list(shape)} (heads_axis {p.heads_axis}) does not divide over "
                             f"tp {tp}")
         local[p.heads_axis] //= tp
+    if p.contract in ("rows", "columns"):
+        axis = 0 if p.contract == "rows" else 1
+        if len(shape) != 2 or shape[axis] % tp:
+            raise DumpError(f"{where}: {p.contract} weight {list(shape)} does not divide over tp {tp}")
+        local[axis] //= tp
     ranks = sorted(int(c[4:]) for c in g.keys() if c.startswith("rank") and c[4:].isdigit())
     expect = own if own >= 0 else 0
     for r in ranks:

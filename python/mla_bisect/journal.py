@@ -21,7 +21,7 @@ import numpy as np
 RECORD_MAGIC = 0x4A4C4D41
 VERSION = 1
 HEADER_MAGIC = b"mla-bisect-journal"
-HEADER, PROBE, STAGE, FINISH = 1, 2, 3, 4
+HEADER, PROBE, STAGE, FINISH, WEIGHT = 1, 2, 3, 4, 5  # WEIGHT: a layer weight's record, the probe payload
 _HEAD = struct.Struct("<IIQ")
 _LEVELS = ("stats", "sketch", "full")
 
@@ -315,7 +315,7 @@ def scan_fd(fd: int) -> Scan:
         if magic != RECORD_MAGIC:
             problem = f"bad record magic at byte {off}"
             break
-        if rtype < 1 or rtype > 4:
+        if rtype < 1 or rtype > 5:
             problem = f"unknown record type {rtype} at byte {off}"
             break
         if length > left - _HEAD.size or left - _HEAD.size - length < 4:

@@ -142,6 +142,38 @@ TEST(CudaDequant, EveryFormatIsEquivalentToRefBitForBit) {
   }
 }
 
+// The GGUF-only types (IQ*, TQ*): random blocks (their grid indices are all valid; F16 scales random, NaN and Inf
+// included, and the same blocks with finite scales, so that most elements are numbers), rows of several blocks.
+TEST(CudaDequant, GgufOnlyTypesAreEquivalentToRefBitForBit) {
+  MLA_REQUIRE_GPU();
+  const auto only = gguf_only_weight_formats();
+  ASSERT_EQ(only.size(), 11u);  // IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_NL IQ4_XS TQ1_0 TQ2_0
+  for (WeightFormat f : only) {
+    const std::string name = weight_format_name(f);
+    PackedWeight w = random_packed(f, 37, 768, 31);  // 3 blocks of 256 (24 of IQ4_NL's 32) per row
+    expect_exact(w, {}, "random bytes " + name + " [37, 768], seed 31");
+    // Finite scales: each block's F16 scale field(s) set to a random finite value of either sign.
+    const GgmlTypeInfo* ti = ggml_type_info(ggml_type_of(f));
+    std::mt19937_64 rng(32);
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (size_t k = 0; k + ti->type_size <= w.data.size(); k += static_cast<size_t>(ti->type_size)) {
+      uint8_t* b = w.data.data() + k;
+      const uint16_t h = to_fp16_bits(u(rng));
+      if (f == WeightFormat::WeightFormat_iq1_m) {  // the scale is the top nibbles of the 4 u16 words at 48
+        for (int q = 0; q < 4; ++q) b[49 + 2 * q] = static_cast<uint8_t>((b[49 + 2 * q] & 0x0F) | (((h >> (4 * q)) & 0xF) << 4));
+      } else {
+        const int at = f == WeightFormat::WeightFormat_tq1_0 ? 52 : f == WeightFormat::WeightFormat_tq2_0 ? 64 : 0;
+        std::memcpy(b + at, &h, 2);
+      }
+    }
+    const Tensor cpu = dequantize(w);
+    int64_t finite = 0;
+    for (float v : cpu.data) finite += std::isfinite(v);
+    EXPECT_EQ(finite, cpu.numel()) << name << ": finite scales should give finite values";
+    expect_exact(w, {}, "random blocks with finite scales " + name + " [37, 768], seeds 31, 32");
+  }
+}
+
 TEST(CudaDequant, Fp8PartialAndNonSquareBlocks) {
   MLA_REQUIRE_GPU();
   // Partial blocks at both edges ([300, 260] over 128: grid [3, 3]); a small block (48) for a wider grid.

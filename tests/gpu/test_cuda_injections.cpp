@@ -29,7 +29,9 @@ namespace {
 const std::vector<std::string> kGpuEntries = {
     "rope-neox",      "rope-mscale",   "position-offset", "softmax-scale",  "causal-off",
     "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
-    "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache"};
+    "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache", "residual-drop",
+    "kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "v-up-head", "sliding-window",
+    "kv-norm-weight-wrap"};
 
 TEST(CudaInjections, AcceptsEveryGpuEntryAndRejectsTheQuantizedOnesByName) {
   MLA_REQUIRE_GPU();
@@ -77,6 +79,16 @@ std::vector<Planted> planted_cases() {
   v.push_back({"decode-empty-cache", make_case("prefill_absorbed_tp1", "tiny", kPrefill, kAbsorbed, 1, 10)});
   v.push_back({"decode-empty-cache", make_case("decode_tp2", "tiny", kDecode, kAbsorbed, 2, 2, 2, {3, 66})});
   v.push_back({"rope-neox", make_case("dsv3_prefill_tp1", "deepseek-v3", kPrefill, kMha, 1, 4)});
+  for (const char* n : {"kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "kv-norm-weight-wrap"})
+    v.push_back({n, prefill});
+  v.push_back({"o-proj-half-heads", make_case("prefill_tp2", "tiny", kPrefill, kMha, 2, 8)});
+  v.push_back({"v-up-head", make_case("prefill_absorbed_tp1", "tiny", kPrefill, kAbsorbed, 1, 10)});
+  v.push_back({"v-up-head", make_case("decode_tp2", "tiny", kDecode, kAbsorbed, 2, 2, 2, {3, 66})});
+  Case two_layers = make_case("prefill_2layers_tp1", "tiny", kPrefill, kMha, 1, 8);
+  two_layers.layers = 2;  // a residual stage
+  v.push_back({"residual-drop", two_layers});
+  // Past the window of 16: the later tokens lose keys.
+  v.push_back({"sliding-window", make_case("prefill_t40_tp1", "tiny", kPrefill, kMha, 1, 40)});
   return v;
 }
 

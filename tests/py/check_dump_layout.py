@@ -82,7 +82,35 @@ def main(dump_path, sidecar_path):
             if check(k in a, f"/: missing attribute {k}"):
                 check(np.issubdtype(np.asarray(a[k]).dtype, np.integer), f"/{k}: not an integer")
         check(a.get("format") == "mla-bisect-dump", f"/format = {a.get('format')!r}")
-        check(int(a.get("schema_version", -1)) == 1, "/schema_version != 1")
+        # 1, or 2 when the run recorded its weights (/weights: the one group version 2 adds).
+        check(int(a.get("schema_version", -1)) == (2 if "weights" in h else 1),
+              f"/schema_version {a.get('schema_version')} with{'' if 'weights' in h else 'out'} /weights")
+        if "weights" in h:
+            for lname, lg in h["weights"].items():
+                check(lname.startswith("layer") and lname[5:].isdigit(), f"/weights/{lname}: not a layer group")
+                for wname, wg in lg.items():
+                    gp = f"/weights/{lname}/{wname}"
+                    for k in PROBE_ATTRS:
+                        check(k in wg.attrs, f"{gp}: missing attribute {k}")
+                    shape = [int(s) for s in wg.attrs["shape"]]
+                    contract = wg.attrs["contract"]
+                    check(contract in ("replicated", "rows", "columns"), f"{gp}: contract {contract!r}")
+                    check(len(shape) == 2, f"{gp}: shape {shape} is not [rows, columns]")
+                    tp = int(a["tp"])
+                    local = [shape[0] // tp if contract == "rows" else shape[0],
+                             shape[1] // tp if contract == "columns" else shape[1]]
+                    for r in range(tp):
+                        rg = wg[f"rank{r}"]
+                        check(list(rg.attrs["shape"]) == local, f"{gp}/rank{r}: shape {list(rg.attrs['shape'])}")
+                        check(rg["token_l2"].shape == (local[0],), f"{gp}/rank{r}/token_l2: {rg['token_l2'].shape}")
+                        if "sketch" in rg:
+                            check(rg["sketch"].shape == (local[0], 32), f"{gp}/rank{r}/sketch: {rg['sketch'].shape}")
+                        if "data" in rg:
+                            d = rg["data"][...]
+                            check(list(d.shape) == local, f"{gp}/rank{r}/data: {d.shape}")
+                            norms = np.sqrt((d.astype(np.float64) ** 2).sum(axis=1))
+                            check(np.allclose(norms, rg["token_l2"][...], rtol=1e-5),
+                                  f"{gp}/rank{r}: token_l2 is not the rows' norms")
         check(int(a.get("tp", -1)) == side["tp"], "/tp differs")
         check(a.get("status") == "complete", f"/status = {a.get('status')!r}")
         model = json.loads(a["model"])

@@ -535,3 +535,53 @@ def test_graph_port_matches_cpp_metadata(cpp_read):
 def _cleanup(work):
     yield
     shutil.rmtree(work, ignore_errors=True)
+
+
+def test_weights_group_holds_the_checkpoint_shards(work):
+    """/weights of a C++ run read with h5py alone: each rank's record of each weight is that rank's block of the
+    checkpoint tensor written by `safetensors` (rows of q_b_proj and kv_b_proj, columns of o_proj, whole otherwise),
+    bit for bit; norms are one row; the package reader gathers the same."""
+    from safetensors.numpy import save_file
+    cfg = {"model_type": "deepseek_v3", "hidden_size": 32, "num_attention_heads": 4, "q_lora_rank": 24,
+           "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+           "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "rope_scaling": None, "num_hidden_layers": 1}
+    H, N, Lq, L, P, R, V = 32, 4, 24, 16, 8, 4, 8
+    rng = np.random.default_rng(11)
+
+    def bf16_exact(*shape):  # float32 values a bf16 engine and the FP32 reference hold alike
+        a = rng.standard_normal(shape).astype(np.float32)
+        return (a.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+    pre = "model.layers.0.self_attn."
+    t = {"model.layers.0.input_layernorm.weight": bf16_exact(H), pre + "q_a_proj.weight": bf16_exact(Lq, H), pre + "q_a_layernorm.weight": bf16_exact(Lq),
+         pre + "q_b_proj.weight": bf16_exact(N * (P + R), Lq), pre + "kv_a_proj_with_mqa.weight": bf16_exact(L + R, H),
+         pre + "kv_a_layernorm.weight": bf16_exact(L), pre + "kv_b_proj.weight": bf16_exact(N * (P + V), L),
+         pre + "o_proj.weight": bf16_exact(H, N * V)}
+    ckpt = os.path.join(work, "ckpt")
+    os.makedirs(ckpt)
+    save_file(t, os.path.join(ckpt, "model.safetensors"))
+    with open(os.path.join(ckpt, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    out = os.path.join(work, "w.h5")
+    cli("run", "--weights", ckpt, "--tp", "2", "--tokens", "4", "--probe-level", "full", "--quiet", "--out", out,
+        check=0)
+    blocks = {"q_b_proj": 0, "kv_b_proj": 0, "o_proj": 1}
+    with h5py.File(out, "r") as f:
+        assert sorted(f["weights/layer0"].keys()) == sorted(k.split(".")[-2] for k in t)
+        for key, want in t.items():
+            name = key.split(".")[-2]
+            g = f["weights/layer0/" + name]
+            want = want.reshape(1, -1) if want.ndim == 1 else want
+            assert list(g.attrs["shape"]) == list(want.shape), name
+            for r in range(2):
+                got = g[f"rank{r}/data"][...]
+                axis = blocks.get(name)
+                if axis is None:
+                    part = want
+                else:
+                    n = want.shape[axis] // 2
+                    part = want[r * n:(r + 1) * n] if axis == 0 else want[:, r * n:(r + 1) * n]
+                assert got.dtype == np.float32 and np.array_equal(got, part), f"{name} rank {r}"
+    d = read_dump(out)
+    assert sorted(n for (_, n) in d.weights) == sorted(k.split(".")[-2] for k in t)
+    assert d.weights[(0, "q_b_proj")].contract == "rows" and d.weights[(0, "o_proj")].contract == "columns"

@@ -1,0 +1,59 @@
+// The zoo entries for the rules of unwritten rows' neighbours, norms, sums, heads, masks and channel groups (label
+// cpu, through the CLI): each planted in the bf16 reference candidate is localized at its probe and diagnosed by the
+// rule that describes its mechanism (the zoo's pattern score), at tp 1 and 2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/bisect/zoo.h"
+#include "tests/cli_util.h"
+
+namespace {
+
+const char* kEntries[] = {"residual-drop",  "kv-norm-no-weight", "q-norm-width",       "o-proj-half-heads",
+                          "v-up-head",      "sliding-window",    "kv-norm-weight-wrap"};
+
+TEST(ZooEntries, EachIsLocalizedAndItsPatternNamed) {
+  static const mla::test::ScratchDir root("zoo_entries");
+  std::string only;
+  for (const char* e : kEntries) only += (only.empty() ? "" : ",") + std::string(e);
+  for (const char* tp : {"1", "2"}) {
+    SCOPED_TRACE(std::string("tp ") + tp);
+    const auto dir = root.dir() / (std::string("tp") + tp);
+    std::filesystem::create_directories(dir);
+    const auto r = mla::test::run_cli("zoo --model tiny --candidate reference:precision=bf16 --tp " + std::string(tp) +
+                                          " --only " + only + " --workdir " + dir.string() + " --json " +
+                                          (dir / "zoo.json").string(),
+                                      {.merge_stderr = true, .timeout_s = 0});
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    std::ifstream f(dir / "zoo.json");
+    ASSERT_TRUE(f) << r.out;
+    const auto j = nlohmann::json::parse(f);
+    std::set<std::string> seen;
+    for (const auto& row : j) {
+      const std::string name = row["inject"];
+      seen.insert(name);
+      EXPECT_TRUE(row["ok"].get<bool>()) << row.dump();
+      EXPECT_TRUE(row["pattern_ok"].get<bool>()) << row.dump();
+      EXPECT_EQ(row["pattern_words"].get<std::string>(), mla::zoo_pattern_words(name));
+    }
+    for (const char* e : kEntries) EXPECT_TRUE(seen.count(e)) << e << " not run";
+  }
+}
+
+// Like every named entry, they take no argument: NAME:ARG is refused (exit 2, naming it).
+TEST(ZooEntries, TakeNoArgument) {
+  for (const char* e : kEntries) {
+    const auto r = mla::test::run_cli(std::string("run --model tiny --tokens 2 --inject ") + e + ":3",
+                                      {.merge_stderr = true});
+    EXPECT_EQ(r.exit_code, 2) << e << ": " << r.out;
+    EXPECT_NE(r.out.find("takes no argument"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace

@@ -506,6 +506,27 @@ ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOption
 // The comparison and its verdict
 // ---------------------------------------------------------------------------------------------------
 
+void judge(ProbeResult& r, const Gathered& candidate, const char* row) {
+  std::ostringstream os;
+  if (!r.m.nonfinite_agree) {
+    r.verdict = Verdict::Verdict_nonfinite;
+    os << "NaN/Inf positions differ: " << r.m.first_nonfinite;
+  } else if (!(r.m.rel_l2 <= r.tol.rel_l2)) {
+    r.verdict = Verdict::Verdict_diverge;
+    os << "rel_l2 " << r.m.rel_l2 << " > " << r.tol.rel_l2;
+  } else if (!(r.m.max_token_rel <= r.tol.token_rel)) {
+    r.verdict = Verdict::Verdict_diverge;
+    os << "worst " << row << " rel_l2 " << r.m.max_token_rel << " > " << r.tol.token_rel;
+  } else if (!candidate.problems.empty()) {
+    r.verdict = Verdict::Verdict_diverge;
+    os << candidate.problems.front();
+  } else {
+    r.verdict = Verdict::Verdict_pass;
+    os << "rel_l2 " << r.m.rel_l2 << " <= " << r.tol.rel_l2;
+  }
+  r.why = os.str();
+}
+
 int CompareReport::divergent_weights() const {
   int n = 0;
   for (const auto& r : weights) n += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite;
@@ -656,23 +677,7 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
         }
       }
     }
-    std::ostringstream os;
-    if (!r.m.nonfinite_agree) {
-      r.verdict = Verdict::Verdict_nonfinite;
-      os << "NaN/Inf positions differ: " << r.m.first_nonfinite;
-    } else if (!(r.m.rel_l2 <= r.tol.rel_l2)) {
-      r.verdict = Verdict::Verdict_diverge;
-      os << "rel_l2 " << r.m.rel_l2 << " > " << r.tol.rel_l2;
-    } else if (!(r.m.max_token_rel <= r.tol.token_rel)) {
-      r.verdict = Verdict::Verdict_diverge;
-      os << "worst token rel_l2 " << r.m.max_token_rel << " > " << r.tol.token_rel;
-    } else if (!ga.problems.empty()) {
-      r.verdict = Verdict::Verdict_diverge;
-      os << ga.problems.front();
-    } else {
-      os << "rel_l2 " << r.m.rel_l2 << " <= " << r.tol.rel_l2;
-    }
-    r.why = os.str();
+    judge(r, ga);
     rep.results.push_back(std::move(r));
   }
   // Probes outside the expected set are not compared; say so unless the user narrowed the set.
@@ -720,35 +725,27 @@ ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::v
   const Dump& hi = fp32_full ? *fp32_full : hi_run;
   // One ulp of the candidate's format, relative: an error below it is rounding, whatever the stage.
   const double ulp = precision == Precision::Precision_bf16 ? 1.0 / 256 : 1.0 / 2048;
-  for (const auto& ph : hi.probes) {
-    const DumpProbe* pl = lo.find(ph.layer, ph.name);
-    if (!pl) continue;
-    const Metrics m = compare_gathered(gather(*pl), gather(ph), ph, ph.layer, {});
+  const auto calibrated = [&](const DumpProbe& h, const DumpProbe& l, const std::string& what) {
+    const Metrics m = compare_gathered(gather(l), gather(h), h, h.layer, {});
     Tolerance t;
     t.rel_l2 = std::max(k * m.rel_l2, ulp);
     t.token_rel = std::max(k * m.max_token_rel, 2 * ulp);
     std::ostringstream os;
     os.precision(2);
-    os << "calibrated: " << k << " x " << precision_name(precision) << " noise floor " << std::scientific << m.rel_l2
-       << " (floor: 1 " << precision_name(precision) << " ulp)";
+    os << "calibrated: " << k << " x " << what << std::scientific << m.rel_l2 << " (floor: 1 "
+       << precision_name(precision) << " ulp)";
     t.origin = os.str();
-    tm.per_probe[std::to_string(ph.layer) + "/" + ph.name] = t;
-  }
+    return t;
+  };
+  for (const auto& ph : hi.probes)
+    if (const DumpProbe* pl = lo.find(ph.layer, ph.name))
+      tm.per_probe[std::to_string(ph.layer) + "/" + ph.name] =
+          calibrated(ph, *pl, std::string(precision_name(precision)) + " noise floor ");
   // The weights as the candidate's precision holds them: the FP32 weights rounded (their rounding is the floor).
-  for (const auto& wh : hi.weights) {
-    const DumpProbe* wl = lo.find_weight(wh.layer, wh.name);
-    if (!wl) continue;
-    const Metrics m = compare_gathered(gather(*wl), gather(wh), wh, wh.layer, {});
-    Tolerance t;
-    t.rel_l2 = std::max(k * m.rel_l2, ulp);
-    t.token_rel = std::max(k * m.max_token_rel, 2 * ulp);
-    std::ostringstream os;
-    os.precision(2);
-    os << "calibrated: " << k << " x the weight's own " << precision_name(precision) << " rounding " << std::scientific
-       << m.rel_l2 << " (floor: 1 " << precision_name(precision) << " ulp)";
-    t.origin = os.str();
-    tm.per_probe[std::to_string(wh.layer) + "/weights/" + wh.name] = t;
-  }
+  for (const auto& wh : hi.weights)
+    if (const DumpProbe* wl = lo.find_weight(wh.layer, wh.name))
+      tm.per_probe[std::to_string(wh.layer) + "/weights/" + wh.name] =
+          calibrated(wh, *wl, std::string("the weight's own ") + precision_name(precision) + " rounding ");
   return tm;
 }
 

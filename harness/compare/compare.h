@@ -181,6 +181,9 @@ std::vector<double> channel_block_rel(const std::vector<double>& err2, const std
 
 Metrics compare_gathered(const Gathered& a, const Gathered& b, const DumpProbe& spec, int layer,
                          const CompareOptions& opt);
+// The verdict of a measured result (r.m against r.tol; a replica problem of the candidate fails it too) and its
+// one-line reason. `row`: what a row of the first axis is ("token", or "row" for a weight).
+void judge(ProbeResult& r, const Gathered& candidate, const char* row = "token");
 // `a` is the candidate, `b` the reference (rel_l2 is relative to b). Throws UsageError when the dumps are not
 // comparable (require_comparable), not readable (require_readable), or when nothing expected matched while both
 // dumps are complete ("no probe of B matched in A: ...").

@@ -184,23 +184,7 @@ void compare_weights(const Dump& a, const Dump& b, const ToleranceModel& tol, co
         r.m.rank_rel.push_back(x);
         if (x > r.tol.rel_l2) r.ranks_off.push_back(static_cast<int>(k));
       }
-    std::ostringstream os;
-    if (!r.m.nonfinite_agree) {
-      r.verdict = Verdict::Verdict_nonfinite;
-      os << "NaN/Inf positions differ: " << r.m.first_nonfinite;
-    } else if (!(r.m.rel_l2 <= r.tol.rel_l2)) {
-      r.verdict = Verdict::Verdict_diverge;
-      os << "rel_l2 " << r.m.rel_l2 << " > " << r.tol.rel_l2;
-    } else if (!(r.m.max_token_rel <= r.tol.token_rel)) {
-      r.verdict = Verdict::Verdict_diverge;
-      os << "worst row rel_l2 " << r.m.max_token_rel << " > " << r.tol.token_rel;
-    } else if (!ga.problems.empty()) {
-      r.verdict = Verdict::Verdict_diverge;
-      os << ga.problems.front();
-    } else {
-      os << "rel_l2 " << r.m.rel_l2 << " <= " << r.tol.rel_l2;
-    }
-    r.why = os.str();
+    judge(r, ga, "row");
     if (r.verdict != Verdict::Verdict_pass) describe_weight(r, a, b);
     rep.weights.push_back(std::move(r));
   }

@@ -13,6 +13,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "harness/compare/weight_diff.h"
 #include "harness/bisect/injection.h"
 #include "harness/bisect/isolate.h"
 #include "harness/compare/diagnose.h"
@@ -333,6 +334,8 @@ void Explorer::print_intro() {
   int n_div = 0;
   for (size_t i = 0; i < rep_.results.size(); ++i) n_div += divergent(static_cast<int>(i));
   os_ << rep_.results.size() << " probes compared, " << n_div << " beyond tolerance\n";
+  // Weights come first: a weight that differs is the cause of what follows from its stage on.
+  if (rep_.first_weight >= 0) os_ << "weight differs: " << weight_sentence(rep_.weights[rep_.first_weight]) << "\n";
   if (rep_.first_divergence >= 0) {
     const auto& r = rep_.results[rep_.first_divergence];
     os_ << "first divergence: layer " << r.layer << " " << r.name << " (stage " << r.stage << "): " << r.why

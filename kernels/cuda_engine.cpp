@@ -110,7 +110,7 @@ const std::vector<std::string>& cuda_injections() {
       "rope-neox",      "rope-mscale",   "position-offset", "softmax-scale", "causal-off",
       "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
       "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache", "residual-drop",
-      "kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "v-up-head", "kv-norm-weight-wrap",
+      "kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "v-up-head", "kv-norm-weight-wrap", "kv-a-rows-tile",
       "sliding-window"};
   return names;
 }
@@ -582,7 +582,13 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       DeviceTensor& kv_c = out(rank, "kv_c", {T, L});
       DeviceTensor& k_pe = out(rank, "k_pe", {T, R});
       bf16* scratch = rc.scratch_as<bf16>("kv_a_proj.y", T * (L + R));
-      cuda::launch_kv_a_proj(hb, s, x.bf(), W.kv_a_proj.bf(), scratch, kv_c.bf(), k_pe.bf(), T, H, L, R);
+      // kv-a-rows-tile: the GEMM and its split launched over whole row tiles only, into outputs an allocator zeroed.
+      const int64_t M = planted("kv-a-rows-tile") ? T / kRowsTileBug * kRowsTileBug : T;
+      if (M < T) {
+        CUDA_CHECK(cudaMemsetAsync(kv_c.buf.get(), 0, kv_c.bytes(), s));
+        CUDA_CHECK(cudaMemsetAsync(k_pe.buf.get(), 0, k_pe.bytes(), s));
+      }
+      if (M > 0) cuda::launch_kv_a_proj(hb, s, x.bf(), W.kv_a_proj.bf(), scratch, kv_c.bf(), k_pe.bf(), M, H, L, R);
       break;
     }
     case Stage::Stage_kv_a_norm: {

@@ -53,6 +53,16 @@ Tensor v_up_last_head_from_previous(const Tensor& attn_latent, const Tensor& w_k
   return out;
 }
 
+KvA kv_a_proj_whole_tiles(const Tensor& x, const Tensor& w_kva, const MlaConfig& cfg, int64_t tile) {
+  const int64_t T = x.dim(0), M = T / tile * tile;
+  KvA out{Tensor({T, cfg.kv_lora_rank}), Tensor({T, cfg.qk_rope})};  // zeros
+  if (M == 0) return out;
+  const KvA part = kv_a_proj(slice_rows(x, 0, M), w_kva, cfg);
+  std::copy(part.kv_c.data.begin(), part.kv_c.data.end(), out.kv_c.data.begin());
+  std::copy(part.k_pe.data.begin(), part.k_pe.data.end(), out.k_pe.data.begin());
+  return out;
+}
+
 Batch shift_block_table(const Batch& batch) {
   Batch b = batch;
   for (int s = 0; s < b.num_seqs(); ++s)

@@ -20,6 +20,10 @@ Tensor o_proj_half_reduction(const Tensor& attn_out, const Tensor& w_o_local);
 // v-up-head: v_up with the last local head reading head Nl-2's W_UV (an off-by-one in a head index).
 Tensor v_up_last_head_from_previous(const Tensor& attn_latent, const Tensor& w_kvb_local, const MlaConfig& cfg);
 
+// kv-a-rows-tile: kv_a_proj launched over whole tiles of `tile` rows (M = T / tile · tile): the tail rows of its
+// outputs never written, left as the zeroing allocator gave them.
+KvA kv_a_proj_whole_tiles(const Tensor& x, const Tensor& w_kva, const MlaConfig& cfg, int64_t tile);
+
 // page-off-by-one: the block table as a kernel that reads block_table[b][j+1] for j >= 1 sees it.
 Batch shift_block_table(const Batch& batch);
 

@@ -131,7 +131,8 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       break;
     }
     case Stage::Stage_kv_a_proj: {
-      auto kv = ref::kv_a_proj(get(rank, "x"), W.kv_a_proj, cfg);
+      auto kv = planted("kv-a-rows-tile") ? ref::bug::kv_a_proj_whole_tiles(get(rank, "x"), W.kv_a_proj, cfg, kRowsTileBug)
+                                          : ref::kv_a_proj(get(rank, "x"), W.kv_a_proj, cfg);
       put(rank, "kv_c", std::move(kv.kv_c));
       put(rank, "k_pe", std::move(kv.k_pe));
       break;

@@ -16,7 +16,7 @@
 namespace {
 
 const char* kEntries[] = {"residual-drop",  "kv-norm-no-weight", "q-norm-width",       "o-proj-half-heads",
-                          "v-up-head",      "sliding-window",    "kv-norm-weight-wrap"};
+                          "v-up-head",      "sliding-window",    "kv-norm-weight-wrap", "kv-a-rows-tile"};
 
 TEST(ZooEntries, EachIsLocalizedAndItsPatternNamed) {
   static const mla::test::ScratchDir root("zoo_entries");

@@ -32,6 +32,7 @@ const std::vector<ZooEntry>& bug_zoo() {
       {"v-up-head", {"attn_out"}, "a single head (the last) off, norms plausible", "", "absorbed"},
       {"sliding-window", {"attn_out", "lse"}, "error from position 16 on (each token sees its last 16 keys)", "prefill",
        "mha"},
+      {"kv-a-rows-tile", {"kv_c", "k_pe"}, "token rows from T / 32 * 32 on exact zeros (never written)"},
       {"kv-norm-weight-wrap", {"kv_c_norm"}, "channels L/2..L-1 off, each by its own factor; the first half exact"},
       // Planted in every projection weight of the run's format: the first projection diverges (q_a_proj,
       // or q_proj without q LoRA).

@@ -32,6 +32,7 @@ std::string zoo_pattern_words(const std::string& inject) {
       {"o-proj-half-heads", "reference minus a part"},
       {"v-up-head", "a single head off"},
       {"sliding-window", "sliding window"},
+      {"kv-a-rows-tile", "never written"},
       {"kv-norm-weight-wrap", "a channel group off"},
       {"fp8-scale-transpose", "block-shaped"},
       {"nvfp4-nibble-swap", "layout"},

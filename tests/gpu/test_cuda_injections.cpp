@@ -31,7 +31,7 @@ const std::vector<std::string> kGpuEntries = {
     "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
     "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache", "residual-drop",
     "kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "v-up-head", "sliding-window",
-    "kv-norm-weight-wrap"};
+    "kv-norm-weight-wrap", "kv-a-rows-tile"};
 
 TEST(CudaInjections, AcceptsEveryGpuEntryAndRejectsTheQuantizedOnesByName) {
   MLA_REQUIRE_GPU();
@@ -89,6 +89,8 @@ std::vector<Planted> planted_cases() {
   v.push_back({"residual-drop", two_layers});
   // Past the window of 16: the later tokens lose keys.
   v.push_back({"sliding-window", make_case("prefill_t40_tp1", "tiny", kPrefill, kMha, 1, 40)});
+  // Past one whole row tile (32): rows 32..39 never written.
+  v.push_back({"kv-a-rows-tile", make_case("prefill_t40_tp2", "tiny", kPrefill, kMha, 2, 40)});
   return v;
 }
 

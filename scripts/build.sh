@@ -4,7 +4,9 @@
 #   ./scripts/build.sh [extra cmake configure args, e.g. -DMLA_WITH_CUDA=OFF]
 #
 # Env: MLA_SKIP_SETUP=1 skips scripts/setup.sh; BUILD_TYPE (default Release);
-#      MLA_CMAKE_ARGS extra configure args (space-separated) for callers that cannot pass "$@".
+#      MLA_CMAKE_ARGS extra configure args (space-separated) for callers that cannot pass "$@";
+#      MLA_BUILD_TARGETS targets to build (space-separated; default: all of them, the tests included);
+#      MLA_BUILD_DIR the build folder (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,18 +24,19 @@ else
 fi
 export MLA_PYTHON
 
+bdir="${MLA_BUILD_DIR:-build}"
 # A cache made for another source folder (a build/ copied from elsewhere) makes cmake refuse; start over.
-if [[ -f build/CMakeCache.txt ]]; then
-  cached_src="$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' build/CMakeCache.txt)"
+if [[ -f "$bdir/CMakeCache.txt" ]]; then
+  cached_src="$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$bdir/CMakeCache.txt")"
   if [[ -n "$cached_src" && "$(cd "$cached_src" 2>/dev/null && pwd -P)" != "$(pwd -P)" ]]; then
-    echo "build: build/ was configured for $cached_src; reconfiguring from scratch"
-    rm -rf build/CMakeCache.txt build/CMakeFiles
+    echo "build: $bdir/ was configured for $cached_src; reconfiguring from scratch"
+    rm -rf "$bdir/CMakeCache.txt" "$bdir/CMakeFiles"
   fi
 fi
 
-configure_args=(-S . -B build -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}")
+configure_args=(-S . -B "$bdir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}")
 # An existing cache keeps its generator (cmake refuses a different one); a fresh one prefers Ninja.
-if [[ ! -f build/CMakeCache.txt ]] && command -v ninja >/dev/null 2>&1; then
+if [[ ! -f "$bdir/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then
   configure_args+=(-G Ninja)
 fi
 if [[ -n "$MLA_PYTHON" ]]; then
@@ -42,5 +45,10 @@ fi
 # shellcheck disable=SC2206  # MLA_CMAKE_ARGS is deliberately word-split
 extra_env_args=(${MLA_CMAKE_ARGS:-})
 
+# shellcheck disable=SC2206  # MLA_BUILD_TARGETS is deliberately word-split
+targets=(${MLA_BUILD_TARGETS:-})
+target_args=()
+if (( ${#targets[@]} > 0 )); then target_args=(--target "${targets[@]}"); fi
+
 cmake "${configure_args[@]}" "${extra_env_args[@]}" "$@"
-cmake --build build -j"$(nproc 2>/dev/null || echo 2)"
+cmake --build "$bdir" -j"$(nproc 2>/dev/null || echo 2)" "${target_args[@]}"

@@ -7,7 +7,9 @@
 #   . scripts/setup.sh          source it: same, then MLA_PYTHON is exported into the calling shell
 #
 # Env: PYTHON (base interpreter for the venv, default python3), MLA_SETUP_NO_APT=1, MLA_SETUP_NO_PIP=1,
-#      MLA_VENV (where the venv lives; default ~/.cache/mla-bisect/venv, outside the clone: scripts/venv_path.sh).
+#      MLA_VENV (where the venv lives; default ~/.cache/mla-bisect/venv, outside the clone: scripts/venv_path.sh),
+#      MLA_SETUP_FOR=build: only what building and running mla-bisect needs (the compilers and libraries; no fuzzer
+#      toolchain, no Python venv), what scripts/demo.sh asks for; the default (all) adds what the tests use.
 
 # Sourced: do the work in a child shell so that set -e, cd and exit cannot reach the caller's shell.
 if [[ "${BASH_SOURCE[0]}" != "$0" ]]; then
@@ -34,8 +36,16 @@ warn() { echo "setup: WARNING: $*" >&2; }
 # ---------------------------------------------------------------------------------------------------
 # clang, libclang-rt-dev (libFuzzer and the sanitizer runtimes) and libomp-dev (OpenMP for clang) build the fuzz
 # targets that scripts/test.sh runs after the tests (scripts/fuzz.sh).
-DEB_PACKAGES=(cmake ninja-build g++ libeigen3-dev libhdf5-dev hdf5-tools libcli11-dev
-              nlohmann-json3-dev libgtest-dev python3-venv clang libclang-rt-dev libomp-dev)
+setup_for="${MLA_SETUP_FOR:-all}"
+case "$setup_for" in
+  all|build) ;;
+  *) echo "setup: MLA_SETUP_FOR must be 'all' or 'build', not '$setup_for'" >&2; exit 2 ;;
+esac
+# libgtest-dev is in both: build/ is configured with the tests (CMake needs GTest), even when only mla-bisect is built.
+DEB_PACKAGES=(cmake ninja-build g++ libeigen3-dev libhdf5-dev libcli11-dev nlohmann-json3-dev libgtest-dev)
+if [[ "$setup_for" == all ]]; then
+  DEB_PACKAGES+=(hdf5-tools python3-venv clang libclang-rt-dev libomp-dev)
+fi
 
 dpkg_installed() {
   command -v dpkg-query >/dev/null 2>&1 &&
@@ -119,6 +129,10 @@ fi
 # modules). Offline, the venv sees the system site-packages instead. Tests that need a missing module skip
 # themselves.
 # ---------------------------------------------------------------------------------------------------
+if [[ "$setup_for" == build ]]; then
+  say "python: not needed to build and run mla-bisect; skipped (MLA_SETUP_FOR=build)"
+  exit 0
+fi
 PY_MODULES=(numpy h5py gguf safetensors ml_dtypes pytest torch transformers)   # import name == PyPI name for all
 VENV="$(./scripts/venv_path.sh)"
 mkdir -p "$(dirname "$VENV")"

@@ -14,7 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-./scripts/build.sh
+# Every target: the test binaries, and mla-bisect, which they run. The packages the tests use too (Python, clang).
+MLA_SETUP_FOR=all MLA_BUILD_DIR=build MLA_BUILD_TARGETS= ./scripts/build.sh
 
 label_args=()
 user_sets_label=0

@@ -10,6 +10,7 @@
 
 #include "harness/bisect/child.h"
 #include "harness/bisect/isolate.h"
+#include "harness/compare/calibration_cache.h"
 #include "harness/compare/weight_diff.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
@@ -96,7 +97,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const Inputs inputs = ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
   const Precision cand_precision =
       cand.meta.engine_dtype.empty() ? Precision::Precision_fp32 : parse_precision(cand.meta.engine_dtype);
-  ToleranceModel tol = calibrate(cfg, spec, weights, inputs, cand_precision, opt.k);
+  ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, cand_precision, opt.k);
   tol.overrides = opt.overrides;
 
   rep.compare = compare_dumps(cand, ref, tol);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/bisect/isolate.h"
+#include "harness/compare/calibration_cache.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/weights/loader.h"
@@ -181,7 +182,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     throw UsageError(opt.capture + ": root attribute engine_dtype: " + e.what());
   }
   step("calibrating tolerances (reference fp32 vs " + dtype + ")");
-  ToleranceModel tol = calibrate(cfg, spec, weights, inputs, precision, opt.k, &ref);
+  ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, precision, opt.k, &ref);
   tol.overrides = opt.overrides;
 
   rep.compare = compare_dumps(cap, ref, tol, captured);

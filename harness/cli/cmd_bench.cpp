@@ -7,6 +7,7 @@
 #include "harness/cli/run_options.h"
 #include "harness/model/errors.h"
 #include "harness/report/bench.h"
+#include "harness/report/progress.h"
 
 namespace mla::cli {
 
@@ -18,6 +19,7 @@ struct BenchCmdOptions {
   int warmup = 1;
   int probe_repeats = 5;
   std::string json;
+  bool quiet = false;  // no progress lines on stderr
 };
 
 int run_bench_cmd(BenchCmdOptions o, const CLI::App& cmd) {
@@ -45,7 +47,10 @@ int run_bench_cmd(BenchCmdOptions o, const CLI::App& cmd) {
     if (l <= plan.level) b.probe_levels.push_back(l);
   if (!o.json.empty() && !std::ofstream(o.json)) throw UsageError("--json: cannot write " + o.json);  // before the long part
 
+  const ProgressLog log(!o.quiet);
+  if (log.on()) b.progress = [&log](const std::string& what) { log.step(what); };
   const BenchResult r = run_bench(b);
+  log.step("bench done");
   print_bench(r, std::cout);
   if (!o.json.empty()) {
     std::ofstream out(o.json);
@@ -78,6 +83,7 @@ void setup_bench(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json, "Also write the figures (every sample included) to this JSON file");
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
   cmd->callback([o, cmd, &exit_code] { exit_code = run_bench_cmd(*o, *cmd); });
 }
 

@@ -53,6 +53,7 @@ struct BisectCmdOptions {
   double k = 4.0;
   std::vector<std::string> tol;
   bool brief = false;
+  bool quiet = false;  // no progress lines on stderr
 };
 
 int run_bisect_cmd(const BisectCmdOptions& o) {
@@ -76,7 +77,7 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
   b.workdir = o.workdir;
   b.k = o.k;
   b.overrides = parse_tol_overrides(o.tol);
-  b.progress = isatty(2);
+  b.progress = !o.quiet;  // a line per phase, terminal or log alike
   const BisectReport rep = run_bisect(b);
   if (o.brief) {
     std::cout << rep.headline << "\n";
@@ -115,6 +116,7 @@ void setup_bisect(CLI::App& app, int& exit_code) {
       ->check(finite_number(0, true));
   cmd->add_option("--tol", o->tol, "Override a probe's tolerance: PROBE=REL_L2 (repeatable)");
   cmd->add_flag("--brief", o->brief, "Print only the headline and the diagnosis");
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
   refuse_rank_options(*cmd);
   cmd->callback([o, &exit_code] { exit_code = run_bisect_cmd(*o); });
 }

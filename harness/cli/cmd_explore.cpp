@@ -18,6 +18,7 @@
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/explore.h"
+#include "harness/report/progress.h"
 
 namespace mla::cli {
 
@@ -201,10 +202,16 @@ struct ExploreCmdOptions {
   std::string a, b, tolerance = "auto", color = "auto";
   double k = 4.0;
   std::vector<std::string> tol;
+  bool quiet = false;  // no progress lines on stderr
 };
 
 int run_explore(const ExploreCmdOptions& o) {
+  // The setup (reading two dumps, calibrating) can take a while on large runs: progress lines on stderr, which the
+  // session's own output (stdout) does not mix with.
+  const ProgressLog log(!o.quiet);
+  log.step("reading " + o.a);
   Dump a = read_dump(o.a);
+  log.step("reading " + o.b);
   Dump b = read_dump(o.b);
   require_every_rank(a, "explore");
   require_every_rank(b, "explore");
@@ -218,8 +225,10 @@ int run_explore(const ExploreCmdOptions& o) {
     std::cout << "calibrating tolerances: the reference at " << (dtype == "fp32" ? "bf16" : dtype)
               << " against fp32 on the reference dump's inputs (tolerance = " << fmt_num(o.k) << " x that noise floor) ..."
               << std::flush;
+  if (calibrating) log.step("calibrating tolerances");
   ToleranceModel tol = tolerance_for(a, b, o.tolerance, o.k);
   tol.overrides = parse_tol_overrides(o.tol);
+  log.step("ready");
   if (calibrating)
     std::cout << " done (" << fmt_num(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2)
               << " s)\n";
@@ -265,6 +274,7 @@ void setup_explore(CLI::App& app, int& exit_code) {
   cmd->add_option("--color", o->color, "Heat-map colors: auto (when stdout is a terminal), always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr (reading the dumps, calibrating)");
   cmd->callback([o, &exit_code] { exit_code = run_explore(*o); });
 }
 

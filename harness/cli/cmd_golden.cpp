@@ -10,6 +10,7 @@
 #include "harness/compare/golden.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
+#include "harness/report/progress.h"
 
 namespace mla::cli {
 
@@ -24,6 +25,7 @@ struct GoldenMakeOptions {
   std::string out;
   std::string manifest;  // default: OUT's directory / MANIFEST.json
   bool no_manifest = false;
+  bool quiet = false;  // no progress lines on stderr
 };
 
 struct GoldenCheckCmdOptions {
@@ -32,6 +34,7 @@ struct GoldenCheckCmdOptions {
   double k = 4.0, timeout = 0;
   int tp = 0;
   bool brief = false, no_manifest = false;
+  bool quiet = false;  // no progress lines on stderr
 };
 
 struct GoldenManifestOptions {
@@ -80,7 +83,10 @@ int run_make(const GoldenMakeOptions& o, const CLI::App& cmd) {
   full.level = ProbeLevel::ProbeLevel_full;
   check_run_memory(cfg, spec, full, {.dump = true});
   const std::string command = command_line(cmd, "mla-bisect golden make");
+  const ProgressLog log(!o.quiet);
+  log.step("golden make: the FP32 reference on " + cfg.name + ", every probe in full");
   const Dump d = make_golden(cfg, spec, o.run.weight_seed, command);
+  log.step("writing " + o.out);
   write_dump_h5(d, o.out);  // temp file, fsync, rename
   const auto bytes = fs::file_size(o.out);
   std::cout << "golden " << o.out << ": " << d.probes.size() << " probes in full, " << bytes / 1024 << " KiB\n"
@@ -116,7 +122,9 @@ void check_manifest(const std::string& golden, const std::string& mpath) {
 }
 
 int run_check(const GoldenCheckCmdOptions& o) {
+  const ProgressLog log(!o.quiet);
   if (!o.no_manifest) check_manifest(o.golden, manifest_for(o.golden, o.manifest));
+  log.step("reading " + o.golden);
   const Dump golden = read_dump(o.golden);
   GoldenCheckOptions c;
   c.engine = o.engine;
@@ -141,7 +149,9 @@ int run_check(const GoldenCheckCmdOptions& o) {
     } catch (const std::exception&) {
     }
   };
+  log.step("running " + o.engine + " on the golden's inputs (" + golden.meta.command + "), then comparing");
   const GoldenCheck res = check_golden(golden, c, on_stop);
+  log.step("compared");
   const CompareReport& rep = res.report;
   const auto findings = explain_first_divergence(rep, batch_of(golden, res.candidate));
   std::cout << "golden check " << o.golden << " (" << golden.meta.command << ")\n";
@@ -199,6 +209,7 @@ void setup_golden(CLI::App& app, int& exit_code) {
   add_run_options(*make, mo->run);
   make->add_option("--manifest", mo->manifest, "Manifest to update (default: MANIFEST.json beside OUT)");
   make->add_flag("--no-manifest", mo->no_manifest, "Do not touch a manifest");
+  make->add_flag("--quiet", mo->quiet, "No progress lines on stderr");
   make->callback([mo, make, &exit_code] { exit_code = run_make(*mo, *make); });
 
   auto co = std::make_shared<GoldenCheckCmdOptions>();
@@ -231,6 +242,7 @@ void setup_golden(CLI::App& app, int& exit_code) {
                                                 "beside it, if present)");
   check->add_flag("--no-manifest", co->no_manifest, "Do not verify the golden's sha256 against a manifest");
   check->add_flag("--brief", co->brief, "Only the summary, not every probe");
+  check->add_flag("--quiet", co->quiet, "No progress lines on stderr");
   check->callback([co, &exit_code] { exit_code = run_check(*co); });
 
   auto uo = std::make_shared<GoldenManifestOptions>();

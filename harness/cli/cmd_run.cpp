@@ -20,6 +20,7 @@
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
 #include "harness/report/probe_table.h"
+#include "harness/report/progress.h"
 #include "harness/run/engine.h"
 #include "harness/run/process_rank.h"
 #include "harness/run/rendezvous.h"
@@ -238,6 +239,7 @@ auto out_of_memory_names(const std::function<std::string()>& where, const std::s
 }
 
 int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
+  const ProgressLog log(!o.quiet);  // --quiet (bisect's children): no progress lines either
   refuse_out_directory(o.out);
   const MlaConfig cfg = o.run.load_config();
   RunSpec spec = o.run.to_spec();
@@ -325,11 +327,13 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   // The CUDA engine uploads quantized weights as stored and dequantizes them on its device (kernels/dequant.cu),
   // injected bugs included; unquantized synthetic weights need no packed copy.
   const bool keep_packed = engine_dequantizes(engine->name(), ws);
+  log.step("setup: weights (" + o.run.weights + "), model " + cfg.name + ", engine " + engine->name());
   const LoadedWeights loaded = out_of_memory_names(setup_where, estimate, [&] {
     return load_weights(ws, cfg, spec, weight_seed, injections, keep_packed);
   });
   if (keep_packed) runner.set_packed_weights(&loaded.packed, dequant_bugs(injections));
   const auto& weights = loaded.layers;
+  log.step("setup: inputs (" + (o.input.empty() ? std::string("synthetic") : o.input) + ")");
   if (o.input.empty())
     inputs = out_of_memory_names(setup_where, estimate, [&] { return synthetic_inputs(cfg, spec, weights); });
   TableSink table(spec.tp);
@@ -344,7 +348,7 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   SlowSink slow(slow_stage_ms());
   if (slow_stage_ms() > 0) tee.add(slow);
   WatchdogSink watchdog(tee, o.watchdog);
-  ProgressSink progress(watchdog, spec.layers, static_cast<int>(runner.graph().stages.size()),
+  ProgressSink progress(watchdog, log, spec.layers, static_cast<int>(runner.graph().stages.size()),
                         process.per_process() ? 1 : spec.tp);
   const auto t1 = std::chrono::steady_clock::now();
   out_of_memory_names([&] { return tracker.where(); }, estimate, [&] {
@@ -352,6 +356,9 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     return 0;
   });
   const auto t2 = std::chrono::steady_clock::now();
+  log.step("run done (" + std::to_string(spec.layers) + " layer(s), setup " +
+           fmt_seconds(std::chrono::duration<double>(t1 - t0).count()) + ", stages " +
+           fmt_seconds(std::chrono::duration<double>(t2 - t1).count()) + ")");
   if (o.quiet) return 0;
   std::cout << "model " << cfg.name << "  engine " << engine->name() << ":" << engine->options() << "  mode "
             << mode_name(spec.mode) << "  attention " << form_name(spec.form) << "  tokens " << inputs.batch.tokens()

@@ -2,6 +2,7 @@
 // config and (synthetic) weights at the candidate's precision, or the FP32 floor when both are FP32.
 #include "harness/compare/tolerance_for.h"
 
+#include "harness/compare/calibration_cache.h"
 #include "harness/model/errors.h"
 #include "harness/weights/loader.h"
 
@@ -32,7 +33,7 @@ ToleranceModel tolerance_for(const Dump& candidate, const Dump& reference, const
     throw UsageError(reference.path + " was made with weights '" + ws.source + "', which calibration needs: " +
                      e.what() + " (use --tolerance exact or --tol)");
   }
-  return calibrate(cfg, spec, weights, reference.inputs, p == Precision::Precision_fp32 ? Precision::Precision_bf16 : p, k);
+  return calibrate_cached(cfg, spec, weights, reference.inputs, p == Precision::Precision_fp32 ? Precision::Precision_bf16 : p, k);
 }
 
 }  // namespace mla

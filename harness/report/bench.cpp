@@ -576,6 +576,15 @@ BenchResult run_bench(const BenchOptions& o, Engine& engine) {
   if (o.repeats < 1) throw UsageError("--repeats must be at least 1");
   if (o.warmup < 0) throw UsageError("--warmup must not be negative");
   Runner runner(cfg, spec);
+  const auto progress = [&](const std::string& what) {
+    if (o.progress) o.progress(what);
+  };
+  const auto ms = [](double sec) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f ms", 1e3 * sec);
+    return std::string(buf);
+  };
+  progress("bench: " + engine.name() + " on " + cfg.name + ", setup (weights, inputs)");
   if (engine.set_device_timing(false)) return run_device_bench(o, engine, runner);
   TimedEngine timed(engine);
   const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, o.weight_seed);
@@ -637,6 +646,8 @@ BenchResult run_bench(const BenchOptions& o, Engine& engine) {
     const LayerRun bare = layer_once(off);
     std::vector<LayerRun> probed;
     for (const auto& plan : levels) probed.push_back(layer_once(plan));
+    progress("round " + std::to_string(round + 1) + "/" + std::to_string(o.warmup + o.repeats) +
+             (timed_round ? "" : " (warm-up)") + ": GEMM " + ms(g) + ", layer " + ms(bare.layer_s));
     if (!timed_round) continue;
     gemm_s.push_back(g);
     layer_s.push_back(bare.layer_s);

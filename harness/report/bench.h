@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ struct BenchOptions {
   // Device engines (--engine cuda) only: rounds of the probe-overhead comparison (each level against the
   // layer without probes; at T = 4096 a round spends seconds hashing checksums on the host); 0 skips it.
   int probe_repeats = 5;
+  std::function<void(const std::string&)> progress;  // a line per phase and round (the command's progress log)
 };
 
 // Median, min and max of a list of times (seconds).

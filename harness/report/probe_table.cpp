@@ -1,7 +1,6 @@
-// Terminal table of probes and the progress line.
+// Terminal table of probes and the progress lines of a run.
 #include "harness/report/probe_table.h"
 
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -62,28 +61,34 @@ void TableSink::print(std::ostream& os) const {
   }
 }
 
-ProgressSink::ProgressSink(ProbeSink& inner, int layers, int stages, int tp)
-    : inner_(inner), layers_(layers), stages_(stages), tp_(tp), tty_(isatty(STDERR_FILENO)) {}
+ProgressSink::ProgressSink(ProbeSink& inner, const ProgressLog& log, int layers, int stages, int tp)
+    : inner_(inner), log_(log), layers_(layers), stages_(stages), tp_(tp) {}
 
 void ProgressSink::stage_begin(int layer, Stage stage, int rank) {
   inner_.stage_begin(layer, stage, rank);
+  const int total = std::max(layers_ * stages_ * tp_, 1);
+  const int pct = 100 * done_ / total;  // of the stages finished before this one
   ++done_;
-  if (!tty_) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (now - last_ < std::chrono::milliseconds(100)) return;
-  last_ = now;
-  const int total = layers_ * stages_ * tp_;
-  std::fprintf(stderr, "\r\033[K[%3d%%] layer %d/%d  %-14s rank %d/%d", 100 * done_ / std::max(total, 1), layer + 1,
-               layers_, stage_name(stage), rank, tp_);
-  std::fflush(stderr);
+  if (!log_.on() || pct / 10 <= shown_tenths_) return;
+  shown_tenths_ = pct / 10;
+  log_.step("layer " + std::to_string(layer + 1) + "/" + std::to_string(layers_) + " stage " + stage_name(stage) +
+            (tp_ > 1 ? " rank " + std::to_string(rank) + "/" + std::to_string(tp_) : std::string()) + " (" +
+            std::to_string(pct) + "%)");
 }
 
 void ProgressSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   inner_.record(layer, spec, rank, rec);
 }
 
+void ProgressSink::record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+  if (layer != weights_layer_) {
+    weights_layer_ = layer;
+    log_.step("layer " + std::to_string(layer + 1) + "/" + std::to_string(layers_) + " weights: recording");
+  }
+  inner_.record_weight(layer, spec, rank, rec);
+}
+
 void ProgressSink::finish(const std::string& status) {
-  if (tty_) std::fprintf(stderr, "\r\033[K");
   inner_.finish(status);
 }
 

@@ -1,11 +1,11 @@
 // A probe sink that keeps per-probe summaries and prints them as a terminal table (the `run` command),
-// and a progress line for terminals.
+// and one that prints progress lines as the stages begin.
 #pragma once
-#include <chrono>
 #include <iosfwd>
 #include <string>
 #include <vector>
 
+#include "harness/report/progress.h"
 #include "probes/probe.h"
 
 namespace mla {
@@ -37,24 +37,23 @@ class TableSink : public ProbeSink {
   int tp_;
 };
 
-// Forwards to another sink and draws "layer l/N stage s rank r" on stderr when it is a terminal.
+// Forwards to another sink and prints "[12.3 s] layer l/N stage s rank r/tp (p%)" through a ProgressLog: the first
+// stage, then each time another tenth of the run's stages has begun (a line, never a redrawn bar: logs read it too);
+// and a line when a layer's weight records begin (seconds at DeepSeek-V3 dims, before the layer's first stage).
 class ProgressSink : public ProbeSink {
  public:
-  ProgressSink(ProbeSink& inner, int layers, int stages, int tp);
+  ProgressSink(ProbeSink& inner, const ProgressLog& log, int layers, int stages, int tp);
   void stage_begin(int layer, Stage stage, int rank) override;
   void waiting(int layer, Stage stage, int rank) override { inner_.waiting(layer, stage, rank); }
   void waiting_over() override { inner_.waiting_over(); }
   void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
-  void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
-    inner_.record_weight(layer, spec, rank, rec);
-  }
+  void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override;
   void finish(const std::string& status) override;
 
  private:
   ProbeSink& inner_;
-  int layers_, stages_, tp_, done_ = 0;
-  bool tty_;
-  std::chrono::steady_clock::time_point last_;
+  const ProgressLog& log_;
+  int layers_, stages_, tp_, done_ = 0, shown_tenths_ = -1, weights_layer_ = -1;
 };
 
 }  // namespace mla

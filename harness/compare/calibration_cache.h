@@ -1,0 +1,31 @@
+// Calibrated tolerances (calibrate(), two reference runs) kept on disk, keyed by everything they depend on, so that
+// explore, golden check, replay and repeated bisects of the same run do not recompute them.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/compare/compare.h"
+#include "harness/model/inputs.h"
+#include "harness/model/weights.h"
+
+namespace mla {
+
+// The folder of cached calibrations: $MLA_CALIBRATION_CACHE, else $XDG_CACHE_HOME/mla-bisect/calibration, else
+// ~/.cache/mla-bisect/calibration; "" when caching is off (MLA_CALIBRATION_CACHE=off, or no home folder).
+std::string calibration_cache_dir();
+
+// A hex key over what calibrate() depends on: the config (its JSON), the run spec, every weight's shape and bytes, the
+// inputs (x, batch layout, kv caches), the precision, k, and the tool's version, git commit, compiler, the vector
+// instructions and thread count Eigen uses (they change the reference's rounding) and the running binary (path, size, mtime: a rebuild
+// with uncommitted changes calibrates anew).
+std::string calibration_cache_key(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
+                                  const Inputs& inputs, Precision precision, double k);
+
+// calibrate(), answered from the cache when it holds this key, else computed and stored (atomically: temp + rename).
+// A cache that cannot be read or written is skipped: the calibration is computed as without it. `from_cache` (optional)
+// says which happened. FP32 (no calibration) is never cached.
+ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
+                                const Inputs& inputs, Precision precision, double k = 4.0,
+                                const Dump* fp32_full = nullptr, bool* from_cache = nullptr);
+
+}  // namespace mla

@@ -217,7 +217,7 @@ TEST_P(DumpRoundTrip, EveryRecordAndInputIsBitIdentical) {
   EXPECT_TRUE(d.complete());
   // The reference records its weights: version 2, one record per weight and rank.
   EXPECT_EQ(d.schema_version, 2);
-  EXPECT_EQ(d.weights.size(), build_weights(r.cfg, r.spec.graph_shape()).size());
+  EXPECT_EQ(d.weights.size(), build_weights(r.cfg, r.spec.graph_shape()).size() * r.spec.layers);
   for (const auto& w : d.weights) EXPECT_EQ(static_cast<int>(w.ranks.size()), r.spec.tp) << w.name;
   EXPECT_EQ(d.tool_version, MLA_VERSION);
   EXPECT_EQ(d.git_sha, MLA_GIT_SHA);

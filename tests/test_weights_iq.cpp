@@ -27,29 +27,7 @@ using Cli = CliResult;
 
 // The fixtures of make_iq_fixtures.py, made once per process (as weight_fixtures() makes the other script's).
 const Fixtures& iq_fixtures() {
-  static const Fixtures fx = [] {
-    Fixtures f;
-    const std::string py = MLA_PYTHON_EXE;
-    if (py.empty()) {
-      f.skip = "MLA_PYTHON is not set at configure time: tests against gguf-py skipped";
-      return f;
-    }
-    f.dir = scratch("iq_fixtures");
-    const auto log = f.dir / "make.log";
-    const std::string cmd = "'" + py + "' '" MLA_SOURCE_DIR "/tests/py/make_iq_fixtures.py' '" + f.dir.string() +
-                            "' >'" + log.string() + "' 2>&1";
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) {
-      const std::string msg = slurp_file(log);
-      if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3)
-        f.skip = py + ": " + msg + " (run scripts/setup.sh): tests against gguf-py skipped";
-      else
-        f.skip = "FIXTURE SCRIPT FAILED (" + cmd + "):\n" + msg;
-      return f;
-    }
-    f.manifest = nlohmann::json::parse(slurp_file(f.dir / "manifest.json"));
-    return f;
-  }();
+  static const Fixtures fx = make_fixtures("make_iq_fixtures.py", "iq_fixtures", "gguf-py");
   return fx;
 }
 

@@ -77,30 +77,34 @@ struct Fixtures {
   std::vector<float> expected(const nlohmann::json& entry) const { return read_f32(dir / entry.at("file").get<std::string>()); }
 };
 
-inline const Fixtures& weight_fixtures() {
-  static const Fixtures fx = [] {
-    Fixtures f;
-    const std::string py = MLA_PYTHON_EXE;
-    if (py.empty()) {
-      f.skip = "MLA_PYTHON is not set at configure time: tests against gguf/safetensors/ml_dtypes skipped";
-      return f;
-    }
-    f.dir = scratch("fixtures");
-    const auto log = f.dir / "make.log";
-    const std::string cmd = "'" + py + "' '" MLA_SOURCE_DIR "/tests/py/make_weight_fixtures.py' '" + f.dir.string() +
-                            "' >'" + log.string() + "' 2>&1";
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) {
-      const std::string msg = slurp_file(log);
-      if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3)
-        f.skip = py + ": " + msg + " (run scripts/setup.sh): tests against gguf/safetensors/ml_dtypes skipped";
-      else
-        f.skip = "FIXTURE SCRIPT FAILED (" + cmd + "):\n" + msg;
-      return f;
-    }
-    f.manifest = nlohmann::json::parse(slurp_file(f.dir / "manifest.json"));
+// Runs tests/py/SCRIPT into a scratch folder once and reads its manifest; a missing Python module (exit 3) skips,
+// any other failure fails the tests that need the fixtures. `what`: the packages the fixtures stand for.
+inline Fixtures make_fixtures(const std::string& script, const std::string& scratch_name, const std::string& what) {
+  Fixtures f;
+  const std::string py = MLA_PYTHON_EXE;
+  if (py.empty()) {
+    f.skip = "MLA_PYTHON is not set at configure time: tests against " + what + " skipped";
     return f;
-  }();
+  }
+  f.dir = scratch(scratch_name);
+  const auto log = f.dir / "make.log";
+  const std::string cmd = "'" + py + "' '" MLA_SOURCE_DIR "/tests/py/" + script + "' '" + f.dir.string() + "' >'" +
+                          log.string() + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    const std::string msg = slurp_file(log);
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3)
+      f.skip = py + ": " + msg + " (run scripts/setup.sh): tests against " + what + " skipped";
+    else
+      f.skip = "FIXTURE SCRIPT FAILED (" + cmd + "):\n" + msg;
+    return f;
+  }
+  f.manifest = nlohmann::json::parse(slurp_file(f.dir / "manifest.json"));
+  return f;
+}
+
+inline const Fixtures& weight_fixtures() {
+  static const Fixtures fx = make_fixtures("make_weight_fixtures.py", "fixtures", "gguf/safetensors/ml_dtypes");
   return fx;
 }
 

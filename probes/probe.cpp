@@ -1,6 +1,7 @@
 // Host-side probe statistics and sketches (the reference engine's, and the checker for the GPU ones).
 #include "probes/probe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -54,6 +55,30 @@ ProbeRequest make_probe_request(const ProbeSpec& p, int tp, int rank, ProbeLevel
   return r;
 }
 
+namespace {
+
+// One row's checksum terms summed (mod 2^64): the row hash times A^(c >> 3), stepped inside each group of 8.
+template <class Bits>
+uint64_t row_checksum(const float* row, int64_t C, uint64_t r, Bits bits) {
+  const uint64_t row_hash = checksum_row_hash(r);
+  uint64_t power = 1, h = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    h += checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)) * (2ull * bits(row[c]) + 1ull);
+    if ((c & 7) == 7) power *= kChecksumBase;
+  }
+  return h;
+}
+
+template <class Bits>
+uint64_t tensor_checksum(const float* data, int64_t T, int64_t C, Bits bits) {
+  uint64_t h = 0;  // a sum modulo 2^64: any order of the rows gives the same bits
+#pragma omp parallel for schedule(static) reduction(+ : h) if (T * C > (1 << 16))
+  for (int64_t r = 0; r < T; ++r) h += row_checksum(data + r * C, C, static_cast<uint64_t>(r), bits);
+  return h;
+}
+
+}  // namespace
+
 ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, const ProbeRequest& req) {
   ProbeRecord rec;
   rec.shape = t.shape;
@@ -62,70 +87,100 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
   const int64_t n = t.numel();
   const int64_t T = req.tokens > 0 ? req.tokens : 1;
   const int64_t C = n / T;
-  double sum = 0, sumsq = 0, amax = 0;
-  uint64_t h = 0;
-  // The checksum walks each row with its multiplier's power of A (probes/probe_hash.h): row hash · A^(c >> 3).
-  uint64_t row_hash = 0, power = 1;
-  for (int64_t i = 0, r = 0, c = 0; i < n; ++i, ++c) {
-    if (c == C) {
-      ++r;
-      c = 0;
-    }
-    if (c == 0) {
-      row_hash = checksum_row_hash(static_cast<uint64_t>(r));
-      power = 1;
-    }
-    const float v = t.data[i];
-    if (std::isnan(v)) { ++rec.nan; }
-    else if (std::isinf(v)) { ++rec.inf; }
-    else {
+  const float* data = t.ptr();
+  // Rows are independent: everything but sum and sum of squares is computed per row, in parallel, and is the same
+  // bits on any number of threads (per-row doubles in column order; integer counts; a max; a sum mod 2^64).
+  const bool parallel = n > (1 << 16);
+
+  // Sum and sum of squares in element order, one thread: their rounding is the record's.
+  double sum = 0, sumsq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = data[i];
+    if (std::isfinite(v)) {
       sum += v;
       sumsq += static_cast<double>(v) * v;
-      amax = std::max(amax, static_cast<double>(std::fabs(v)));
     }
-    uint32_t bits;
-    if (dtype == "bf16") bits = to_bf16_bits(v);
-    else if (dtype == "fp16") bits = to_fp16_bits(v);
-    else std::memcpy(&bits, &v, 4);
-    h += checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)) * (2ull * bits + 1ull);
-    if ((c & 7) == 7) power *= kChecksumBase;
   }
+  int64_t nan = 0, inf = 0;
+  double amax = 0;
+#pragma omp parallel for schedule(static) reduction(+ : nan, inf) reduction(max : amax) if (parallel)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = data[i];
+    if (std::isnan(v)) ++nan;
+    else if (std::isinf(v)) ++inf;
+    else amax = std::max(amax, static_cast<double>(std::fabs(v)));
+  }
+  rec.nan = nan;
+  rec.inf = inf;
+
+  // The checksum views the tensor as [T, C] (a tensor whose size T does not divide walks on, row by row of C).
+  const auto checksum = [&](auto bits) {
+    if (C > 0 && n == T * C) return tensor_checksum(data, T, C, bits);
+    uint64_t h = 0, row_hash = 0, power = 1;
+    for (int64_t i = 0, r = 0, c = 0; i < n; ++i, ++c) {
+      if (c == C) {
+        ++r;
+        c = 0;
+      }
+      if (c == 0) {
+        row_hash = checksum_row_hash(static_cast<uint64_t>(r));
+        power = 1;
+      }
+      h += checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)) * (2ull * bits(data[i]) + 1ull);
+      if ((c & 7) == 7) power *= kChecksumBase;
+    }
+    return h;
+  };
+  if (dtype == "bf16") rec.checksum = checksum([](float v) -> uint64_t { return to_bf16_bits(v); });
+  else if (dtype == "fp16") rec.checksum = checksum([](float v) -> uint64_t { return to_fp16_bits(v); });
+  else
+    rec.checksum = checksum([](float v) -> uint64_t {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      return bits;
+    });
+
   const int64_t finite = n - rec.nan - rec.inf;
   rec.l2 = std::sqrt(sumsq);
   rec.absmax = amax;
   rec.mean = finite ? sum / finite : 0.0;
   rec.std = finite ? std::sqrt(std::max(0.0, sumsq / finite - rec.mean * rec.mean)) : 0.0;
-  rec.checksum = h;
 
   // Non-finite values propagate into the per-token maps on purpose: a NaN token shows as NaN.
   rec.token_l2.assign(T, 0.f);
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t r = 0; r < T; ++r) {
     double s = 0;
-    for (int64_t c = 0; c < C; ++c) s += static_cast<double>(t.data[r * C + c]) * t.data[r * C + c];
+    for (int64_t c = 0; c < C; ++c) s += static_cast<double>(data[r * C + c]) * data[r * C + c];
     rec.token_l2[r] = static_cast<float>(std::sqrt(s));
   }
   if (req.heads > 0) {
     const int64_t X = C / req.heads;
     rec.head_l2.assign(T * req.heads, 0.f);
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < T; ++r)
       for (int64_t hd = 0; hd < req.heads; ++hd) {
         double s = 0;
-        const float* p = t.ptr() + r * C + hd * X;
+        const float* p = data + r * C + hd * X;
         for (int64_t c = 0; c < X; ++c) s += static_cast<double>(p[c]) * p[c];
         rec.head_l2[r * req.heads + hd] = static_cast<float>(std::sqrt(s));
       }
   }
   if (req.level != ProbeLevel::ProbeLevel_stats) {
     rec.sketch.assign(T * kSketchDim, 0.f);
-    std::vector<float> coeff(C * kSketchDim);
+    // The coefficients as doubles (exactly the float ±1/sqrt(32)): the product with a float is exact either way.
+    std::vector<double> coeff(C * kSketchDim);
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t c = 0; c < C; ++c)
       for (int k = 0; k < kSketchDim; ++k) coeff[c * kSketchDim + k] = sketch_coeff(req.probe_key, req.col_offset + c, k);
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < T; ++r) {
       double acc[kSketchDim] = {};
-      const float* row = t.ptr() + r * C;
+      const float* row = data + r * C;
       for (int64_t c = 0; c < C; ++c) {
-        const float* cf = &coeff[c * kSketchDim];
-        for (int k = 0; k < kSketchDim; ++k) acc[k] += static_cast<double>(row[c]) * cf[k];
+        const double v = row[c];
+        const double* cf = &coeff[c * kSketchDim];
+        for (int k = 0; k < kSketchDim; ++k) acc[k] += v * cf[k];
       }
       for (int k = 0; k < kSketchDim; ++k) rec.sketch[r * kSketchDim + k] = static_cast<float>(acc[k]);
     }

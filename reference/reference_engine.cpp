@@ -24,19 +24,23 @@ void ReferenceEngine::prepare(const RunContext& ctx) {
   ctx_ = ctx;
   const auto& cfg = *ctx.cfg;
   const int tp = ctx.spec->tp;
-  weights_ = *ctx.weights;
-  if (precision_ != Precision::Precision_fp32)
-    for (auto& w : weights_)
+  rounded_.clear();
+  weights_ = ctx.weights;
+  if (precision_ != Precision::Precision_fp32) {
+    rounded_ = *ctx.weights;
+    for (auto& w : rounded_)
       for (Tensor* t : {&w.input_norm, &w.q_a_proj, &w.q_a_norm, &w.q_b_proj, &w.kv_a_proj, &w.kv_a_norm,
                         &w.kv_b_proj, &w.o_proj})
         round_in_place(*t, precision_);
+    weights_ = &rounded_;
+  }
   ranks_.assign(tp, {});
   for (int r = 0; r < tp; ++r) {
     auto& rs = ranks_[r];
     rs.cache = ctx.inputs->kv_cache;
     for (auto& c : rs.cache) round_in_place(c, precision_);
     if (tp > 1)
-      for (const auto& w : weights_) {
+      for (const auto& w : *weights_) {
         LayerWeights s;
         const auto full = shard_layer(w, cfg, tp, r);
         s.q_b_proj = full.q_b_proj;
@@ -51,7 +55,7 @@ void ReferenceEngine::prepare(const RunContext& ctx) {
 }
 
 const Tensor& ReferenceEngine::sharded(int layer, int rank, const Tensor LayerWeights::*w) const {
-  return ranks_.size() > 1 ? ranks_[rank].shards[layer].*w : weights_[layer].*w;
+  return ranks_.size() > 1 ? ranks_[rank].shards[layer].*w : (*weights_)[layer].*w;
 }
 
 Tensor& ReferenceEngine::get(int rank, const std::string& name) {
@@ -70,12 +74,12 @@ Tensor ReferenceEngine::download(int rank, const std::string& name) { return get
 
 bool ReferenceEngine::weight(int layer, int rank, const std::string& name, Tensor& out) {
   const auto field = weight_field(name);
-  if (!field || layer < 0 || layer >= static_cast<int>(weights_.size())) return false;
+  if (!field || layer < 0 || layer >= static_cast<int>(weights_->size())) return false;
   // What run_stage computes with: the rank's shard (tp-head-offset: rank r >= 1 takes rank r-1's q_b_proj block).
   const bool head_sharded = field == &LayerWeights::q_b_proj || field == &LayerWeights::kv_b_proj ||
                             field == &LayerWeights::o_proj;
   const int src = field == &LayerWeights::q_b_proj && planted("tp-head-offset") && rank >= 1 ? rank - 1 : rank;
-  out = head_sharded ? sharded(layer, src, field) : weights_[layer].*field;
+  out = head_sharded ? sharded(layer, src, field) : (*weights_)[layer].*field;
   if (out.shape.size() == 1) out.shape = {1, out.shape[0]};  // a norm's weight: one row
   return true;
 }

@@ -32,14 +32,16 @@ class ReferenceEngine : public Engine {
     Tensor cache_before_write;               // decode-empty-cache: the cache as attention wrongly sees it
   };
   bool planted(const char* name) const { return has_injection(injections_, name); }
-  const LayerWeights& global(int layer) const { return weights_[layer]; }
+  const LayerWeights& global(int layer) const { return (*weights_)[layer]; }
   const Tensor& sharded(int layer, int rank, const Tensor LayerWeights::*w) const;
   Tensor& get(int rank, const std::string& name);
   void put(int rank, const std::string& name, Tensor t);
 
   Precision precision_ = Precision::Precision_fp32;
   RunContext ctx_;
-  std::vector<LayerWeights> weights_;  // rounded copy (global)
+  // The weights it computes with (global): the run's own at FP32, else rounded_, a copy at the engine's precision.
+  const std::vector<LayerWeights>* weights_ = nullptr;
+  std::vector<LayerWeights> rounded_;
   std::vector<RankState> ranks_;
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "harness/bisect/child.h"
@@ -97,7 +98,26 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const Inputs inputs = ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
   const Precision cand_precision =
       cand.meta.engine_dtype.empty() ? Precision::Precision_fp32 : parse_precision(cand.meta.engine_dtype);
-  ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, cand_precision, opt.k);
+  // The reference's full-level run on these inputs: calibration's FP32 side (when the reference is the plain FP32
+  // reference) and the full tensors below; made once. Weight records only where a weight differs (weight_cause).
+  const EngineSpec ref_spec = EngineSpec::parse(opt.reference);
+  const bool ref_is_fp32 = ref_spec.name == "reference" &&
+                           (ref_spec.options.empty() ||
+                            (ref_spec.options.size() == 1 && ref_spec.options.count("precision") &&
+                             parse_precision(ref_spec.options.at("precision")) == Precision::Precision_fp32));
+  std::optional<Dump> ref_full;
+  bool ref_full_has_weights = false;
+  const auto reference_full = [&](bool with_weights) -> const Dump& {
+    if (!ref_full || (with_weights && !ref_full_has_weights)) {
+      auto e = make_engine(ref_spec);
+      ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, -1, nullptr, {}, with_weights);
+      ref_full_has_weights = with_weights;
+    }
+    return *ref_full;
+  };
+  ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, cand_precision, opt.k, [&]() -> const Dump* {
+    return ref_is_fp32 ? &reference_full(false) : nullptr;
+  });
   tol.overrides = opt.overrides;
 
   rep.compare = compare_dumps(cand, ref, tol);
@@ -132,19 +152,22 @@ BisectReport run_bisect(const BisectOptions& opt) {
 
   // Full tensors where needed: the reference and the candidate in this process, then the isolation run.
   step("full tensors for " + first.name + " and isolation of stage " + first.stage);
-  auto ref_engine = make_engine(EngineSpec::parse(opt.reference));
-  const Dump ref_full = run_in_process(*ref_engine, cfg, spec, weights, inputs);
+  // The weights in full only when the dumps say one differs: then the in-process comparison names its pattern.
+  const bool weights_differ = rep.compare.divergent_weights() > 0;
+  const Dump& ref_full_dump = reference_full(weights_differ);
   auto make_candidate = [&] {
     auto e = make_engine(EngineSpec::parse(opt.candidate));
     e->set_injections(engine_injections(injections));
     return e;
   };
   auto cand_engine = make_candidate();
-  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, -1, nullptr, cand_pw);
-  const CompareReport full_rep = compare_dumps(cand_full, ref_full, tol);
+  const Dump cand_full =
+      run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, -1, nullptr, cand_pw, weights_differ);
+  const CompareReport full_rep = compare_dumps(cand_full, ref_full_dump, tol);
   for (const auto& r : full_rep.results)
     if (r.layer == first.layer && r.name == first.name) rep.full = r.m;
-  if (const DumpProbe *pa = cand_full.find(first.layer, first.name), *pb = ref_full.find(first.layer, first.name); pa && pb) {
+  if (const DumpProbe *pa = cand_full.find(first.layer, first.name), *pb = ref_full_dump.find(first.layer, first.name);
+      pa && pb) {
     const Gathered ga = gather(*pa), gb = gather(*pb);
     if (ga.full && gb.full) {
       rep.first_values = value_histogram(ga.data.data, gb.data.data);
@@ -156,8 +179,9 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const StageGraph graph = build_graph(cfg, spec.graph_shape());
   const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
   auto iso_engine = make_candidate();
-  const Dump iso = run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full, first.layer, stage, cand_pw);
-  const IsolationResult judged = judge_isolation(iso, ref_full, first, full_rep);
+  const Dump iso =
+      run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full_dump, first.layer, stage, cand_pw, false);
+  const IsolationResult judged = judge_isolation(iso, ref_full_dump, first, full_rep);
   if (judged.judged) {
     rep.isolated = judged.isolated;
     rep.isolation = judged.sentence;

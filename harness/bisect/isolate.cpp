@@ -11,11 +11,13 @@
 namespace mla {
 
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
-                    const Inputs& in, const Dump* feed, int layer, const StageSpec* stage, const PackedWeights& packed) {
+                    const Inputs& in, const Dump* feed, int layer, const StageSpec* stage, const PackedWeights& packed,
+                    bool weights) {
   Runner runner(cfg, spec);
   if (packed.packed && !packed.packed->empty()) runner.set_packed_weights(packed.packed, packed.bugs);
   ProbePlan plan;
   plan.level = ProbeLevel::ProbeLevel_full;
+  plan.weights = weights;
   CollectSink sink({}, spec.tp);
   Runner::BeforeStage before;
   if (feed && stage)
@@ -103,7 +105,7 @@ IsolationResult isolate_on_captured_inputs(const Dump& cand, const MlaConfig& cf
     return res;
   }
   ReferenceEngine engine(std::map<std::string, std::string>{});
-  const Dump iso = run_in_process(engine, cfg, spec, w, in, &cand, first.layer, stage);
+  const Dump iso = run_in_process(engine, cfg, spec, w, in, &cand, first.layer, stage, {}, false);
   const DumpProbe* pi = iso.find(first.layer, first.name);
   const DumpProbe* pc = cand.find(first.layer, first.name);
   if (!pi || !pc) return res;

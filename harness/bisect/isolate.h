@@ -20,9 +20,10 @@ struct PackedWeights {
   const std::vector<std::map<std::string, PackedWeight>>* packed = nullptr;
   DequantBugs bugs;
 };
+// `weights`: also record the weights the engine computes with (Runner's weight records, level full).
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr,
-                    const PackedWeights& packed = {});
+                    const PackedWeights& packed = {}, bool weights = true);
 
 struct IsolationResult {
   bool judged = false;      // both runs hold the probe

@@ -182,7 +182,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     throw UsageError(opt.capture + ": root attribute engine_dtype: " + e.what());
   }
   step("calibrating tolerances (reference fp32 vs " + dtype + ")");
-  ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, precision, opt.k, &ref);
+  ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, precision, opt.k, [&] { return &ref; });
   tol.overrides = opt.overrides;
 
   rep.compare = compare_dumps(cap, ref, tol, captured);

@@ -139,11 +139,15 @@ std::string calibration_cache_key(const MlaConfig& cfg, const RunSpec& spec, con
 }
 
 ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
-                                const Inputs& inputs, Precision precision, double k, const Dump* fp32_full,
-                                bool* from_cache) {
+                                const Inputs& inputs, Precision precision, double k,
+                                const std::function<const Dump*()>& fp32_full, bool* from_cache) {
   if (from_cache) *from_cache = false;
   const std::string dir = precision == Precision::Precision_fp32 ? std::string() : calibration_cache_dir();
-  if (dir.empty()) return calibrate(cfg, spec, weights, inputs, precision, k, fp32_full);
+  const auto compute = [&] {
+    return calibrate(cfg, spec, weights, inputs, precision, k,
+                     precision != Precision::Precision_fp32 && fp32_full ? fp32_full() : nullptr);
+  };
+  if (dir.empty()) return compute();
   const std::string key = calibration_cache_key(cfg, spec, weights, inputs, precision, k);
   const std::filesystem::path path = std::filesystem::path(dir) / (key + ".json");
   try {
@@ -160,7 +164,7 @@ ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const
   } catch (const std::exception&) {
     // An unreadable or foreign file: computed again below, and replaced.
   }
-  ToleranceModel tm = calibrate(cfg, spec, weights, inputs, precision, k, fp32_full);
+  ToleranceModel tm = compute();
   std::error_code ec;
   // Temp + rename: concurrent runs (a zoo's, a test suite's) never read a half-written file.
   const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(getpid());

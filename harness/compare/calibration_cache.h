@@ -1,6 +1,7 @@
 // Calibrated tolerances (calibrate(), two reference runs) kept on disk, keyed by everything they depend on, so that
 // explore, golden check, replay and repeated bisects of the same run do not recompute them.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,12 @@ std::string calibration_cache_key(const MlaConfig& cfg, const RunSpec& spec, con
                                   const Inputs& inputs, Precision precision, double k);
 
 // calibrate(), answered from the cache when it holds this key, else computed and stored (atomically: temp + rename).
-// A cache that cannot be read or written is skipped: the calibration is computed as without it. `from_cache` (optional)
-// says which happened. FP32 (no calibration) is never cached.
+// A cache that cannot be read or written is skipped: the calibration is computed as without it. `fp32_full`
+// (optional) is asked, only when calibrate() runs, for the FP32 reference's full-level run on these inputs if the
+// caller has it or wants it anyway (calibrate's fp32_full). `from_cache` (optional) says which happened. FP32 (no
+// calibration) is never cached.
 ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
                                 const Inputs& inputs, Precision precision, double k = 4.0,
-                                const Dump* fp32_full = nullptr, bool* from_cache = nullptr);
+                                const std::function<const Dump*()>& fp32_full = {}, bool* from_cache = nullptr);
 
 }  // namespace mla

@@ -1031,7 +1031,7 @@ void Explorer::cmd_isolate(int i) {
   if (!ref_full_) {
     os_ << "reference: reference (fp32) on the dumps' inputs, every probe in full ..." << std::endl;
     auto ref_engine = make_engine(EngineSpec::parse("reference"));
-    ref_full_ = run_in_process(*ref_engine, cfg, spec, weights, in_dump.inputs);
+    ref_full_ = run_in_process(*ref_engine, cfg, spec, weights, in_dump.inputs, nullptr, -1, nullptr, {}, false);
   }
   auto engine = make_engine(EngineSpec::parse(cand_engine));
   engine->set_injections(engine_injections(inject));
@@ -1039,7 +1039,7 @@ void Explorer::cmd_isolate(int i) {
       << ", stage " << r.stage << " of layer " << r.layer << " fed the reference's";
   for (auto& n : stage->inputs) os_ << " " << n;
   os_ << " ..." << std::endl;
-  const Dump iso = run_in_process(*engine, cfg, spec, cand_weights, in_dump.inputs, &*ref_full_, r.layer, stage);
+  const Dump iso = run_in_process(*engine, cfg, spec, cand_weights, in_dump.inputs, &*ref_full_, r.layer, stage, {}, false);
   const IsolationResult res = judge_isolation(iso, *ref_full_, r, rep_);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!res.judged) {

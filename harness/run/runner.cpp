@@ -146,7 +146,7 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
   };
   try {
     for (int layer = 0; layer < spec_.layers; ++layer) {
-      if (!plan.off) record_weights(engine, layer, plan, sink, mine);
+      if (!plan.off && plan.weights) record_weights(engine, layer, plan, sink, mine);
       for (const auto& st : graph_.stages) {
         // Per process, the stage begins (for the journal and the watchdog) before the other ranks this process
         // computes: the time they take is this stage's.

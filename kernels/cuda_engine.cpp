@@ -212,7 +212,7 @@ class CudaEngine : public Engine {
   void prepare(const RunContext& ctx) override;
   void run_stage(const StageSpec& stage, int layer, int rank) override;
   Tensor download(int rank, const std::string& name) override;
-  bool weight(int layer, int rank, const std::string& name, Tensor& out) override;
+  const Tensor* weight(int layer, int rank, const std::string& name, Tensor& out) override;
   void upload(int rank, const std::string& name, const Tensor& t) override;
   ProbeRecord probe(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override;
@@ -772,10 +772,10 @@ Tensor CudaEngine::download(int rank, const std::string& name) {
   return to_float(t, raw_bytes(rank, t));
 }
 
-bool CudaEngine::weight(int layer, int rank, const std::string& name, Tensor& out) {
-  if (!owns_rank(rank) || layer < 0) return false;
+const Tensor* CudaEngine::weight(int layer, int rank, const std::string& name, Tensor& out) {
+  if (!owns_rank(rank) || layer < 0) return nullptr;
   const RankState& rs = ranks_.at(rank);
-  if (layer >= static_cast<int>(rs.weights.size())) return false;
+  if (layer >= static_cast<int>(rs.weights.size())) return nullptr;
   const DeviceLayerWeights& w = rs.weights[layer];
   const DeviceTensor* t = name == "input_layernorm"      ? &w.input_norm
                           : name == "q_a_proj"           ? &w.q_a_proj
@@ -786,12 +786,12 @@ bool CudaEngine::weight(int layer, int rank, const std::string& name, Tensor& ou
                           : name == "kv_b_proj"          ? &w.kv_b_proj
                           : name == "o_proj"             ? &w.o_proj
                                                          : nullptr;
-  if (!t || t->bytes() == 0) return false;
+  if (!t || t->bytes() == 0) return nullptr;
   // The bf16 values the kernels read: after this engine's own dequantization and shard cut.
   DeviceGuard g(rs.ctx->device());
   out = to_float(*t, raw_bytes(rank, *t));
   if (out.shape.size() == 1) out.shape = {1, out.shape[0]};  // a norm's weight: one row
-  return true;
+  return &out;
 }
 
 void CudaEngine::upload(int rank, const std::string& name, const Tensor& t) {

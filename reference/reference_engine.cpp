@@ -20,13 +20,35 @@ ReferenceEngine::ReferenceEngine(const std::map<std::string, std::string>& optio
 
 std::string ReferenceEngine::options() const { return std::string("precision=") + precision_name(precision_); }
 
+namespace {
+
+// Every weight already holds values of precision `p` (bf16 checkpoints, synthetic weights): nothing to round.
+bool exact_at(const std::vector<LayerWeights>& weights, Precision p) {
+  for (const auto& w : weights)
+    for (const Tensor* t : {&w.input_norm, &w.q_a_proj, &w.q_a_norm, &w.q_b_proj, &w.kv_a_proj, &w.kv_a_norm,
+                            &w.kv_b_proj, &w.o_proj}) {
+      const float* v = t->ptr();
+      const int64_t n = t->numel();
+      int64_t off = 0;
+#pragma omp parallel for schedule(static) reduction(+ : off) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) {
+        const float r = p == Precision::Precision_bf16 ? round_bf16(v[i]) : round_fp16(v[i]);
+        off += !(r == v[i] || (std::isnan(r) && std::isnan(v[i])));
+      }
+      if (off) return false;
+    }
+  return true;
+}
+
+}  // namespace
+
 void ReferenceEngine::prepare(const RunContext& ctx) {
   ctx_ = ctx;
   const auto& cfg = *ctx.cfg;
   const int tp = ctx.spec->tp;
   rounded_.clear();
   weights_ = ctx.weights;
-  if (precision_ != Precision::Precision_fp32) {
+  if (precision_ != Precision::Precision_fp32 && !exact_at(*ctx.weights, precision_)) {
     rounded_ = *ctx.weights;
     for (auto& w : rounded_)
       for (Tensor* t : {&w.input_norm, &w.q_a_proj, &w.q_a_norm, &w.q_b_proj, &w.kv_a_proj, &w.kv_a_norm,
@@ -72,16 +94,18 @@ void ReferenceEngine::put(int rank, const std::string& name, Tensor t) {
 
 Tensor ReferenceEngine::download(int rank, const std::string& name) { return get(rank, name); }
 
-bool ReferenceEngine::weight(int layer, int rank, const std::string& name, Tensor& out) {
+const Tensor* ReferenceEngine::weight(int layer, int rank, const std::string& name, Tensor& scratch) {
   const auto field = weight_field(name);
-  if (!field || layer < 0 || layer >= static_cast<int>(weights_->size())) return false;
+  if (!field || layer < 0 || layer >= static_cast<int>(weights_->size())) return nullptr;
   // What run_stage computes with: the rank's shard (tp-head-offset: rank r >= 1 takes rank r-1's q_b_proj block).
   const bool head_sharded = field == &LayerWeights::q_b_proj || field == &LayerWeights::kv_b_proj ||
                             field == &LayerWeights::o_proj;
   const int src = field == &LayerWeights::q_b_proj && planted("tp-head-offset") && rank >= 1 ? rank - 1 : rank;
-  out = head_sharded ? sharded(layer, src, field) : (*weights_)[layer].*field;
-  if (out.shape.size() == 1) out.shape = {1, out.shape[0]};  // a norm's weight: one row
-  return true;
+  const Tensor& held = head_sharded ? sharded(layer, src, field) : (*weights_)[layer].*field;
+  if (held.shape.size() != 1) return &held;
+  scratch = held;  // a norm's weight: one row
+  scratch.shape = {1, held.shape[0]};
+  return &scratch;
 }
 
 void ReferenceEngine::set_injections(const std::vector<Injection>& list) {

@@ -20,7 +20,7 @@ class ReferenceEngine : public Engine {
   void prepare(const RunContext& ctx) override;
   void run_stage(const StageSpec& stage, int layer, int rank) override;
   Tensor download(int rank, const std::string& name) override;
-  bool weight(int layer, int rank, const std::string& name, Tensor& out) override;
+  const Tensor* weight(int layer, int rank, const std::string& name, Tensor& scratch) override;
   void upload(int rank, const std::string& name, const Tensor& t) override;
   void set_injections(const std::vector<Injection>& list) override;
 

@@ -54,23 +54,6 @@ Tensor slice_cols(const Tensor& w, int64_t c0, int64_t c1) {
   return out;
 }
 
-uint16_t to_bf16_bits(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16_bits(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float v;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
-
-float round_bf16(float v) { return from_bf16_bits(to_bf16_bits(v)); }
-
 uint16_t to_fp16_bits(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
@@ -108,10 +91,15 @@ float from_fp16_bits(uint16_t h) {
 float round_fp16(float v) { return from_fp16_bits(to_fp16_bits(v)); }
 
 void round_in_place(Tensor& t, Precision p) {
-  if (p == Precision::Precision_bf16)
-    for (auto& v : t.data) v = round_bf16(v);
-  else if (p == Precision::Precision_fp16)
-    for (auto& v : t.data) v = round_fp16(v);
+  float* v = t.ptr();
+  const int64_t n = t.numel();
+  if (p == Precision::Precision_bf16) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) v[i] = round_bf16(v[i]);
+  } else if (p == Precision::Precision_fp16) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) v[i] = round_fp16(v[i]);
+  }
 }
 
 const char* precision_name(Precision p) {

@@ -1,6 +1,7 @@
 // Host tensors: row-major float32 with a shape. Every engine converts to and from this at its boundary.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -42,14 +43,27 @@ Tensor slice_cols(const Tensor& w, int64_t c0, int64_t c1);
 
 // Precision emulation: round-to-nearest-even to bf16 / fp16 and back to float.
 enum class Precision { Precision_fp32, Precision_bf16, Precision_fp16 };
-float round_bf16(float v);
+inline float round_bf16(float v);
 float round_fp16(float v);
 void round_in_place(Tensor& t, Precision p);
 const char* precision_name(Precision p);
 Precision parse_precision(const std::string& s);  // throws UsageError
 
-uint16_t to_bf16_bits(float v);
-float from_bf16_bits(uint16_t b);
+// bf16 conversions inline: they run once per element of a tensor (rounding, checksums, synthetic weights).
+inline uint16_t to_bf16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float from_bf16_bits(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+inline float round_bf16(float v) { return from_bf16_bits(to_bf16_bits(v)); }
 uint16_t to_fp16_bits(float v);
 float from_fp16_bits(uint16_t h);
 

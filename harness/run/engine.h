@@ -96,10 +96,11 @@ class Engine {
   virtual Tensor download(int rank, const std::string& name) = 0;
   // The weight `name` (build_weights' names) of `layer` as this rank computes with it: its shard, after the
   // engine's own dequantization and rounding, as float32 in the checkpoint's [out, in] layout (a norm: [1, D]).
-  // False: this engine does not say (the run records no weights).
-  virtual bool weight(int layer, int rank, const std::string& name, Tensor& out) {
-    (void)layer, (void)rank, (void)name, (void)out;
-    return false;
+  // Points at the engine's own tensor where it holds it so (valid until the next call), else at `scratch`, filled.
+  // nullptr: this engine does not say (the run records no weights).
+  virtual const Tensor* weight(int layer, int rank, const std::string& name, Tensor& scratch) {
+    (void)layer, (void)rank, (void)name, (void)scratch;
+    return nullptr;
   }
   // Replaces a tensor of this rank (isolation: feed a stage the reference's exact inputs).
   virtual void upload(int rank, const std::string& name, const Tensor& t) = 0;

@@ -72,8 +72,10 @@ void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, Pr
   for (const auto& w : weights_) {
     for (int rank = 0; rank < spec_.tp; ++rank) {
       if (!mine(rank) || !engine.owns_rank(rank)) continue;
-      Tensor t;
-      if (!engine.weight(layer, rank, w.name, t)) return;
+      Tensor scratch;
+      const Tensor* held = engine.weight(layer, rank, w.name, scratch);
+      if (!held) return;
+      const Tensor& t = *held;
       const auto local = local_shape(w, spec_.tp);
       if (t.shape != local)
         throw EngineError("engine " + engine.name() + " gave layer " + std::to_string(layer) + " weight " + w.name +

@@ -1,0 +1,69 @@
+// Synthetic weights (harness/model/weights.cpp): the fast bf16 generator gives fill_normal's values rounded, bit
+// for bit, and the values are the normal numbers they claim to be.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "harness/model/config.h"
+#include "harness/model/weights.h"
+
+namespace mla {
+namespace {
+
+// Bit patterns that differ between two float arrays, and the first such index (-1 when none).
+int64_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b, int64_t* count) {
+  int64_t first = -1;
+  *count = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++*count;
+    }
+  return first;
+}
+
+TEST(SyntheticWeights, FastBf16GeneratorIsTheScalarOneRounded) {
+  // An odd count (the last value is a pair's cos alone), several streams and scales, and enough values (2^21 per
+  // case) that values near a bf16 rounding boundary (about 1 in 250 here) are certain to occur.
+  for (const int64_t n : {int64_t{(1 << 21) + 1}, int64_t{4096}, int64_t{4097}, int64_t{7}})
+    for (const uint64_t stream : {0ull, 5ull, 1234567ull})
+      for (const float stddev : {1.0f, 0.0078125f, 1.0f / std::sqrt(7168.0f)}) {
+        std::vector<float> scalar(n), fast(n);
+        fill_normal(scalar.data(), n, 42, stream, stddev);
+        for (auto& v : scalar) v = round_bf16(v);
+        fill_normal_bf16(fast.data(), n, 42, stream, stddev);
+        int64_t count = 0;
+        const int64_t at = first_bit_difference(scalar, fast, &count);
+        EXPECT_EQ(at, -1) << count << " of " << n << " values differ (stream " << stream << ", stddev " << stddev
+                          << "), first at " << at << ": " << (at >= 0 ? scalar[at] : 0.f) << " vs "
+                          << (at >= 0 ? fast[at] : 0.f);
+      }
+}
+
+TEST(SyntheticWeights, ValuesAreNormalWithTheFanInScale) {
+  const MlaConfig cfg = load_model_config("tiny");
+  const auto w = synthetic_weights(cfg, 1, true, 7);
+  const Tensor& t = w[0].kv_b_proj;  // [N*(P+V), L]: N(0, 1/L), bf16-exact
+  double sum = 0, sumsq = 0;
+  for (float v : t.data) {
+    EXPECT_EQ(v, round_bf16(v));
+    sum += v;
+    sumsq += static_cast<double>(v) * v;
+  }
+  const double n = static_cast<double>(t.numel()), mean = sum / n, var = sumsq / n - mean * mean;
+  const double expected_var = 1.0 / static_cast<double>(cfg.kv_lora_rank);
+  EXPECT_NEAR(mean, 0.0, 5.0 * std::sqrt(expected_var / n));
+  EXPECT_NEAR(var / expected_var, 1.0, 0.05);
+  // A norm weight: 1 + N(0, 0.1).
+  double nsum = 0;
+  for (float v : w[0].kv_a_norm.data) nsum += v;
+  EXPECT_NEAR(nsum / static_cast<double>(w[0].kv_a_norm.numel()), 1.0, 0.05);
+  // Another seed gives other weights; the same seed the same ones.
+  EXPECT_NE(synthetic_weights(cfg, 1, true, 8)[0].kv_b_proj.data, t.data);
+  EXPECT_EQ(synthetic_weights(cfg, 1, true, 7)[0].kv_b_proj.data, t.data);
+}
+
+}  // namespace
+}  // namespace mla

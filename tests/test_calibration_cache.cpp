@@ -109,6 +109,38 @@ TEST(CalibrationCache, KeyChangesWithEverythingCalibrationReads) {
   }
 }
 
+TEST(CalibrationCache, NamedWeightsAreMadeOnlyOnAMiss) {
+  const CacheDir cache;
+  const World w;
+  int made = 0;
+  const CalibrationWeights named{"synthetic seed 3", [&] {
+                                   ++made;
+                                   return w.weights;
+                                 }};
+  bool hit = true;
+  const ToleranceModel a = calibrate_cached(w.cfg, w.spec, named, w.inputs, Precision::Precision_bf16, 4.0, &hit);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(made, 1);
+  const ToleranceModel b = calibrate_cached(w.cfg, w.spec, named, w.inputs, Precision::Precision_bf16, 4.0, &hit);
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(made, 1);  // a hit neither makes nor hashes the weights
+  ASSERT_EQ(a.per_probe.size(), b.per_probe.size());
+  for (const auto& [name, t] : a.per_probe) EXPECT_EQ(t.rel_l2, b.per_probe.at(name).rel_l2) << name;
+  // Another name is another calibration; so is a change of anything else in the key.
+  calibrate_cached(w.cfg, w.spec, CalibrationWeights{"synthetic seed 4", named.make}, w.inputs,
+                   Precision::Precision_bf16, 4.0, &hit);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(made, 2);
+  calibrate_cached(w.cfg, w.spec, named, w.inputs, Precision::Precision_bf16, 3.0, &hit);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(cache.files(), 3);
+  // Unnamed weights are keyed by their bytes, as the vector form keys them: the same file.
+  calibrate_cached(w.cfg, w.spec, CalibrationWeights{"", named.make}, w.inputs, Precision::Precision_bf16, 4.0, &hit);
+  EXPECT_FALSE(hit);
+  calibrate_cached(w.cfg, w.spec, w.weights, w.inputs, Precision::Precision_bf16, 4.0, nullptr, &hit);
+  EXPECT_TRUE(hit);
+}
+
 TEST(CalibrationCache, OffComputesWithoutWriting) {
   const CacheDir cache;
   setenv("MLA_CALIBRATION_CACHE", "off", 1);

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -15,17 +17,13 @@
 #include "harness/compare/weight_diff.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
+#include "harness/report/progress.h"
 #include "harness/run/runner.h"
 #include "probes/collect.h"
 
 namespace mla {
 
 namespace {
-
-struct Timer {
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  double s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
-};
 
 std::string child_engine_line(const std::vector<std::string>& argv) {
   std::string s;
@@ -36,13 +34,11 @@ std::string child_engine_line(const std::vector<std::string>& argv) {
 }  // namespace
 
 BisectReport run_bisect(const BisectOptions& opt) {
-  Timer timer;
+  const ProgressLog progress(opt.progress);
   BisectReport rep;
   rep.candidate_engine = opt.candidate;
   rep.inject = opt.inject;
-  auto step = [&](const std::string& what) {
-    if (opt.progress) std::cerr << "[" << fmt_num(timer.s(), 3) << " s] " << what << "\n";
-  };
+  auto step = [&](const std::string& what) { progress.step(what); };
   std::filesystem::create_directories(opt.workdir);
   rep.reference_dump = (std::filesystem::path(opt.workdir) / "reference.h5").string();
   rep.candidate_dump = (std::filesystem::path(opt.workdir) / "candidate.h5").string();
@@ -59,15 +55,21 @@ BisectReport run_bisect(const BisectOptions& opt) {
     return a;
   };
 
-  step("reference run: " + opt.reference);
+  // The two runs at once: separate processes that share nothing but the machine, so the reference's CPU work
+  // overlaps the candidate's (its device work, or its own CPU work where cores are free). Idle OpenMP threads of
+  // each sleep instead of spinning (unless OMP_WAIT_POLICY says otherwise), so neither starves the other's cores.
+  step("reference run (" + opt.reference + ") and candidate run (" + opt.candidate +
+       (opt.inject.empty() ? "" : " --inject " + opt.inject) + "), side by side");
   const auto ref_argv = child_argv(opt.reference, rep.reference_dump, "");
-  const ChildResult ref_child = run_child(ref_argv, backstop);
+  const auto cand_argv = child_argv(opt.candidate, rep.candidate_dump, opt.inject);
+  std::vector<std::string> child_env;
+  if (!std::getenv("OMP_WAIT_POLICY")) child_env.push_back("OMP_WAIT_POLICY=PASSIVE");
+  auto ref_run = std::async(std::launch::async, [&] { return run_child(ref_argv, backstop, child_env); });
+  const ChildResult cand_child = run_child(cand_argv, backstop, child_env);
+  const ChildResult ref_child = ref_run.get();
   if (ref_child.exit_code != 0)
     throw EngineError("the reference run " + ref_child.describe() + ":\n  " + child_engine_line(ref_argv) + "\n" +
                       ref_child.output);
-  step("candidate run: " + opt.candidate + (opt.inject.empty() ? "" : " --inject " + opt.inject));
-  const auto cand_argv = child_argv(opt.candidate, rep.candidate_dump, opt.inject);
-  const ChildResult cand_child = run_child(cand_argv, backstop);
   if (cand_child.exit_code == ExitCode_usage)
     throw UsageError("the candidate rejected its options: " + cand_child.output);
 
@@ -133,7 +135,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
     rep.headline = cand_child.timed_out || cand.status.find("hung") != std::string::npos ? "candidate HUNG"
                                                                                            : "candidate CRASHED";
     if (rep.compare.first_divergence >= 0) rep.first = rep.compare.results[rep.compare.first_divergence];
-    rep.seconds = timer.s();
+    rep.seconds = progress.seconds();
     return rep;
   }
   if (rep.compare.first_divergence < 0) {
@@ -143,7 +145,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
                    : rep.compare.first_weight >= 0
                        ? "weight differs, no probe beyond tolerance: " + weight_sentence(rep.compare.weights[rep.compare.first_weight])
                        : "probes missing: " + rep.compare.verdict_line();
-    rep.seconds = timer.s();
+    rep.seconds = progress.seconds();
     return rep;
   }
   rep.exit_code = ExitCode_divergence;
@@ -203,7 +205,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
     if (!rep.isolation.empty())
       rep.isolation += "; the stage computes with a weight that differs (" + cause->name + "): the weight is the cause";
   }
-  rep.seconds = timer.s();
+  rep.seconds = progress.seconds();
   return rep;
 }
 

@@ -29,7 +29,24 @@ std::string self_exe() {
   return buf;
 }
 
-ChildResult run_child(const std::vector<std::string>& argv, double timeout_s) {
+ChildResult run_child(const std::vector<std::string>& argv, double timeout_s, const std::vector<std::string>& env) {
+  // Arguments and environment made before fork: between fork and exec the child only calls what is safe after a
+  // fork in a process with other threads (no allocation).
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_kept;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const auto& x : env) replaced = replaced || x.compare(0, name.size() + 1, name + "=") == 0;
+    if (!replaced) env_kept.push_back(entry);
+  }
+  env_kept.insert(env_kept.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (auto& e : env_kept) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw UsageError(std::string("pipe: ") + strerror(errno));
   const auto t0 = std::chrono::steady_clock::now();
@@ -39,10 +56,7 @@ ChildResult run_child(const std::vector<std::string>& argv, double timeout_s) {
     setpgid(0, 0);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     _exit(127);
   }
   setpgid(pid, pid);

@@ -14,8 +14,10 @@ struct ChildResult {
   std::string describe() const;
 };
 
-// Runs argv[0] with argv, capturing output; kills the process group after `timeout_s` (0: none).
-ChildResult run_child(const std::vector<std::string>& argv, double timeout_s);
+// Runs argv[0] with argv, capturing output; kills the process group after `timeout_s` (0: none). `env`: NAME=VALUE
+// entries added to (or replacing) this process's environment for the child. Safe to call from several threads at
+// once (nothing is allocated between fork and exec).
+ChildResult run_child(const std::vector<std::string>& argv, double timeout_s, const std::vector<std::string>& env = {});
 
 // Path of the running mla-bisect binary (/proc/self/exe).
 std::string self_exe();

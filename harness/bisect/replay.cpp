@@ -11,6 +11,7 @@
 #include "harness/compare/calibration_cache.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
+#include "harness/report/progress.h"
 #include "harness/weights/loader.h"
 #include "probes/h5.h"
 #include "reference/reference_engine.h"
@@ -18,11 +19,6 @@
 namespace mla {
 
 namespace {
-
-struct Timer {
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  double s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
-};
 
 bool close_rel(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b)); }
 
@@ -91,10 +87,8 @@ std::vector<std::string> config_differences(const MlaConfig& a, const MlaConfig&
 }
 
 BisectReport run_replay(const ReplayOptions& opt) {
-  Timer timer;
-  auto step = [&](const std::string& what) {
-    if (opt.progress) std::cerr << "[" << fmt_num(timer.s(), 3) << " s] " << what << "\n";
-  };
+  const ProgressLog progress(opt.progress);
+  auto step = [&](const std::string& what) { progress.step(what); };
   BisectReport rep;
   rep.candidate_dump = opt.capture;
 
@@ -197,14 +191,14 @@ BisectReport run_replay(const ReplayOptions& opt) {
     rep.last_stage = cap.last_stage;
     rep.headline = "capture STOPPED early";
     if (rep.compare.first_divergence >= 0) rep.first = rep.compare.results[rep.compare.first_divergence];
-    rep.seconds = timer.s();
+    rep.seconds = progress.seconds();
     return rep;
   }
   if (rep.compare.first_divergence < 0) {
     rep.exit_code = ExitCode_ok;
     rep.headline = "no divergence: the " + std::to_string(captured.only.size()) +
                    " captured probes are within their calibrated tolerances";
-    rep.seconds = timer.s();
+    rep.seconds = progress.seconds();
     return rep;
   }
   rep.exit_code = ExitCode_divergence;
@@ -221,7 +215,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
   rep.diagnosis = diagnose(first, first.m, first.tol, inputs.batch, rep.compare);
   rep.headline = "first divergence: layer " + std::to_string(first.layer) + " " + first.name + " (stage " + first.stage +
                  ")";
-  rep.seconds = timer.s();
+  rep.seconds = progress.seconds();
   return rep;
 }
 

@@ -43,7 +43,7 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t h) {
   return mix(h ^ tail ^ (static_cast<uint64_t>(n) << 3));
 }
 
-void add_tensor(std::ostringstream& os, const char* what, const Tensor& t) {
+void add_tensor(std::ostream& os, const char* what, const Tensor& t) {
   os << what << " [";
   for (auto d : t.shape) os << d << ",";
   os << "] " << std::hex << hash_bytes(t.data.data(), t.data.size() * sizeof(float), 0x6d6c612d63616c31ULL)
@@ -51,7 +51,7 @@ void add_tensor(std::ostringstream& os, const char* what, const Tensor& t) {
 }
 
 template <class T>
-void add_ints(std::ostringstream& os, const char* what, const std::vector<T>& v) {
+void add_ints(std::ostream& os, const char* what, const std::vector<T>& v) {
   os << what << " " << std::hex << hash_bytes(v.data(), v.size() * sizeof(T), v.size()) << std::dec << "\n";
 }
 
@@ -96,8 +96,11 @@ std::string calibration_cache_dir() {
   return {};
 }
 
-std::string calibration_cache_key(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
-                                  const Inputs& inputs, Precision precision, double k) {
+namespace {
+
+// The key over everything but the weights, which `add_weights` writes (their bytes, or an id that names them).
+std::string cache_key(const MlaConfig& cfg, const RunSpec& spec, const std::function<void(std::ostream&)>& add_weights,
+                      const Inputs& inputs, Precision precision, double k) {
   std::ostringstream os;
   os << "mla-bisect calibration v1\n"
      << "tool " << MLA_VERSION << " " << MLA_GIT_SHA << "\n"
@@ -113,18 +116,7 @@ std::string calibration_cache_key(const MlaConfig& cfg, const RunSpec& spec, con
   char kbuf[40];
   std::snprintf(kbuf, sizeof kbuf, "%.17g", k);
   os << "precision " << precision_name(precision) << " k " << kbuf << "\n";
-  for (size_t l = 0; l < weights.size(); ++l) {
-    const LayerWeights& w = weights[l];
-    os << "layer " << l << "\n";
-    add_tensor(os, "input_norm", w.input_norm);
-    add_tensor(os, "q_a_proj", w.q_a_proj);
-    add_tensor(os, "q_a_norm", w.q_a_norm);
-    add_tensor(os, "q_b_proj", w.q_b_proj);
-    add_tensor(os, "kv_a_proj", w.kv_a_proj);
-    add_tensor(os, "kv_a_norm", w.kv_a_norm);
-    add_tensor(os, "kv_b_proj", w.kv_b_proj);
-    add_tensor(os, "o_proj", w.o_proj);
-  }
+  add_weights(os);
   add_tensor(os, "x", inputs.x);
   const Batch& b = inputs.batch;
   add_ints(os, "new_lens", b.new_lens);
@@ -138,35 +130,24 @@ std::string calibration_cache_key(const MlaConfig& cfg, const RunSpec& spec, con
   return sha256_hex(s.data(), s.size());
 }
 
-ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
-                                const Inputs& inputs, Precision precision, double k,
-                                const std::function<const Dump*()>& fp32_full, bool* from_cache) {
-  if (from_cache) *from_cache = false;
-  const std::string dir = precision == Precision::Precision_fp32 ? std::string() : calibration_cache_dir();
-  const auto compute = [&] {
-    return calibrate(cfg, spec, weights, inputs, precision, k,
-                     precision != Precision::Precision_fp32 && fp32_full ? fp32_full() : nullptr);
-  };
-  if (dir.empty()) return compute();
-  const std::string key = calibration_cache_key(cfg, spec, weights, inputs, precision, k);
-  const std::filesystem::path path = std::filesystem::path(dir) / (key + ".json");
+// A stored calibration for `key`, if the cache holds one.
+bool read_cached(const std::filesystem::path& path, const std::string& key, ToleranceModel& tm) {
   try {
     std::ifstream in(path);
-    if (in) {
-      const nlohmann::json j = nlohmann::json::parse(in);
-      ToleranceModel tm;
-      if (j.value("format", std::string()) == "mla-bisect-calibration" && j.value("key", std::string()) == key &&
-          from_json(j.at("per_probe"), tm)) {
-        if (from_cache) *from_cache = true;
-        return tm;
-      }
-    }
+    if (!in) return false;
+    const nlohmann::json j = nlohmann::json::parse(in);
+    return j.value("format", std::string()) == "mla-bisect-calibration" && j.value("key", std::string()) == key &&
+           from_json(j.at("per_probe"), tm);
   } catch (const std::exception&) {
-    // An unreadable or foreign file: computed again below, and replaced.
+    return false;  // an unreadable or foreign file: computed again, and replaced
   }
-  ToleranceModel tm = compute();
+}
+
+// Stores a calibration atomically (temp + rename): concurrent runs (a zoo's, a test suite's) never read a half-written
+// file. A read-only or full cache folder costs only the next recomputation.
+void store(const std::string& dir, const std::filesystem::path& path, const std::string& key, const MlaConfig& cfg,
+           Precision precision, double k, const ToleranceModel& tm) {
   std::error_code ec;
-  // Temp + rename: concurrent runs (a zoo's, a test suite's) never read a half-written file.
   const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(getpid());
   try {
     std::filesystem::create_directories(dir, ec);
@@ -181,9 +162,69 @@ ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const
     std::filesystem::rename(tmp, path, ec);
     if (ec) std::filesystem::remove(tmp, ec);
   } catch (const std::exception&) {
-    // A read-only or full cache folder costs only the next recomputation.
     std::filesystem::remove(tmp, ec);
   }
+}
+
+}  // namespace
+
+std::string calibration_cache_key(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
+                                  const Inputs& inputs, Precision precision, double k) {
+  const auto add_weights = [&](std::ostream& os) {
+    for (size_t l = 0; l < weights.size(); ++l) {
+      const LayerWeights& w = weights[l];
+      os << "layer " << l << "\n";
+      add_tensor(os, "input_norm", w.input_norm);
+      add_tensor(os, "q_a_proj", w.q_a_proj);
+      add_tensor(os, "q_a_norm", w.q_a_norm);
+      add_tensor(os, "q_b_proj", w.q_b_proj);
+      add_tensor(os, "kv_a_proj", w.kv_a_proj);
+      add_tensor(os, "kv_a_norm", w.kv_a_norm);
+      add_tensor(os, "kv_b_proj", w.kv_b_proj);
+      add_tensor(os, "o_proj", w.o_proj);
+    }
+  };
+  return cache_key(cfg, spec, add_weights, inputs, precision, k);
+}
+
+ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
+                                const Inputs& inputs, Precision precision, double k,
+                                const std::function<const Dump*()>& fp32_full, bool* from_cache) {
+  if (from_cache) *from_cache = false;
+  const auto compute = [&] {
+    return calibrate(cfg, spec, weights, inputs, precision, k,
+                     precision != Precision::Precision_fp32 && fp32_full ? fp32_full() : nullptr);
+  };
+  const std::string dir = precision == Precision::Precision_fp32 ? std::string() : calibration_cache_dir();
+  if (dir.empty()) return compute();
+  const std::string key = calibration_cache_key(cfg, spec, weights, inputs, precision, k);
+  const std::filesystem::path path = std::filesystem::path(dir) / (key + ".json");
+  ToleranceModel tm;
+  if (read_cached(path, key, tm)) {
+    if (from_cache) *from_cache = true;
+    return tm;
+  }
+  tm = compute();
+  store(dir, path, key, cfg, precision, k, tm);
+  return tm;
+}
+
+ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const CalibrationWeights& weights,
+                                const Inputs& inputs, Precision precision, double k, bool* from_cache) {
+  if (weights.id.empty()) return calibrate_cached(cfg, spec, weights.make(), inputs, precision, k, {}, from_cache);
+  if (from_cache) *from_cache = false;
+  const std::string dir = precision == Precision::Precision_fp32 ? std::string() : calibration_cache_dir();
+  if (dir.empty()) return calibrate(cfg, spec, weights.make(), inputs, precision, k);
+  const std::string key =
+      cache_key(cfg, spec, [&](std::ostream& os) { os << "weights " << weights.id << "\n"; }, inputs, precision, k);
+  const std::filesystem::path path = std::filesystem::path(dir) / (key + ".json");
+  ToleranceModel tm;
+  if (read_cached(path, key, tm)) {
+    if (from_cache) *from_cache = true;
+    return tm;
+  }
+  tm = calibrate(cfg, spec, weights.make(), inputs, precision, k);
+  store(dir, path, key, cfg, precision, k, tm);
   return tm;
 }
 

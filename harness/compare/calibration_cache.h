@@ -31,4 +31,15 @@ ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const
                                 const Inputs& inputs, Precision precision, double k = 4.0,
                                 const std::function<const Dump*()>& fp32_full = {}, bool* from_cache = nullptr);
 
+// The weights a calibration runs with, as the cache sees them. `id` non-empty names them completely (synthetic weights:
+// their seed and format; this binary, part of the key, makes the same weights from them every time), so that a hit
+// neither makes nor hashes them; `make` makes them on a miss. An empty id keys them by their bytes.
+struct CalibrationWeights {
+  std::string id;
+  std::function<std::vector<LayerWeights>()> make;
+};
+
+ToleranceModel calibrate_cached(const MlaConfig& cfg, const RunSpec& spec, const CalibrationWeights& weights,
+                                const Inputs& inputs, Precision precision, double k = 4.0, bool* from_cache = nullptr);
+
 }  // namespace mla

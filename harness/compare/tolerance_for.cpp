@@ -26,14 +26,22 @@ ToleranceModel tolerance_for(const Dump& candidate, const Dump& reference, const
   const MlaConfig cfg = reference.config();
   const RunSpec spec = reference.spec();
   const uint64_t weight_seed = ro.value("weight_seed", uint64_t{0});
-  std::vector<LayerWeights> weights;
-  try {
-    weights = load_weights(ws, cfg, spec, weight_seed).layers;
-  } catch (const UsageError& e) {
-    throw UsageError(reference.path + " was made with weights '" + ws.source + "', which calibration needs: " +
-                     e.what() + " (use --tolerance exact or --tol)");
-  }
-  return calibrate_cached(cfg, spec, weights, reference.inputs, p == Precision::Precision_fp32 ? Precision::Precision_bf16 : p, k);
+  const auto load = [&] {
+    try {
+      return load_weights(ws, cfg, spec, weight_seed).layers;
+    } catch (const UsageError& e) {
+      throw UsageError(reference.path + " was made with weights '" + ws.source + "', which calibration needs: " +
+                       e.what() + " (use --tolerance exact or --tol)");
+    }
+  };
+  const Precision at = p == Precision::Precision_fp32 ? Precision::Precision_bf16 : p;
+  // A checkpoint's weights are keyed by their bytes (and one that is gone is an error, cached or not); synthetic
+  // weights by their seed and format, so a cached calibration needs no weights at all.
+  if (!ws.synthetic()) return calibrate_cached(cfg, spec, load(), reference.inputs, at, k);
+  const CalibrationWeights weights{"synthetic " + ws.source + " seed " + std::to_string(weight_seed) + " format " +
+                                       ws.format + " layers " + ws.layer_range,
+                                   load};
+  return calibrate_cached(cfg, spec, weights, reference.inputs, at, k);
 }
 
 }  // namespace mla

@@ -218,7 +218,7 @@ double cgroup_free() {
   std::string rel;
   for (std::string line; std::getline(cg, line);)
     if (line.rfind("0::", 0) == 0) rel = line.substr(3);
-  for (const std::string dir : {"/sys/fs/cgroup" + rel, std::string("/sys/fs/cgroup")}) {
+  for (const std::string& dir : {"/sys/fs/cgroup" + rel, std::string("/sys/fs/cgroup")}) {
     const double max = read_number(dir + "/memory.max"), cur = read_number(dir + "/memory.current");
     if (max > 0 && cur >= 0) return std::max(0.0, max - cur);
   }

@@ -107,18 +107,19 @@ BisectReport run_bisect(const BisectOptions& opt) {
                            (ref_spec.options.empty() ||
                             (ref_spec.options.size() == 1 && ref_spec.options.count("precision") &&
                              parse_precision(ref_spec.options.at("precision")) == Precision::Precision_fp32));
+  // `upto`: a run that may stop after that stage of that layer (nullptr: every stage, as calibration needs).
   std::optional<Dump> ref_full;
   bool ref_full_has_weights = false;
-  const auto reference_full = [&](bool with_weights) -> const Dump& {
+  const auto reference_full = [&](bool with_weights, int layer, const StageSpec* upto) -> const Dump& {
     if (!ref_full || (with_weights && !ref_full_has_weights)) {
       auto e = make_engine(ref_spec);
-      ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, -1, nullptr, {}, with_weights);
+      ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, layer, upto, {}, with_weights, upto);
       ref_full_has_weights = with_weights;
     }
     return *ref_full;
   };
   ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, cand_precision, opt.k, [&]() -> const Dump* {
-    return ref_is_fp32 ? &reference_full(false) : nullptr;
+    return ref_is_fp32 ? &reference_full(false, -1, nullptr) : nullptr;
   });
   tol.overrides = opt.overrides;
 
@@ -152,19 +153,22 @@ BisectReport run_bisect(const BisectOptions& opt) {
   rep.first = rep.compare.results[rep.compare.first_divergence];
   const ProbeResult& first = *rep.first;
 
-  // Full tensors where needed: the reference and the candidate in this process, then the isolation run.
+  // Full tensors where needed: the reference and the candidate in this process, then the isolation run. Each stops
+  // after the divergent stage: the drill-down, the diagnosis and isolation look at it and what came before.
   step("full tensors for " + first.name + " and isolation of stage " + first.stage);
+  const StageGraph graph = build_graph(cfg, spec.graph_shape());
+  const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
   // The weights in full only when the dumps say one differs: then the in-process comparison names its pattern.
   const bool weights_differ = rep.compare.divergent_weights() > 0;
-  const Dump& ref_full_dump = reference_full(weights_differ);
+  const Dump& ref_full_dump = reference_full(weights_differ, first.layer, stage);
   auto make_candidate = [&] {
     auto e = make_engine(EngineSpec::parse(opt.candidate));
     e->set_injections(engine_injections(injections));
     return e;
   };
   auto cand_engine = make_candidate();
-  const Dump cand_full =
-      run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, -1, nullptr, cand_pw, weights_differ);
+  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, first.layer, stage,
+                                        cand_pw, weights_differ, true);
   const CompareReport full_rep = compare_dumps(cand_full, ref_full_dump, tol);
   for (const auto& r : full_rep.results)
     if (r.layer == first.layer && r.name == first.name) rep.full = r.m;
@@ -178,11 +182,9 @@ BisectReport run_bisect(const BisectOptions& opt) {
     }
   }
 
-  const StageGraph graph = build_graph(cfg, spec.graph_shape());
-  const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
   auto iso_engine = make_candidate();
-  const Dump iso =
-      run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full_dump, first.layer, stage, cand_pw, false);
+  const Dump iso = run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full_dump, first.layer, stage,
+                                  cand_pw, false, true);
   const IsolationResult judged = judge_isolation(iso, ref_full_dump, first, full_rep);
   if (judged.judged) {
     rep.isolated = judged.isolated;

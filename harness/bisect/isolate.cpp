@@ -12,9 +12,10 @@ namespace mla {
 
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed, int layer, const StageSpec* stage, const PackedWeights& packed,
-                    bool weights) {
+                    bool weights, bool stop) {
   Runner runner(cfg, spec);
   if (packed.packed && !packed.packed->empty()) runner.set_packed_weights(packed.packed, packed.bugs);
+  if (stop && stage && layer >= 0) runner.set_stop_after(layer, stage->stage);
   ProbePlan plan;
   plan.level = ProbeLevel::ProbeLevel_full;
   plan.weights = weights;
@@ -49,7 +50,11 @@ IsolationResult judge_isolation(const Dump& iso, const Dump& ref_full, const Pro
   // Upstream error below tolerance, amplified here: where did it grow fastest (relative to tolerance)?
   double best = 0;
   std::string where;
-  for (size_t i = 1; i < growth.results.size(); ++i) {
+  // Upstream: the probes up to the first divergent one (results are in layer and graph order).
+  size_t upto = growth.results.size();
+  for (size_t i = 0; i < growth.results.size(); ++i)
+    if (growth.results[i].layer == first.layer && growth.results[i].name == first.name) upto = i + 1;
+  for (size_t i = 1; i < upto; ++i) {
     const auto &a = growth.results[i - 1], &b = growth.results[i];
     const double ra = a.m.rel_l2 / std::max(a.tol.rel_l2, 1e-30), rb = b.m.rel_l2 / std::max(b.tol.rel_l2, 1e-30);
     if (ra > 0 && rb / ra > best) {

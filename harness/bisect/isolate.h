@@ -20,10 +20,11 @@ struct PackedWeights {
   const std::vector<std::map<std::string, PackedWeight>>* packed = nullptr;
   DequantBugs bugs;
 };
-// `weights`: also record the weights the engine computes with (Runner's weight records, level full).
+// `weights`: also record the weights the engine computes with (Runner's weight records, level full). `stop`: end the
+// run after `stage` of `layer` (fed or not), where nothing later is needed.
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr,
-                    const PackedWeights& packed = {}, bool weights = true);
+                    const PackedWeights& packed = {}, bool weights = true, bool stop = false);
 
 struct IsolationResult {
   bool judged = false;      // both runs hold the probe

@@ -146,8 +146,9 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
     }
     if (told.spec) sink.waiting_over();  // e.g. a planted hang that follows is the begun stage's, not the wait's
   };
+  bool stopped = false;
   try {
-    for (int layer = 0; layer < spec_.layers; ++layer) {
+    for (int layer = 0; layer < spec_.layers && !stopped; ++layer) {
       if (!plan.off && plan.weights) record_weights(engine, layer, plan, sink, mine);
       for (const auto& st : graph_.stages) {
         // Per process, the stage begins (for the journal and the watchdog) before the other ranks this process
@@ -174,6 +175,10 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
             }
           }
         collect(!queued);
+        if (layer == stop_layer_ && st.stage == stop_stage_) {
+          stopped = true;
+          break;
+        }
       }
       collect(true);
     }
@@ -185,7 +190,9 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
     throw;
   }
   engine.synchronize();
-  sink.finish("complete");
+  sink.finish(stopped ? std::string("stopped after stage ") + stage_name(stop_stage_) + " of layer " +
+                            std::to_string(stop_layer_)
+                      : std::string("complete"));
 }
 
 }  // namespace mla

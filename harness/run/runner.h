@@ -41,6 +41,13 @@ class Runner {
   void set_process_rank(const ProcessRank& p);
   const ProcessRank& process_rank() const { return process_; }
 
+  // Every later run() stops after `stage` of `layer`, its probes recorded: what a look at one stage needs (bisect's
+  // full tensors and isolation), without the stages after it. The sink hears "stopped after stage S of layer L".
+  void set_stop_after(int layer, Stage stage) {
+    stop_layer_ = layer;
+    stop_stage_ = stage;
+  }
+
  private:
   void record_weights(Engine& engine, int layer, const ProbePlan& plan, ProbeSink& sink,
                       const std::function<bool(int)>& mine) const;
@@ -52,6 +59,8 @@ class Runner {
   const std::vector<std::map<std::string, PackedWeight>>* packed_ = nullptr;
   DequantBugs dequant_bugs_;
   ProcessRank process_;
+  int stop_layer_ = -1;  // none
+  Stage stop_stage_{};
 };
 
 }  // namespace mla

@@ -66,24 +66,34 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
       Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
       Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));
       Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
-      RowMatrix S = (Q * K.transpose()) * static_cast<float>(scale);  // [Tq, Tk]
-      for (int64_t i = 0; i < Tq; ++i) {
-        const int64_t visible = causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk;
-        const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;  // sliding window
-        float m = kNegInf;
-        for (int64_t j = first; j < visible; ++j) m = std::max(m, S(i, j));
-        float sum = 0.f;
-        for (int64_t j = 0; j < Tk; ++j) {
-          S(i, j) = (j >= first && j < visible && m != kNegInf) ? std::exp(S(i, j) - m) : 0.f;
-          sum += S(i, j);
+      // Query rows in blocks: with a causal mask, a block's rows see keys [0, vis) only, so the scores and the
+      // weighted sum of values are computed over those keys (the masked rest would be exact zeros).
+      constexpr int64_t kRows = 64;
+      for (int64_t i0 = 0; i0 < Tq; i0 += kRows) {
+        const int64_t n = std::min(kRows, Tq - i0);
+        const int64_t vis = causal ? std::min(Tk, i0 + n + (Tk - Tq)) : Tk;
+        if (vis <= 0) continue;  // every row of the block sees nothing: output 0, lse -inf
+        RowMatrix S = (Q.middleRows(i0, n) * K.topRows(vis).transpose()) * static_cast<float>(scale);  // [n, vis]
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t i = i0 + r;
+          const int64_t visible = causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk;
+          const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;  // sliding window
+          float m = kNegInf;
+          for (int64_t j = first; j < visible; ++j) m = std::max(m, S(r, j));
+          float sum = 0.f;
+          for (int64_t j = 0; j < vis; ++j) {
+            S(r, j) = (j >= first && j < visible && m != kNegInf) ? std::exp(S(r, j) - m) : 0.f;
+            sum += S(r, j);
+          }
+          if (sum > 0.f) {
+            S.row(r) /= sum;
+            a.lse.data[i * Nl + h] = m + std::log(sum);
+          }
         }
-        if (sum > 0.f) {
-          S.row(i) /= sum;
-          a.lse.data[i * Nl + h] = m + std::log(sum);
-        }
+        Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> O(a.out.ptr() + i0 * Nl * Dv + h * Dv, n, Dv,
+                                                         Eigen::OuterStride<>(Nl * Dv));
+        O.noalias() = S * Vm.topRows(vis);
       }
-      Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> O(a.out.ptr() + h * Dv, Tq, Dv, Eigen::OuterStride<>(Nl * Dv));
-      O.noalias() = S * Vm;
     } catch (...) {
       std::exception_ptr e = std::current_exception();
       try {
@@ -130,10 +140,13 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
   Attn all{Tensor({T, Nl, static_cast<int64_t>(cfg.v_head)}), Tensor({T, Nl})};
   const Tensor Q = concat_last(q_nope, q_pe_rope);  // [T, Nl, P+R]
   const Tensor K = concat_last(k_nope, k_pe_rope);  // [T, Nl, P+R], k_pe broadcast over heads
+  // One sequence holding every row (a prefill of batch 1): its rows are the tensors themselves, not copies.
+  const bool whole = batch.num_seqs() == 1 && batch.first_token(0) == 0 && batch.new_lens[0] == T;
   for (int b = 0; b < batch.num_seqs(); ++b) {
     const int64_t t0 = batch.first_token(b), n = batch.new_lens[b], ctx = batch.context_lens[b];
-    Attn part = attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale, opt.causal,
-                       opt.window);
+    Attn part = whole ? attend(Q, K, v, cfg.softmax_scale, opt.causal, opt.window)
+                      : attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale,
+                               opt.causal, opt.window);
     if (ctx > 0) {
       // Context: latent rows from the cache, up-projected through kv_b_proj, attended without a mask.
       const Tensor rows = gather_cache_rows(cache, batch, b, static_cast<int>(ctx));  // [ctx, L+R]
@@ -143,9 +156,11 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
         std::memcpy(c_pe.ptr() + s * cfg.qk_rope, rows.ptr() + s * (L + cfg.qk_rope) + L, sizeof(float) * cfg.qk_rope);
       }
       const KvB up = kv_b_proj(c_kv, w_kvb_local, cfg);
-      const Attn ctx_part = attend(rows_of(Q, t0, n), concat_last(up.k_nope, c_pe), up.v, cfg.softmax_scale, false);
+      const Attn ctx_part = attend(whole ? Q : rows_of(Q, t0, n), concat_last(up.k_nope, c_pe), up.v,
+                                   cfg.softmax_scale, false);
       part = merge_lse(part, ctx_part, opt.lse_base2);
     }
+    if (whole) return part;
     copy_rows_into(all, part, t0);
   }
   return all;

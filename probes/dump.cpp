@@ -400,32 +400,16 @@ uint64_t fp8_checksum(const Tensor& t, int64_t T, const std::string& dtype, cons
   }
   const uint32_t nan_code = exp_bits == 4 ? 0x7f : 0x7e;
   const int64_t n = t.numel(), C = n / std::max<int64_t>(T, 1);
-  uint64_t h = 0, row_hash = 0, power = 1;
-  for (int64_t i = 0, r = 0, c = 0; i < n; ++i, ++c) {
-    if (c == C) {
-      ++r;
-      c = 0;
-    }
-    if (c == 0) {
-      row_hash = checksum_row_hash(static_cast<uint64_t>(r));
-      power = 1;
-    }
+  return checksum_walk(t.ptr(), n, C, [&](float v, int64_t i) -> uint64_t {
     uint32_t b;
-    std::memcpy(&b, &t.data[i], 4);
-    uint32_t code;
-    if (std::isnan(t.data[i])) {
-      code = nan_code | ((b >> 24) & 0x80);
-    } else {
-      const auto it = code_of.find(b);
-      if (it == code_of.end())
-        throw UsageError(where + "/data: value " + std::to_string(t.data[i]) + " at flat index " + std::to_string(i) +
-                         " is not an " + dtype + " value (the record's dtype)");
-      code = it->second;
-    }
-    h += checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)) * (2ull * code + 1ull);
-    if ((c & 7) == 7) power *= kChecksumBase;
-  }
-  return h;
+    std::memcpy(&b, &v, 4);
+    if (std::isnan(v)) return nan_code | ((b >> 24) & 0x80);
+    const auto it = code_of.find(b);
+    if (it == code_of.end())
+      throw UsageError(where + "/data: value " + std::to_string(v) + " at flat index " + std::to_string(i) +
+                       " is not an " + dtype + " value (the record's dtype)");
+    return it->second;
+  });
 }
 
 json json_attr(const h5::Object& o, const std::string& name) {

@@ -116,20 +116,7 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
   // The checksum views the tensor as [T, C] (a tensor whose size T does not divide walks on, row by row of C).
   const auto checksum = [&](auto bits) {
     if (C > 0 && n == T * C) return tensor_checksum(data, T, C, bits);
-    uint64_t h = 0, row_hash = 0, power = 1;
-    for (int64_t i = 0, r = 0, c = 0; i < n; ++i, ++c) {
-      if (c == C) {
-        ++r;
-        c = 0;
-      }
-      if (c == 0) {
-        row_hash = checksum_row_hash(static_cast<uint64_t>(r));
-        power = 1;
-      }
-      h += checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)) * (2ull * bits(data[i]) + 1ull);
-      if ((c & 7) == 7) power *= kChecksumBase;
-    }
-    return h;
+    return checksum_walk(data, n, C, [&](float v, int64_t) { return bits(v); });
   };
   if (dtype == "bf16") rec.checksum = checksum([](float v) -> uint64_t { return to_bf16_bits(v); });
   else if (dtype == "fp16") rec.checksum = checksum([](float v) -> uint64_t { return to_fp16_bits(v); });

@@ -70,4 +70,24 @@ MLA_HD inline uint64_t checksum_term(uint64_t row, uint64_t col, uint32_t bits) 
   return checksum_multiplier(row, col) * (2ull * bits + 1ull);
 }
 
+// The checksum of n values viewed as rows of C (a count C does not divide ends in a short row), walked in order on
+// the host: bits(value, flat index) gives each element's pattern (and may throw).
+template <class Bits>
+uint64_t checksum_walk(const float* data, int64_t n, int64_t C, Bits bits) {
+  uint64_t h = 0, row_hash = 0, power = 1;
+  for (int64_t i = 0, r = 0, c = 0; i < n; ++i, ++c) {
+    if (c == C) {
+      ++r;
+      c = 0;
+    }
+    if (c == 0) {
+      row_hash = checksum_row_hash(static_cast<uint64_t>(r));
+      power = 1;
+    }
+    h += checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)) * (2ull * bits(data[i], i) + 1ull);
+    if ((c & 7) == 7) power *= kChecksumBase;
+  }
+  return h;
+}
+
 }  // namespace mla

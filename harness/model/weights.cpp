@@ -23,7 +23,8 @@ inline double pair_u1(uint64_t base, int64_t i) {
   return ((mix(base + 2 * static_cast<uint64_t>(i)) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
 }
 inline double pair_theta(uint64_t base, int64_t i) {
-  return 2.0 * 3.14159265358979323846 * ((mix(base + 2 * static_cast<uint64_t>(i) + 1) >> 11) * (1.0 / 9007199254740992.0));
+  const double u2 = (mix(base + 2 * static_cast<uint64_t>(i) + 1) >> 11) * (1.0 / 9007199254740992.0);
+  return 2.0 * 3.14159265358979323846 * u2;
 }
 
 }  // namespace

@@ -1039,7 +1039,8 @@ void Explorer::cmd_isolate(int i) {
       << ", stage " << r.stage << " of layer " << r.layer << " fed the reference's";
   for (auto& n : stage->inputs) os_ << " " << n;
   os_ << " ..." << std::endl;
-  const Dump iso = run_in_process(*engine, cfg, spec, cand_weights, in_dump.inputs, &*ref_full_, r.layer, stage, {}, false);
+  const Dump iso =
+      run_in_process(*engine, cfg, spec, cand_weights, in_dump.inputs, &*ref_full_, r.layer, stage, {}, false);
   const IsolationResult res = judge_isolation(iso, *ref_full_, r, rep_);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!res.judged) {

@@ -10,20 +10,19 @@
 #include "harness/compare/calibration_cache.h"
 #include "harness/model/config.h"
 #include "tests/cli_util.h"
+#include "tests/world_util.h"
 
 namespace {
 
 using namespace mla;
 
-struct World {
-  MlaConfig cfg = *find_preset("tiny");
-  RunSpec spec;
-  std::vector<LayerWeights> weights;
-  Inputs inputs;
-  World() {
-    spec.tokens = 8;
-    weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, 3);
-    inputs = synthetic_inputs(cfg, spec, weights);
+// The tiny model, 8 prefill tokens.
+struct World : test::TinyWorld {
+  World() : TinyWorld(eight_tokens()) {}
+  static RunSpec eight_tokens() {
+    RunSpec s;
+    s.tokens = 8;
+    return s;
   }
 };
 

@@ -20,21 +20,13 @@
 #include "harness/run/engine.h"
 #include "harness/run/runner.h"
 #include "probes/collect.h"
+#include "tests/world_util.h"
 
 namespace {
 
 using namespace mla;
 
-struct World {
-  MlaConfig cfg = *find_preset("tiny");
-  RunSpec spec;
-  std::vector<LayerWeights> weights;
-  Inputs inputs;
-  explicit World(RunSpec s, uint64_t weight_seed = 3) : spec(std::move(s)) {
-    weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, weight_seed);
-    inputs = synthetic_inputs(cfg, spec, weights);
-  }
-};
+using World = test::TinyWorld;
 
 RunSpec prefill(int tokens, int tp = 1) {
   RunSpec s;

@@ -1,6 +1,7 @@
-// The probe kernel alone (kernels/probe_stats.cu, built into this program with the -D tuning macros of
-// scripts/probe_kernel_bench.sh): time per launch on the DeepSeek-V3 probe shapes against a device copy of the
-// same bytes in the same run, and a digest of every output so that variants can be checked against each other.
+// The probe kernel alone (launch_probe_stats of kernels/probe_stats.cuh: the tile kernel, kernels/probe_tiles.cu,
+// for these bf16 shapes): time per launch on the DeepSeek-V3 probe shapes against a device copy of the same bytes in
+// the same run, and a digest of every output so that builds against another kernels/probe_tiles.cu
+// (scripts/probe_kernel_bench.sh) can be checked against each other.
 //
 //   probe_kernel_bench [repeats] [patterns]     (--help)
 #include <cuda_runtime.h>
@@ -14,6 +15,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
+#include "kernels/probe_launch_plan.cuh"
 #include "kernels/probe_stats.cuh"
 #include "probes/probe_hash.h"
 
@@ -59,13 +61,15 @@ __global__ void read_tiles(const uint16_t* x, int64_t rows, int64_t cols, int se
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int step = k + u;
-      const int64_t c0 = seg * block_cols + (interleave ? (int64_t{step} * warps + warp) * 64 : (int64_t{warp} * seg_steps + step) * 64);
+      const int64_t c0 = seg * block_cols + (interleave ? (int64_t{step} * warps + warp) * 64
+                                                        : (int64_t{warp} * seg_steps + step) * 64);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t col = c0 + 32 * half + 8 * t;
         const bool ok = col < cols;
-        v[u][2 * half] = ok && r0 < rows ? *reinterpret_cast<const uint4*>(x + r0 * cols + col) : make_uint4(0, 0, 0, 0);
-        v[u][2 * half + 1] = ok && r1 < rows ? *reinterpret_cast<const uint4*>(x + r1 * cols + col) : make_uint4(0, 0, 0, 0);
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        v[u][2 * half] = ok && r0 < rows ? *reinterpret_cast<const uint4*>(x + r0 * cols + col) : zero;
+        v[u][2 * half + 1] = ok && r1 < rows ? *reinterpret_cast<const uint4*>(x + r1 * cols + col) : zero;
       }
     }
 #pragma unroll
@@ -80,7 +84,7 @@ __global__ void read_tiles(const uint16_t* x, int64_t rows, int64_t cols, int se
 // step's 16 rows x 128 B copied by cp.async into a STAGES-deep ring in shared memory (the probe kernel's slot
 // layout: [4][32] 16-byte pieces, each lane its own), then read back; blocks of 4 warps, their number per SM set
 // by the dynamic shared memory each asks for. Throughput against bytes in flight per SM says whether the probe
-// kernel's loop is bound by them (measured on an H200, probe kernel version 6).
+// kernel's loop is bound by them.
 template <int STAGES>
 __global__ void read_ring(const uint16_t* x, int64_t rows, int64_t cols, int seg_steps, unsigned* out) {
   extern __shared__ uint4 ring_smem[];  // [4 warps][STAGES][4][32]
@@ -97,7 +101,8 @@ __global__ void read_ring(const uint16_t* x, int64_t rows, int64_t cols, int seg
     uint4* slot = my + (s % STAGES) * 128;
     for (int half = 0; half < 2; ++half) {
       mla::cuda::mma::cp_async_16(mla::cuda::mma::smem_u32(slot + 64 * half + lane), p0 + 64 * s + 32 * half, true);
-      mla::cuda::mma::cp_async_16(mla::cuda::mma::smem_u32(slot + 64 * half + 32 + lane), p1 + 64 * s + 32 * half, true);
+      mla::cuda::mma::cp_async_16(mla::cuda::mma::smem_u32(slot + 64 * half + 32 + lane), p1 + 64 * s + 32 * half,
+                                  true);
     }
   };
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -190,7 +195,8 @@ int patterns(int repeats) {
     const float us = median(ts) * 1e3f;
     std::printf("pattern %-52s %8.1f us %6.0f GB/s\n", what, us, bytes / (us * 1e3f));
   };
-  time("linear, 4 loads in flight per lane", [&] { read_linear<<<132 * 16, 256>>>(static_cast<const uint4*>(x), n / 8, out); });
+  time("linear, 4 loads in flight per lane",
+       [&] { read_linear<<<132 * 16, 256>>>(static_cast<const uint4*>(x), n / 8, out); });
   for (int warps : {4, 8, 16})
     for (int seg_steps : {4, 8, 32})
       for (bool il : {false, true}) {
@@ -200,7 +206,8 @@ int patterns(int repeats) {
         std::snprintf(what, sizeof what, "tiles: %2d warps, %2d steps each, %s", warps, seg_steps,
                       il ? "interleaved" : "contiguous");
         time(what, [&] {
-          read_tiles<<<static_cast<unsigned>(blocks), warps * 32>>>(static_cast<const uint16_t*>(x), rows, cols, seg_steps, il, out);
+          read_tiles<<<static_cast<unsigned>(blocks), warps * 32>>>(static_cast<const uint16_t*>(x), rows, cols,
+                                                                    seg_steps, il, out);
         });
       }
   // The ring: blocks per SM B (segments of 128 / B steps, so that the launch is about one wave), ring depth S.
@@ -222,7 +229,8 @@ int patterns(int repeats) {
       std::snprintf(what, sizeof what, "ring: %d deep, %2d blocks/SM, %3d KB in flight/SM", stages, per_sm,
                     per_sm * 4 * (stages - 1) * 2);
       time(what, [&] {
-        kernel<<<static_cast<unsigned>(blocks), 128, smem>>>(static_cast<const uint16_t*>(x), rows, cols, seg_steps, out);
+        kernel<<<static_cast<unsigned>(blocks), 128, smem>>>(static_cast<const uint16_t*>(x), rows, cols, seg_steps,
+                                                             out);
       });
     }
   };
@@ -242,14 +250,15 @@ int main(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       std::printf(
           "Usage: probe_kernel_bench [repeats] [patterns]\n\n"
-          "Times the probe kernel (kernels/probe_stats.cu: stats, checksum, head L2 and sketch in one pass) on the\n"
+          "Times the probe kernel (kernels/probe_tiles.cu: stats, checksum, head L2 and sketch in one pass) on the\n"
           "DeepSeek-V3 probe shapes against a device-to-device copy of the same bytes, median of `repeats` launches\n"
           "(default 30) after 3 warm-up, inputs rotated past L2; prints time, GB/s read, the copy's GB/s (read +\n"
           "written), the ratio, and a digest of the records (equal between builds that keep the segment geometry: the\n"
           "per-row maps and the stats' checksum, counts and absmax, which do not depend on how rows form units).\n"
           "`patterns`: times read orders alone (linear; the kernel's 16-row tiles, warps contiguous or interleaved;\n"
           "the kernel's cp.async ring alone at several depths and blocks per SM, with the bytes it keeps in flight).\n"
-          "scripts/probe_kernel_bench.sh builds tuning and ablation variants of the kernel and runs them.\n");
+          "scripts/probe_kernel_bench.sh builds it with nvcc, also against other versions of kernels/probe_tiles.cu,\n"
+          "and runs each.\n");
       return 0;
     }
     if (arg != "patterns" && std::atoi(arg.c_str()) <= 0) {
@@ -296,6 +305,7 @@ int run(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
+  ProbeLaunchCache cache;  // the probe launches' geometry per shape, as a rank of the engine keeps it
   std::printf("%-34s %10s %9s %10s %9s %7s  %s\n", "shape", "probe us", "GB/s", "copy us", "copy GB/s", "ratio",
               "digest");
   double layer_us = 0, layer_bytes = 0, layer_copy_us = 0;
@@ -319,7 +329,7 @@ int run(int argc, char** argv) {
     a.sketch_bits = s.sketch ? bits : nullptr;
     a.data = x[0];
     const size_t out = s.rows * (kRowStats * 8 + 8 + 4 + 4 * s.heads + 4 * kSketchLanes);
-    const size_t work = probe_stats_workspace(a);
+    const size_t work = probe_stats_workspace(cache, a);
     unsigned char* dev = nullptr;
     CUDA_CHECK(cudaMalloc(&dev, out + work + 64));
     CUDA_CHECK(cudaMemset(dev, 0, out + work + 64));
@@ -339,7 +349,7 @@ int run(int argc, char** argv) {
     for (int i = 0; i < repeats + 3; ++i) {
       a.data = x[i & 1];
       CUDA_CHECK(cudaEventRecord(e0));
-      launch_probe_stats(a, nullptr);
+      launch_probe_stats(cache, a, /*programmatic=*/true, nullptr);
       CUDA_CHECK(cudaEventRecord(e1));
       CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
@@ -364,7 +374,8 @@ int run(int argc, char** argv) {
     CUDA_CHECK(cudaFree(bits));
     CUDA_CHECK(cudaFree(dev));
   }
-  std::printf("%-34s %10.1f %9.0f %10.1f %9.0f %6.2fx  (sum over the 16 bf16 probes of a DeepSeek-V3 layer, T = 4096)\n",
+  std::printf("%-34s %10.1f %9.0f %10.1f %9.0f %6.2fx  (sum over the 16 bf16 probes of a DeepSeek-V3 layer, "
+              "T = 4096)\n",
               "layer T=4096 sketch", layer_us, layer_bytes / (layer_us * 1e3), layer_copy_us,
               2.0 * layer_bytes / (layer_copy_us * 1e3), layer_us / layer_copy_us);
   return 0;

@@ -1,10 +1,11 @@
 // The softmax-attention core shared by attention_mha and attention_mqa (included by their .cu files only).
 //
-// Version 1 (this file): one warp per (query token, head), four heads of one token per block (they read
-// the same keys in the MQA form). The query row lives in registers, lanes own dims lane, lane+32, ...;
-// keys are visited one at a time: a warp-reduced dot product, an online-softmax update in fp32, and the
+// Version 1 (this file; mha_kernel=1, mqa_kernel=1): one warp per (query token, head), four heads of one token per
+// block (they read the same keys in the MQA form). The query row lives in registers, lanes own dims lane, lane+32,
+// ...; keys are visited one at a time: a warp-reduced dot product, an online-softmax update in fp32, and the
 // value row accumulated into per-lane registers. Nothing of size Tq×Tk is ever stored. Simple and exact
-// enough to be the fallback; tiled tensor-core versions come later and are tested against this one.
+// enough to be the fallback; the tiled tensor-core kernels (attention_flash.cu, attention_mqa_split.cu) are
+// tested against it.
 //
 // Keys of a query token t in sequence b: rows 0 .. key_len[b]-1 of that sequence, either contiguous
 // (row = key_start[b] + s) or paged through the block table (row = block_table[b, s/64]·64 + s%64).

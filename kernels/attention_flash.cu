@@ -1,18 +1,22 @@
-// attention_mha version 2 (the default; version 1, attention_core.cuh, stays as the fallback and the tests
-// run both): FlashAttention-2 on mma.sync. A block owns BR query rows of one head of one sequence (BR / 16
-// warps × 16 rows) and walks 64-key tiles of K and V through shared memory, double-buffered with cp.async so
-// the next tile loads while this one computes. Per tile and warp: S = Q·Kᵀ (16×64, fp32), mask, online
-// softmax in log2 units (ex2), P rounded to bf16 in registers and O += P·V. Rows are padded by 16 bytes in
-// shared memory so that every ldmatrix phase hits 32 distinct banks.
+// The flash kernels of attention_mha: FlashAttention-2 on mma.sync (bf16, fp32 accumulators, online softmax in
+// fp32, natural-log lse), no Tq×Tk matrix ever stored. attention_mha's kernel versions, picked by the CUDA engine's
+// option mha_kernel= (MhaArgs::kernel, FlashParams::version):
+//   3 (the default): attention_flash3_kernel, 256-row blocks of 8 warps × 32 query rows, for D ≤ 192 / V ≤ 128;
+//     wider dims (GLM) run version 2's D ≤ 256 / V ≤ 256 kernel.
+//   2: attention_flash_kernel, 128-row blocks of 8 warps × 16 query rows.
+//   1: not here: the simple core of attention_core.cuh (the fallback, and dims these kernels do not cover).
 //
-// Two instantiations keep the build small: D ≤ 192 / V ≤ 128 (DeepSeek, Kimi: Q fragments stay in
-// registers) and D ≤ 256 / V ≤ 256 (GLM: Q re-read from shared memory, registers go to the 16×256 O); both
-// with 128-row blocks, one per SM (BR and blocks per SM are template parameters, for experiments). Smaller dims (the tiny preset) run zero-padded in the
-// first. Query tiles are issued heaviest first (causal: the last rows see the most keys), and head-major
-// within a tile row, so a wave holds similar work. each version's figures are in the commit that made it (git log).
+// A block owns BR query rows of one head of one sequence and walks 64-key tiles of K and V through shared memory,
+// double-buffered with cp.async so that the next tile loads while this one computes. Per tile and warp: S = Q·Kᵀ
+// (fp32), mask, online softmax in log2 units (ex2), P rounded to bf16 in registers and O += P·V; the warp's rows
+// are then written by one epilogue (store_row). Rows are padded by 16 bytes in shared memory so that every ldmatrix
+// phase hits 32 distinct banks.
 //
-// Version 3 (opt-in, mha_kernel=3, further below): the same flow with 256-row blocks of 8 warps × 32 rows for
-// D ≤ 192 / V ≤ 128, each K/V fragment feeding two MMA atoms; wider dims (GLM) run version 2's wide kernel.
+// attention_flash_kernel has two instantiations, to keep the build small: D ≤ 192 / V ≤ 128 (DeepSeek, Kimi: Q
+// fragments stay in registers) and D ≤ 256 / V ≤ 256 (GLM: Q re-read from shared memory, registers go to the
+// 16×256 O); both with 128-row blocks, one per SM (BR and blocks per SM are template parameters). Smaller dims (the
+// tiny preset) run zero-padded in the first. Query tiles are issued heaviest first (causal: the last rows see the
+// most keys), and head-major within a tile row, so a wave holds similar work.
 #include <cmath>
 
 #include "kernels/attention_flash.cuh"
@@ -75,7 +79,7 @@ struct FlashKernelArgs {
 };
 
 // A block's place (head h, sequence b, its first query row q0 of BR) and key range, with its first tiles on the
-// way: Q as one cp.async group, then key/value tile 0 as the next (both kernel versions begin so). False when the
+// way: Q as one cp.async group, then key/value tile 0 as the next (both kernels begin so). False when the
 // block has no query rows.
 struct FlashBlock {
   int h, b, q0, k_len, q_rows, offset, n_keys, n_tiles;
@@ -106,6 +110,41 @@ __device__ __forceinline__ bool flash_block_begin(const FlashParams& p, bool vec
   }
   cp_async_commit();
   return true;
+}
+
+// A query row's results from a warp's O accumulators, shared by both kernels: `o` is the row's 16-row MMA atom
+// (n-tiles of 8 columns; hf: the row is the fragment's g (0) or g + 8 (1)), `l` the row's sum of exponentials
+// (summed over its quad), the output O / l (0 where l is 0: no visible key) at token q_row0 + row, head `h`, as bf16
+// or fp32 (FlashParams::out_bf16 / out_f32), two columns a store where `pair` (V even), and the lse, lse_of(l) where
+// l > 0 else −inf, by the quad's lane t4 = 0.
+template <int NV, class LseOf>
+__device__ __forceinline__ void store_row(const FlashParams& p, int h, int64_t q_row0, int row,
+                                          const float (&o)[NV][4], int hf, float l, bool pair, int t4, LseOf lse_of) {
+  const float inv = l > 0.f ? 1.0f / l : 0.f;
+  const int64_t tok = q_row0 + row;
+  const int64_t base = (tok * p.heads + h) * p.V;
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    const int col = v * 8 + 2 * t4;
+    if (col >= p.V) continue;
+    const float x0 = o[v][2 * hf] * inv, x1 = o[v][2 * hf + 1] * inv;
+    if (p.out_bf16) {
+      if (pair) {
+        *reinterpret_cast<__nv_bfloat162*>(p.out_bf16 + base + col) = __floats2bfloat162_rn(x0, x1);
+      } else {
+        p.out_bf16[base + col] = __float2bfloat16_rn(x0);
+        if (col + 1 < p.V) p.out_bf16[base + col + 1] = __float2bfloat16_rn(x1);
+      }
+    } else {
+      if (pair) {
+        *reinterpret_cast<float2*>(p.out_f32 + base + col) = make_float2(x0, x1);
+      } else {
+        p.out_f32[base + col] = x0;
+        if (col + 1 < p.V) p.out_f32[base + col + 1] = x1;
+      }
+    }
+  }
+  if (t4 == 0) p.lse[tok * p.heads + h] = l > 0.f ? lse_of(l) : -INFINITY;
 }
 
 // BR query rows per block (BR / 16 warps); MIN_BLOCKS resident per SM.
@@ -164,7 +203,8 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
     const int buf = j & 1;
     if (j + 1 < n_tiles) {
       const int ks = (j + 1) * kBc, nb = buf ^ 1;
-      load_tile<kThreads, kBc, DT>(sK + nb * kBc * SQ, p.k_nope, p.k_pe, k_row0 + ks, min(kBc, n_keys - ks), h, p.P, p.R, vec);
+      load_tile<kThreads, kBc, DT>(sK + nb * kBc * SQ, p.k_nope, p.k_pe, k_row0 + ks, min(kBc, n_keys - ks), h, p.P,
+                                   p.R, vec);
       load_tile<kThreads, kBc, VT>(sV + nb * kBc * SV, p.v, p.v, k_row0 + ks, min(kBc, n_keys - ks), h, p.V, 0, vec);
     }
     cp_async_commit();
@@ -280,33 +320,9 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
   for (int half = 0; half < 2; ++half) {
     const int row = wrow + g + 8 * half;
     if (row >= q_rows) continue;
-    const float l = half ? l1 : l0, m = half ? m1 : m0;
-    const float inv = l > 0.f ? 1.0f / l : 0.f;
-    const int64_t tok = q_row0 + row;
-    const int64_t base = (tok * p.heads + h) * p.V;
+    const float l = half ? l1 : l0, m = half ? m1 : m0;  // m in log2 units
     const bool pair = (p.V & 1) == 0;
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      const int col = v * 8 + 2 * t4;
-      if (col >= p.V) continue;
-      const float x0 = o[v][2 * half] * inv, x1 = o[v][2 * half + 1] * inv;
-      if (p.out_bf16) {
-        if (pair) {
-          *reinterpret_cast<__nv_bfloat162*>(p.out_bf16 + base + col) = __floats2bfloat162_rn(x0, x1);
-        } else {
-          p.out_bf16[base + col] = __float2bfloat16_rn(x0);
-          if (col + 1 < p.V) p.out_bf16[base + col + 1] = __float2bfloat16_rn(x1);
-        }
-      } else {
-        if (pair) {
-          *reinterpret_cast<float2*>(p.out_f32 + base + col) = make_float2(x0, x1);
-        } else {
-          p.out_f32[base + col] = x0;
-          if (col + 1 < p.V) p.out_f32[base + col + 1] = x1;
-        }
-      }
-    }
-    if (t4 == 0) p.lse[tok * p.heads + h] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    store_row(p, h, q_row0, row, o, half, l, pair, t4, [&](float s) { return (m + log2f(s)) * kLn2; });
   }
 }
 
@@ -532,31 +548,8 @@ __global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const Fl
     const int a = r >> 1, hf = r & 1;
     const int row = wrow + 16 * a + 8 * hf + g;
     if (row >= q_rows) continue;
-    const float inv = l[r] > 0.f ? 1.0f / l[r] : 0.f;
-    const int64_t tok = q_row0 + row;
-    const int64_t base = (tok * p.heads + h) * p.V;
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      const int col = v * 8 + 2 * t4;
-      if (col >= p.V) continue;
-      const float x0 = o[a][v][2 * hf] * inv, x1 = o[a][v][2 * hf + 1] * inv;
-      if (p.out_bf16) {
-        if (pair) {
-          *reinterpret_cast<__nv_bfloat162*>(p.out_bf16 + base + col) = __floats2bfloat162_rn(x0, x1);
-        } else {
-          p.out_bf16[base + col] = __float2bfloat16_rn(x0);
-          if (col + 1 < p.V) p.out_bf16[base + col + 1] = __float2bfloat16_rn(x1);
-        }
-      } else {
-        if (pair) {
-          *reinterpret_cast<float2*>(p.out_f32 + base + col) = make_float2(x0, x1);
-        } else {
-          p.out_f32[base + col] = x0;
-          if (col + 1 < p.V) p.out_f32[base + col + 1] = x1;
-        }
-      }
-    }
-    if (t4 == 0) p.lse[tok * p.heads + h] = l[r] > 0.f ? (m[r] * sl2 + log2f(l[r])) * kLn2 : -INFINITY;
+    const float mr = m[r];  // raw score units
+    store_row(p, h, q_row0, row, o[a], hf, l[r], pair, t4, [&](float s) { return (mr * sl2 + log2f(s)) * kLn2; });
   }
 }
 

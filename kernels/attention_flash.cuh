@@ -1,7 +1,8 @@
-// attention_mha version 2: a FlashAttention-2-style tiled kernel on the tensor cores (mma.sync m16n8k16
-// bf16, fp32 accumulators, online softmax in fp32, natural-log lse); no Tq×Tk matrix is ever stored.
-// Used by attention_mha for the new tokens (causal) and for the cached context (not causal).
-// FlashParams::version 3 picks the 256-row, 32-rows-per-warp kernel where it covers the dims.
+// The flash kernels of attention_mha (attention_flash.cu): FlashAttention-2-style tiled kernels on the tensor cores
+// (mma.sync m16n8k16 bf16, fp32 accumulators, online softmax in fp32, natural-log lse); no Tq×Tk matrix is ever
+// stored. Used by attention_mha for the new tokens (causal) and for the cached context (not causal).
+// FlashParams::version 3 (the engine's default, mha_kernel=3) picks the 256-row, 32-rows-per-warp kernel where it
+// covers the dims; version 2 the 128-row, 16-rows-per-warp kernel.
 #pragma once
 #include "kernels/attention_core.cuh"  // AttnOperand
 

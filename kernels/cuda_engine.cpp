@@ -14,6 +14,12 @@
 //                    calls, the probe kernels mostly waiting for the stages and running after them; with the side
 //                    stream at the greatest priority 1.19-1.20x, slowing the stages they share SMs with; T = 512
 //                    2.21x against 2.12x)
+//   probe_pdl=0|1    device probes' tile kernels launched as programmatic dependents of the stage before them on
+//                    compute capability 9 and later (1, default: their launch overlaps the end of that stage), or
+//                    plainly (0)
+//   probe_flag=memop|kernel  how a device probe's copies are marked done in mapped host memory: a stream memory
+//                    operation (memop, default; no SM needed), or a one-thread kernel (kernel; also taken where
+//                    the driver lacks the memory operation)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
 //   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
 //                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
@@ -42,12 +48,12 @@
 #include "kernels/bench_ceilings.cuh"
 #include "kernels/cache_write.cuh"
 #include "kernels/communicator.cuh"
-#include "kernels/probe_capture.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/dequant.cuh"
 #include "kernels/kv_a_proj.cuh"
 #include "kernels/kv_b_proj.cuh"
 #include "kernels/o_proj.cuh"
+#include "kernels/probe_capture.cuh"
 #include "kernels/probe_stats.cuh"
 #include "kernels/q_a_proj.cuh"
 #include "kernels/q_absorb.cuh"
@@ -115,7 +121,7 @@ const std::vector<std::string>& cuda_injections() {
   return names;
 }
 
-class CudaEngine : public Engine {
+class CudaEngine : public Engine, public EngineTiming {
  public:
   explicit CudaEngine(const std::map<std::string, std::string>& options) {
     for (auto& [k, v] : options) {
@@ -135,6 +141,12 @@ class CudaEngine : public Engine {
         if (v != "side" && v != "rank")
           throw UsageError("cuda engine: probe_stream=" + v + " (expected side or rank)");
         probe_side_stream_ = v == "side";
+      } else if (k == "probe_pdl") {
+        probe_pdl_ = parse_bool(k, v);
+      } else if (k == "probe_flag") {
+        if (v != "memop" && v != "kernel")
+          throw UsageError("cuda engine: probe_flag=" + v + " (expected memop or kernel)");
+        probe_flag_kernel_ = v == "kernel";
       } else if (k == "devices") {
         try {
           devices_opt_ = std::stoi(v);
@@ -150,7 +162,8 @@ class CudaEngine : public Engine {
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
-                         "probe_stream=side|rank, devices=N, mha_kernel=1|2|3, mqa_kernel=1|2)");
+                         "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, devices=N, "
+                         "mha_kernel=1|2|3, mqa_kernel=1|2)");
       }
     }
     const int n = cuda_device_count();
@@ -173,6 +186,7 @@ class CudaEngine : public Engine {
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
+           ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") + ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
            ",probe_stream=" + (probe_side_stream_ ? "side" : "rank") +
            ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
            ",mqa_kernel=" + std::to_string(mqa_kernel_);
@@ -237,11 +251,11 @@ class CudaEngine : public Engine {
       CUDA_CHECK(cudaStreamSynchronize(rs.ctx->stream()));
     }
   }
-  bool set_device_timing(bool on) override {
+  EngineTiming* timing() override { return this; }
+  void set_device_timing(bool on) override {
     timing_ = on;
     timed_.clear();
     for (auto& u : events_used_) u = 0;
-    return true;
   }
   std::vector<StageTiming> take_stage_timings() override;
   std::vector<DeviceCeiling> measure_ceilings(int repeats) override {
@@ -260,6 +274,7 @@ class CudaEngine : public Engine {
   static Tensor to_float(const DeviceTensor& t, const std::vector<unsigned char>& raw);
 
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
+  bool probe_pdl_ = true, probe_flag_kernel_ = false;
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 3, mqa_kernel_ = 2;
@@ -841,7 +856,13 @@ void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
 
 cuda::ProbeCapture& CudaEngine::capture(int rank) {
   if (static_cast<int>(captures_.size()) <= rank) captures_.resize(rank + 1);
-  if (!captures_[rank]) captures_[rank] = std::make_unique<cuda::ProbeCapture>(*ranks_.at(rank).ctx, probe_side_stream_);
+  if (!captures_[rank]) {
+    cuda::ProbeCaptureOptions o;
+    o.side_stream = probe_side_stream_;
+    o.programmatic = probe_pdl_;
+    o.flag_by_kernel = probe_flag_kernel_;
+    captures_[rank] = std::make_unique<cuda::ProbeCapture>(*ranks_.at(rank).ctx, o);
+  }
   return *captures_[rank];
 }
 

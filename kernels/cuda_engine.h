@@ -4,7 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "harness/run/engine.h"
+#include "harness/engine/engine.h"
+#include "harness/engine/engine_timing.h"
 
 namespace mla {
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/probe_launch_plan.cuh"
 #include "kernels/probe_stats.cuh"
 
 namespace mla::cuda {
@@ -70,8 +71,10 @@ struct ProbeCapture::Slot {
   }
 };
 
-ProbeCapture::ProbeCapture(RankContext& rc, bool side_stream) : rc_(rc), side_stream_(side_stream) {
+ProbeCapture::ProbeCapture(RankContext& rc, const ProbeCaptureOptions& options)
+    : rc_(rc), side_stream_(options.side_stream), programmatic_(options.programmatic) {
   DeviceGuard g(rc_.device());
+  if (!options.flag_by_kernel) write_flag_ = find_stream_write_value32();
   // The copy stream at the device's greatest priority: its few operations (a stream wait, a copy, the flag) go
   // first when the rank's stream has work queued, so the records reach the host while the layer runs. Not with
   // the side stream, where the probe kernels themselves run on it and would go before the rank's stages.
@@ -133,7 +136,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   a.rows = s.rows;
   a.cols = cols;
   a.heads = static_cast<int>(s.heads);
-  s.plan = s.numel > 0 ? probe_stats_plan(a) : ProbeStatsPlan{};
+  s.plan = s.numel > 0 ? probe_stats_plan(rc_.probe_launch_cache(), a) : ProbeStatsPlan{};
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t at = off;
@@ -173,7 +176,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
       s.zeroed_at = a.workspace;
       s.zeroed_bytes = counters;
     }
-    launch_probe_stats(a, stream);
+    launch_probe_stats(rc_.probe_launch_cache(), a, programmatic_, stream);
     if (s.full) CUDA_CHECK(cudaMemcpyAsync(dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
     if (!side_stream_) {
       CUDA_CHECK(cudaEventRecord(s.computed, stream));
@@ -181,7 +184,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     }
     CUDA_CHECK(cudaMemcpyAsync(host, dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
   }
-  launch_set_flag(s.flag_dev, s.seq, copy_);
+  launch_set_flag(s.flag_dev, s.seq, write_flag_, copy_);
   CUDA_CHECK(cudaEventRecord(s.done, copy_));
   return id;
 }
@@ -199,8 +202,8 @@ ProbeRecord ProbeCapture::finish(int slot) {
   // Waiting anyway: the record's maps are allocated now, zero-filled, so that their copies below write into memory
   // the host has just touched. A layer's last record is built after the device is done, so its build is part of
   // the wall: on the H200 machine, for a [4096, 7168] probe at sketch level (a 512 KB sketch), 0.075-0.084 ms into
-  // fresh memory, 0.036-0.040 ms this way (measured on an H200, probe kernel version 9). Not when the results are
-  // already in (the host is behind: filling twice would cost more than it saves).
+  // fresh memory, 0.036-0.040 ms this way. Not when the results are already in (the host is behind: filling twice
+  // would cost more than it saves).
   const int64_t rows = s.rows;
   std::vector<float> token_l2, head_l2, sketch;
   const bool early = s.numel > 0 && cudaEventQuery(s.done) == cudaErrorNotReady;

@@ -5,9 +5,9 @@
 // waits for the event and folds. Stream order makes it copy-on-capture: a later kernel cannot change what a
 // probe saw. The flag lets a probe whose copies completed before a device fault be recovered after it (the
 // CUDA API then only reports the fault), so probes recorded before a crash survive it. The flag is written by a
-// stream memory operation (cuStreamWriteValue32, no SM needed); MLA_PROBE_FLAG=kernel (or a driver without
-// it) writes it with a one-thread kernel instead. The copy stream has the device's greatest priority (with
-// probe_stream=side, where the probe kernels run on it, the least).
+// stream memory operation (cuStreamWriteValue32, no SM needed); with ProbeCaptureOptions::flag_by_kernel (or a
+// driver without it) by a one-thread kernel instead (kernels/probe_flag.cuh). The copy stream has the device's
+// greatest priority (with probe_stream=side, where the probe kernels run on it, the least).
 #pragma once
 #include <map>
 #include <memory>
@@ -16,18 +16,29 @@
 #include <vector>
 
 #include "kernels/device_tensor.cuh"
+#include "kernels/probe_flag.cuh"
 #include "kernels/rank_context.cuh"
 #include "probes/probe.h"
 
 namespace mla::cuda {
 
+// How the probes are captured (the CUDA engine's options probe_stream, probe_pdl and probe_flag).
+struct ProbeCaptureOptions {
+  // The probe kernels run on the copy stream, after an event on the rank's stream, so they overlap the rank's next
+  // stages; the tensor must then stay unchanged until finish() (the Runner waits for every probe at the end of each
+  // layer, before any stage writes a probed tensor again; freeing a buffer synchronizes the device). Otherwise they
+  // run on the rank's stream, in order with its stages.
+  bool side_stream = false;
+  // The tile kernel launched as a programmatic dependent of the kernel before it (compute capability 9 on;
+  // launch_probe_stats); false: plain launches.
+  bool programmatic = true;
+  // The done flag written by a one-thread kernel instead of the stream memory operation.
+  bool flag_by_kernel = false;
+};
+
 class ProbeCapture {
  public:
-  // side_stream: the probe kernels run on the copy stream, after an event on the rank's stream, so they overlap
-  // the rank's next stages; the tensor must then stay unchanged until finish() (the Runner waits for every probe
-  // at the end of each layer, before any stage writes a probed tensor again; freeing a buffer synchronizes the
-  // device). Otherwise they run on the rank's stream, in order with its stages.
-  ProbeCapture(RankContext& rc, bool side_stream);
+  ProbeCapture(RankContext& rc, const ProbeCaptureOptions& options);
   ~ProbeCapture();
   ProbeCapture(const ProbeCapture&) = delete;
   ProbeCapture& operator=(const ProbeCapture&) = delete;
@@ -51,7 +62,8 @@ class ProbeCapture {
   const uint32_t* sign_bits(uint64_t key, int64_t col0, int64_t cols);
 
   RankContext& rc_;
-  bool side_stream_ = false;
+  bool side_stream_ = false, programmatic_ = true;
+  StreamWriteValue32 write_flag_ = nullptr;  // the driver's memory operation; nullptr: the flag kernel
   cudaStream_t copy_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;
   // Slots by probe name: a probe gets a free slot of its own name, whose buffers already have its size (a

@@ -6,6 +6,9 @@
 // The sketch is computed in the same pass as the stats, against a table of sign bits (1: −1/sqrt(32)) built
 // once per (probe, column offset, width) and kept: bf16 tensors on the tensor cores (mma with ±1 operands,
 // exact; fp32 accumulation, times 1/sqrt(32)), others (fp32 lse, odd widths) in double.
+//
+// The kernels: probe_tiles.cu (bf16 tensors in 16-row tiles, the real models' probes), probe_rows.cu (a warp per
+// row: the rest); which one and its geometry: probe_launch_plan.cpp; the sign-bit table: probe_sketch_signs.cu.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -24,12 +27,12 @@ struct ProbeStatsArgs {
   int64_t rows = 0, cols = 0;
   int heads = 0;                // cols = heads · X; 0: no head map
   const uint32_t* sketch_bits = nullptr;  // the table of launch_sketch_sign_bits for these columns; nullptr: no sketch
-  double* row_stats = nullptr;  // [probe_stats_plan(a).units, kRowStats]
-  unsigned long long* row_checksum = nullptr;  // [probe_stats_plan(a).units] partial sums of checksum_term (mod 2^64)
+  double* row_stats = nullptr;  // [probe_stats_plan(cache, a).units, kRowStats]
+  unsigned long long* row_checksum = nullptr;  // [units] partial sums of checksum_term (mod 2^64)
   float* token_l2 = nullptr;    // [rows]
   float* head_l2 = nullptr;     // [rows, heads] (when heads > 0)
   float* sketch_out = nullptr;  // [rows, 32] (when sketch_bits)
-  void* workspace = nullptr;    // probe_stats_workspace(a) bytes of device memory
+  void* workspace = nullptr;    // probe_stats_plan(cache, a).workspace bytes of device memory
 };
 
 // What a launch for `a` needs around it, from one lookup of its geometry (kept per shape):
@@ -42,9 +45,15 @@ struct ProbeStatsPlan {
   // before the first launch on that memory (every launch leaves them zero).
   size_t workspace = 0, counter_bytes = 0;
 };
-ProbeStatsPlan probe_stats_plan(const ProbeStatsArgs& a);
-size_t probe_stats_workspace(const ProbeStatsArgs& a);  // probe_stats_plan(a).workspace
-void launch_probe_stats(const ProbeStatsArgs& a, cudaStream_t stream);
+// `cache`: the rank's (RankContext::probe_launch_cache), which keeps the geometry of each shape
+// (probe_launch_plan.cuh).
+class ProbeLaunchCache;
+ProbeStatsPlan probe_stats_plan(ProbeLaunchCache& cache, const ProbeStatsArgs& a);
+size_t probe_stats_workspace(ProbeLaunchCache& cache, const ProbeStatsArgs& a);  // probe_stats_plan(...).workspace
+// programmatic: the tile kernel launched as a programmatic dependent of the stream's previous kernel where the
+// device has compute capability 9 or later (its launch overlaps the end of that kernel, the stage that wrote the
+// tensor); false: plain launches (the engine's option probe_pdl=0).
+void launch_probe_stats(ProbeLaunchCache& cache, const ProbeStatsArgs& a, bool programmatic, cudaStream_t stream);
 
 // The sign-bit table of the sketch for global columns col0 .. col0 + cols - 1 of the probe keyed `key`:
 // sketch_sign_bits_words(cols) words; word 8·(c / 8) + (k % 8), bit 16·(i % 2) + 4·(k / 8) + i / 2 (i = c % 8)
@@ -57,9 +66,4 @@ void launch_sketch_sign_bits(uint64_t key, int64_t col0, int64_t cols, uint32_t*
 // sign-bit table built on the current device, decoded); row-major [cols, 32].
 std::vector<float> device_sketch_coeffs(uint64_t key, int64_t col0, int64_t cols);
 
-}  // namespace mla::cuda
-
-namespace mla::cuda {
-// Writes `value` to a flag in mapped host memory once everything before it on `stream` is done.
-void launch_set_flag(unsigned* flag, unsigned value, cudaStream_t stream);
 }  // namespace mla::cuda

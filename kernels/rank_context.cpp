@@ -1,9 +1,11 @@
-// RankContext (host code, no kernels): per-rank stream, cuBLAS handle, events, batch layout and scratch.
+// RankContext (host code, no kernels): per-rank stream, cuBLAS handle, events, batch layout, scratch and the probe
+// launches' cache.
 #include "kernels/rank_context.cuh"
 
 #include <algorithm>
 
 #include "harness/model/batch.h"
+#include "kernels/probe_launch_plan.cuh"
 
 namespace mla::cuda {
 
@@ -13,7 +15,8 @@ namespace {
 constexpr size_t kCublasWorkspace = 32ull << 20;  // cuBLAS's recommendation for Hopper
 }
 
-RankContext::RankContext(int rank, int device) : rank_(rank), device_(device) {
+RankContext::RankContext(int rank, int device)
+    : rank_(rank), device_(device), probe_launch_cache_(std::make_unique<ProbeLaunchCache>()) {
   DeviceGuard g(device_);
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&cublas_));

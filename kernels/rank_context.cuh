@@ -1,12 +1,14 @@
 // What one tensor-parallel rank of the CUDA engine owns on its device: stream, cuBLAS handle and
-// workspace, the step's batch layout as device arrays, and scratch buffers. No global state: the engine
-// holds one RankContext per rank; ranks may share a device (more ranks than GPUs).
+// workspace, the step's batch layout as device arrays, scratch buffers, and what its probe launches keep (the
+// geometry per shape). No global state: the engine holds one RankContext per rank; ranks may share a device (more
+// ranks than GPUs).
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,8 @@ struct Batch;
 }
 
 namespace mla::cuda {
+
+class ProbeLaunchCache;
 
 // Rows per page of the latent cache (== mla::kPageSize of harness/model/batch.h; rank_context.cpp checks).
 constexpr int kCachePage = 64;
@@ -58,6 +62,9 @@ class RankContext {
   void upload_batch(const Batch& b);
   const DeviceBatch& batch() const { return batch_; }
 
+  // The probe kernels' geometry per shape and the device's answers behind it (kernels/probe_launch_plan.cuh).
+  ProbeLaunchCache& probe_launch_cache() { return *probe_launch_cache_; }
+
   // A scratch buffer of at least `bytes`, kept between stages (grown, never shrunk).
   void* scratch(const std::string& name, size_t bytes);
   template <class T>
@@ -84,6 +91,7 @@ class RankContext {
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   DeviceBatch batch_;
   std::map<std::string, DeviceBuffer> scratch_;
+  std::unique_ptr<ProbeLaunchCache> probe_launch_cache_;
 };
 
 }  // namespace mla::cuda

@@ -1,6 +1,7 @@
-// linear (every projection's GEMM), o_proj, all_reduce and residual.
+// linear: y = x·Wᵀ, the GEMM of every projection; and the per-head split the projections share.
 #include "reference/stages.h"
 
+#include <cstring>
 #include <stdexcept>
 
 namespace mla::ref {
@@ -14,22 +15,16 @@ Tensor linear(const Tensor& x, const Tensor& w) {
   return y;
 }
 
-Tensor o_proj(const Tensor& attn_out, const Tensor& w_o_local) {
-  const int64_t T = attn_out.dim(0);
-  return linear(attn_out.reshaped({T, attn_out.numel() / T}), w_o_local);
-}
-
-Tensor all_reduce(const std::vector<const Tensor*>& partials) {
-  Tensor o = *partials.at(0);
-  for (size_t r = 1; r < partials.size(); ++r)
-    for (int64_t i = 0; i < o.numel(); ++i) o.data[i] += partials[r]->data[i];
-  return o;
-}
-
-Tensor residual(const Tensor& h, const Tensor& o) {
-  Tensor out = h;
-  for (int64_t i = 0; i < out.numel(); ++i) out.data[i] += o.data[i];
-  return out;
+void split_per_head(const Tensor& y, int64_t Nl, int64_t A, int64_t B, Tensor& a, Tensor& b) {
+  const int64_t T = y.dim(0);
+  a = Tensor({T, Nl, A});
+  b = Tensor({T, Nl, B});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Nl; ++h) {
+      const float* src = y.ptr() + (t * Nl + h) * (A + B);
+      std::memcpy(a.ptr() + (t * Nl + h) * A, src, sizeof(float) * A);
+      std::memcpy(b.ptr() + (t * Nl + h) * B, src + A, sizeof(float) * B);
+    }
 }
 
 }  // namespace mla::ref

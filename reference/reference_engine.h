@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/run/engine.h"
+#include "harness/engine/engine.h"
 
 namespace mla {
 

@@ -12,6 +12,8 @@ namespace mla::ref {
 
 // y = x·Wᵀ. x [T, K], W [O, K] -> [T, O].
 Tensor linear(const Tensor& x, const Tensor& w);
+// Splits y [T, Nl·(A+B)] (per head A lanes, then B lanes) into a [T, Nl, A] and b [T, Nl, B].
+void split_per_head(const Tensor& y, int64_t Nl, int64_t A, int64_t B, Tensor& a, Tensor& b);
 
 // RMSNorm over the last axis in fp32: x / sqrt(mean(x²) + eps) · w. x [T, C], w [C].
 // NormOptions plant the norm bugs of the zoo (docs/bugs.md); the defaults are the right norm.

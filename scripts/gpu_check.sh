@@ -136,11 +136,13 @@ run_all() {
     status=1
   fi
   echo "gpu_check: gpu tests took $((SECONDS - t0)) s"
-  # The probe kernels are launched as programmatic dependents unless MLA_PROBE_PDL=0: the probe tests again with
-  # plain launches, so that both ways stay right.
+  # The probe kernels are launched as programmatic dependents unless the engine has probe_pdl=0: the probe tests
+  # again with plain launches (the GPU tests' engine helper appends MLA_TEST_CUDA_OPTIONS, a test-only variable, to
+  # its engines' options), so that both ways stay right.
   if [[ -z "${MLA_GPU_TEST_REGEX:-}" || "${MLA_GPU_TEST_REGEX}" == *CudaProbe* ]]; then
-    if ! MLA_PROBE_PDL=0 ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 600 -j4 -R 'CudaProbe|Determinism'; then
-      echo "gpu_check: FAILED: probe tests with plain launches (MLA_PROBE_PDL=0)"
+    if ! MLA_TEST_CUDA_OPTIONS=probe_pdl=0 ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 600 -j4 \
+        -R 'CudaProbe|Determinism'; then
+      echo "gpu_check: FAILED: probe tests with plain launches (cuda:probe_pdl=0)"
       status=1
     fi
   fi

@@ -1,4 +1,4 @@
-// Helpers shared by the reference-engine tests (test_reference_stages.cpp, test_attention_forms.cpp): presets,
+// Helpers shared by the reference-engine tests (tests/test_<stage>.cpp, test_attention_forms.cpp): presets,
 // element coordinates for failure messages, bit-identical comparison, and a paged step layout built by hand.
 #pragma once
 #include <gtest/gtest.h>

@@ -25,6 +25,7 @@
 #include "harness/model/stage_graph.h"
 #include "harness/model/weights.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/probe.h"
 #include "reference/reference_engine.h"
 #include "reference/stages.h"

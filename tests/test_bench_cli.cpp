@@ -15,7 +15,7 @@
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/stage_graph.h"
-#include "harness/report/bench.h"
+#include "harness/report/bench_report.h"
 #include "tests/cli_util.h"
 
 namespace {

@@ -9,7 +9,8 @@
 #include <sstream>
 #include <thread>
 
-#include "harness/report/bench.h"
+#include "harness/engine/engine_timing.h"
+#include "harness/report/bench_report.h"
 #include "harness/run/runner.h"
 #include "reference/reference_engine.h"
 #include "tests/stage_test_util.h"
@@ -17,14 +18,12 @@
 namespace mla {
 namespace {
 
-class FakeDeviceEngine : public ReferenceEngine {
+class FakeDeviceEngine : public ReferenceEngine, public EngineTiming {
  public:
   FakeDeviceEngine() : ReferenceEngine({}) {}
   std::string device() const override { return "fake device"; }
-  bool set_device_timing(bool on) override {
-    timing_ = on;
-    return true;
-  }
+  EngineTiming* timing() override { return this; }
+  void set_device_timing(bool on) override { timing_ = on; }
   // Every stage takes 1 ms of "device" time, ranks one after another.
   void run_stage(const StageSpec& st, int layer, int rank) override {
     ReferenceEngine::run_stage(st, layer, rank);

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/compare/calibration_cache.h"
 #include "harness/model/config.h"
+#include "harness/run/calibration_cache.h"
 #include "tests/cli_util.h"
 #include "tests/world_util.h"
 

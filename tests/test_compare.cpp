@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
+#include "harness/run/calibrate.h"
 #include "harness/compare/diagnose.h"
+#include "harness/engine/engine.h"
 #include "harness/model/config.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
-#include "harness/run/engine.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/collect.h"
 #include "tests/world_util.h"
 

@@ -18,6 +18,7 @@
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/errors.h"
+#include "harness/weights/checkpoint_config.h"
 
 namespace {
 

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "harness/bisect/injection.h"
 #include "harness/bisect/zoo.h"
 #include "harness/compare/compare.h"
 #include "harness/compare/diagnose.h"
 #include "harness/model/batch.h"
+#include "harness/model/injection.h"
 #include "harness/model/stage_graph.h"
 #include "probes/probe.h"
 

@@ -2,8 +2,8 @@
 // SIGABRT at random points of a real `mla-bisect run --out`), corrupt and truncated files, and the CLI
 // (`run --out`, `run --input`, `inspect`).
 //
-// The kill test slows the child with MLA_TEST_SLOW_STAGE_MS (a sleep at each stage start, after the journal
-// has the stage marker; tests only) so kills land mid-run; kill times are drawn from a fixed seed (kKillSeed),
+// The kill test slows the child with --inject slow-at:*:MS (a sleep at each stage start, after the journal
+// has the stage marker) so kills land mid-run; kill times are drawn from a fixed seed (kKillSeed),
 // printed with every failure.
 #include <gtest/gtest.h>
 
@@ -31,14 +31,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/engine/engine.h"
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/errors.h"
 #include "harness/model/inputs.h"
 #include "harness/model/stage_graph.h"
 #include "harness/model/weights.h"
-#include "harness/run/engine.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/dump.h"
 #include "probes/h5.h"
 #include "probes/journal.h"
@@ -385,8 +386,20 @@ TEST(DumpLayout, H5dumpReadsIt) {
 // Crash safety: a real `mla-bisect run --out` killed at random points
 // ---------------------------------------------------------------------------------------------------
 
-// Starts `mla-bisect ARGS` with MLA_TEST_SLOW_STAGE_MS; its output goes to /dev/null, no core files.
-pid_t spawn_run(const std::vector<std::string>& args, int slow_ms) {
+// Starts `mla-bisect ARGS` (slow_ms > 0: with --inject slow-at:*:slow_ms, a sleep at each stage's start after the
+// journal names it); its output goes to /dev/null, no core files.
+pid_t spawn_run(std::vector<std::string> args, int slow_ms) {
+  // Everything the child needs is made before fork (the child only calls async-signal-safe functions).
+  if (slow_ms > 0) {
+    char inject[48];
+    std::snprintf(inject, sizeof inject, "slow-at:*:%d", slow_ms);
+    args.emplace_back("--inject");
+    args.emplace_back(inject);
+  }
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(MLA_BINARY));
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid != 0) return pid;
   struct rlimit no_core = {0, 0};
@@ -394,12 +407,7 @@ pid_t spawn_run(const std::vector<std::string>& args, int slow_ms) {
   const int devnull = open("/dev/null", O_WRONLY);
   dup2(devnull, 1);
   dup2(devnull, 2);
-  if (slow_ms > 0) setenv("MLA_TEST_SLOW_STAGE_MS", std::to_string(slow_ms).c_str(), 1);
   setenv("OMP_NUM_THREADS", "1", 1);
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(MLA_BINARY));
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
   execv(MLA_BINARY, argv.data());
   _exit(127);
 }

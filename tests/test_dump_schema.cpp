@@ -18,13 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/engine/engine.h"
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/errors.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
-#include "harness/run/engine.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/dump.h"
 #include "probes/probe.h"
 #include "probes/probe_hash.h"

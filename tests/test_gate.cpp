@@ -16,16 +16,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/bisect/bisect_html.h"
 #include "harness/compare/compare.h"
+#include "harness/engine/engine.h"
+#include "harness/explore/explore.h"
 #include "harness/model/config.h"
 #include "harness/model/errors.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
 #include "harness/report/compare_report.h"
-#include "harness/report/explore.h"
-#include "harness/report/html.h"
-#include "harness/run/engine.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/collect.h"
 #include "probes/dump.h"
 #include "tests/cli_util.h"

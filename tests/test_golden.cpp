@@ -1,4 +1,4 @@
-// Golden dumps (golden/, harness/compare/golden.h), label cpu: every golden listed in golden/MANIFEST.json has its
+// Golden dumps (golden/, harness/golden/golden.h), label cpu: every golden listed in golden/MANIFEST.json has its
 // sha256 and passes `golden check` for the reference (a failure prints the command that regenerates it); a bf16
 // engine passes at the calibrated tolerance; a planted bug fails with exit 1; make -> manifest -> check round trip;
 // stale, unreadable and stopped goldens give exit 2, 2 and 3; JSON and JUnit outputs parse.
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/compare/golden.h"
+#include "harness/golden/golden.h"
 #include "tests/cli_util.h"
 
 namespace {

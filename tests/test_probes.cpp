@@ -8,6 +8,7 @@
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/probe.h"
 #include "probes/probe_hash.h"
 #include "reference/reference_engine.h"

@@ -1,4 +1,4 @@
-// One process per rank (harness/run/process_rank.h, runner.h): --rank and each launcher's environment variables,
+// One process per rank (harness/engine/process_rank.h, runner.h): --rank and each launcher's environment variables,
 // every mismatch refused with the variable and its value named; the Runner of one process per rank runs the ranks
 // its engine owns and records only its own, bit for bit what one process records of that rank.
 #include <gtest/gtest.h>
@@ -8,11 +8,12 @@
 #include <set>
 #include <string>
 
+#include "harness/engine/process_rank.h"
 #include "harness/model/errors.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
-#include "harness/run/process_rank.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/collect.h"
 #include "reference/reference_engine.h"
 #include "tests/cli_util.h"

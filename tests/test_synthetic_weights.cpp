@@ -8,6 +8,7 @@
 
 #include "harness/model/config.h"
 #include "harness/model/weights.h"
+#include "harness/weights/checkpoint_config.h"
 
 namespace mla {
 namespace {

@@ -12,6 +12,7 @@
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/collect.h"
 #include "reference/reference_engine.h"
 

@@ -5,6 +5,7 @@
 
 #include "harness/model/config.h"
 #include "harness/model/errors.h"
+#include "harness/weights/checkpoint_config.h"
 #include "harness/weights/loader.h"
 #include "tests/cli_util.h"
 #include "tests/test_weights_util.h"

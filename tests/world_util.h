@@ -9,6 +9,7 @@
 #include "harness/model/config.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
+#include "harness/run/synthetic_inputs.h"
 
 namespace mla::test {
 

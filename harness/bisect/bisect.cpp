@@ -13,12 +13,13 @@
 
 #include "harness/bisect/child.h"
 #include "harness/bisect/isolate.h"
-#include "harness/compare/calibration_cache.h"
 #include "harness/compare/weight_diff.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
+#include "harness/run/calibration_cache.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "probes/collect.h"
 
 namespace mla {

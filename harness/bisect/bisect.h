@@ -11,7 +11,7 @@
 
 #include "harness/compare/compare.h"
 #include "harness/compare/diagnose.h"
-#include "harness/run/engine.h"
+#include "harness/engine/engine.h"
 #include "harness/weights/loader.h"
 
 namespace mla {

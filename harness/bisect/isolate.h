@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
-#include "harness/run/engine.h"
+#include "harness/engine/engine.h"
 
 namespace mla {
 

@@ -8,10 +8,11 @@
 #include <sstream>
 
 #include "harness/bisect/isolate.h"
-#include "harness/compare/calibration_cache.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
+#include "harness/run/calibration_cache.h"
+#include "harness/weights/checkpoint_config.h"
 #include "harness/weights/loader.h"
 #include "probes/h5.h"
 #include "reference/reference_engine.h"

@@ -1,4 +1,4 @@
-// `mla-bisect bench`: times one engine's layer stage by stage (harness/report/bench.h) and prints the table.
+// `mla-bisect bench`: times one engine's layer stage by stage (harness/run/bench.h) and prints the table.
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -6,7 +6,7 @@
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
 #include "harness/model/errors.h"
-#include "harness/report/bench.h"
+#include "harness/report/bench_report.h"
 #include "harness/report/progress.h"
 
 namespace mla::cli {

@@ -7,11 +7,11 @@
 #include <iostream>
 
 #include "harness/bisect/bisect.h"
+#include "harness/bisect/bisect_html.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
-#include "harness/report/html.h"
 
 #ifdef MLA_WITH_CUDA
 #include "kernels/cuda_engine.h"
@@ -103,8 +103,9 @@ void setup_bisect(CLI::App& app, int& exit_code) {
   cmd->add_option("--candidate", o->candidate, "Candidate engine (default: cuda when a GPU is present, else "
                                                "reference:precision=bf16)");
   cmd->add_option("--reference", o->reference, "Reference engine")->capture_default_str();
-  cmd->add_option("--inject", o->inject, "Plant bugs in the candidate: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX, "
-                                         "hang-at:STAGE[@rank], crash-at:STAGE[@rank]");
+  cmd->add_option("--inject", o->inject,
+                  "Plant bugs in the candidate: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX, "
+                  "hang-at:STAGE[@rank], crash-at:STAGE[@rank], slow-at:STAGE:MS[@rank] (STAGE * for every stage)");
   cmd->add_option("--timeout", o->timeout, "Per-stage watchdog of each run, seconds")->capture_default_str()
       ->check(finite_number(0, true, "seconds"));
   cmd->add_option("--workdir", o->workdir, "Where the reference and candidate dumps are written")->capture_default_str();

@@ -4,9 +4,9 @@
 
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
-#include "harness/compare/tolerance_for.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
+#include "harness/run/tolerance_for.h"
 
 namespace mla::cli {
 

@@ -1,6 +1,6 @@
 // `mla-bisect explore CANDIDATE.h5 REFERENCE.h5`: the interactive form of compare and bisect. Commands come from
 // a terminal (a prompt and a small built-in line editor: no readline dependency) or from stdin (a script or a
-// here-document: no prompt, nothing echoed), and go to harness/report/explore.h.
+// here-document: no prompt, nothing echoed), and go to harness/explore/explore.h.
 #include <sys/ioctl.h>
 #include <termios.h>
 #include <unistd.h>
@@ -14,11 +14,11 @@
 
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
-#include "harness/compare/tolerance_for.h"
+#include "harness/explore/explore.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
-#include "harness/report/explore.h"
 #include "harness/report/progress.h"
+#include "harness/run/tolerance_for.h"
 
 namespace mla::cli {
 

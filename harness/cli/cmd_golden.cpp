@@ -1,4 +1,4 @@
-// `mla-bisect golden make|check|update-manifest`: golden dumps as a CI gate (harness/compare/golden.h).
+// `mla-bisect golden make|check|update-manifest`: golden dumps as a CI gate (harness/golden/golden.h).
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -7,7 +7,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
-#include "harness/compare/golden.h"
+#include "harness/golden/golden.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"

@@ -3,12 +3,12 @@
 
 #include <iostream>
 
+#include "harness/bisect/bisect_html.h"
 #include "harness/bisect/replay.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
-#include "harness/report/html.h"
 
 namespace mla::cli {
 

@@ -16,15 +16,16 @@
 
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
+#include "harness/engine/engine.h"
+#include "harness/engine/process_rank.h"
 #include "harness/model/errors.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
 #include "harness/report/probe_table.h"
 #include "harness/report/progress.h"
-#include "harness/run/engine.h"
-#include "harness/run/process_rank.h"
 #include "harness/run/rendezvous.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "harness/run/watchdog.h"
 #include "harness/weights/loader.h"
 #include "probes/dump.h"
@@ -44,23 +45,6 @@ struct RunCmdOptions {
   std::string rendezvous;  // --rendezvous PATH: where rank 0 publishes the communicator id
   double rendezvous_timeout = 300;
 };
-
-// MLA_TEST_SLOW_STAGE_MS=N (tests only, deliberately not an option): sleep N ms at the start of every stage,
-// after the dump journal has the stage marker, so a crash test's SIGKILL lands in the middle of a run.
-class SlowSink : public ProbeSink {
- public:
-  explicit SlowSink(int ms) : ms_(ms) {}
-  void stage_begin(int, Stage, int) override { std::this_thread::sleep_for(std::chrono::milliseconds(ms_)); }
-  void record(int, const ProbeSpec&, int, const ProbeRecord&) override {}
-
- private:
-  int ms_;
-};
-
-int slow_stage_ms() {
-  const char* v = std::getenv("MLA_TEST_SLOW_STAGE_MS");
-  return v ? std::max(0, std::atoi(v)) : 0;
-}
 
 // The command line as parsed (options given, in declaration order), recorded in the dump.
 std::string command_line(const CLI::App& cmd) {
@@ -345,8 +329,6 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     writer = std::make_unique<DumpWriter>(out_path, make_meta(loaded.description), &inputs);
     tee.add(*writer);
   }
-  SlowSink slow(slow_stage_ms());
-  if (slow_stage_ms() > 0) tee.add(slow);
   WatchdogSink watchdog(tee, o.watchdog);
   ProgressSink progress(watchdog, log, spec.layers, static_cast<int>(runner.graph().stages.size()),
                         process.per_process() ? 1 : spec.tp);
@@ -394,8 +376,9 @@ void setup_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--input", o->input, "Take the layer input, batch layout and kv caches from this dump's /inputs "
                                        "instead of synthetic ones (mode, tokens, batch, context and layers follow "
                                        "the dump)");
-  cmd->add_option("--inject", o->inject, "Plant bugs in this engine: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX[@rank], "
-                                         "hang-at:STAGE[@rank], crash-at:STAGE[@rank]");
+  cmd->add_option("--inject", o->inject,
+                  "Plant bugs in this engine: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX[@rank], "
+                  "hang-at:STAGE[@rank], crash-at:STAGE[@rank], slow-at:STAGE:MS[@rank] (STAGE * for every stage)");
   cmd->add_option("--watchdog", o->watchdog, "Exit 3 when a stage makes no progress for this many seconds, closing "
                                              "the dump with the rank and stage that hung (0: off)")
       ->check(finite_number(0, false, "seconds (0: off)"));

@@ -1,4 +1,4 @@
-// `mla-bisect zoo`: the harness testing itself on its planted bugs (the zoo table, harness/bisect/injection.cpp).
+// `mla-bisect zoo`: the harness testing itself on its planted bugs (the zoo table, harness/model/injection.cpp).
 #include <unistd.h>
 
 #include <iostream>

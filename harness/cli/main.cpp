@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "harness/cli/commands.h"
+#include "harness/cli/engines.h"
 #include "harness/model/errors.h"
 
 int main(int argc, char** argv) {
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
+  mla::register_engines();
   CLI::App app{"mla-bisect " MLA_VERSION
                ": differential testing of Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2, GLM-5).\n"
                "Runs every MLA stage in a CPU reference and a candidate engine, captures probes, and finds where "

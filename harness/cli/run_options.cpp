@@ -10,6 +10,7 @@
 
 #include "harness/model/errors.h"
 #include "harness/run/memory_estimate.h"
+#include "harness/weights/checkpoint_config.h"
 #include "reference/cpu_threads.h"
 
 namespace mla::cli {

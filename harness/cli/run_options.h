@@ -5,12 +5,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "harness/engine/engine.h"
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/stage_graph.h"
-#include "harness/run/engine.h"
-#include "probes/probe.h"
 #include "harness/weights/loader.h"
+#include "probes/probe.h"
 
 namespace mla::cli {
 

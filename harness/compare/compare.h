@@ -3,6 +3,7 @@
 // where it came from, name the first divergence in graph order, and account for every probe the reference's stage
 // graph expects (matched, or missing with the reason).
 #pragma once
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -11,6 +12,12 @@
 #include "probes/dump.h"
 
 namespace mla {
+
+// A relative L2 error from sums of squares: sqrt(err2 / ref2); inf where only the error is nonzero.
+inline double rel_of_sums(double err2, double ref2) {
+  if (ref2 > 0) return std::sqrt(err2 / ref2);
+  return err2 > 0 ? INFINITY : 0.0;
+}
 
 // One probe gathered across ranks to its global layout.
 struct Gathered {
@@ -188,11 +195,5 @@ void judge(ProbeResult& r, const Gathered& candidate, const char* row = "token")
 // comparable (require_comparable), not readable (require_readable), or when nothing expected matched while both
 // dumps are complete ("no probe of B matched in A: ...").
 CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& tol, const CompareOptions& opt = {});
-
-// Calibrates tolerances: runs the reference at FP32 and at `precision` on the same config, weights and inputs,
-// and takes k × the per-probe error (rel_l2, worst token) as the tolerance, with a floor. `fp32_full`: the FP32
-// reference's full-level run on exactly these inputs when the caller has it already (replay), so it is not run again.
-ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights,
-                         const Inputs& inputs, Precision precision, double k = 4.0, const Dump* fp32_full = nullptr);
 
 }  // namespace mla

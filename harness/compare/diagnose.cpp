@@ -4,12 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <numeric>
 #include <optional>
 #include <sstream>
 
-#include "harness/report/compare_report.h"
+#include "harness/compare/weight_diff.h"
 
 namespace mla {
 
@@ -1387,6 +1388,38 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
   dg.pattern = "no known pattern";
   dg.confidence = "low";
   return dg;
+}
+
+std::string fmt_num(double v, int precision) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+  return buf;
+}
+
+std::optional<Findings> explain_first_divergence(const CompareReport& rep, const Batch& batch) {
+  if (rep.first_divergence < 0) return std::nullopt;
+  const ProbeResult& r = rep.results[rep.first_divergence];
+  Findings f;
+  f.drill = drill_down(r, r.m, r.tol);
+  f.diagnosis = diagnose(r, r.m, r.tol, batch, rep);
+  if (const ProbeResult* w = weight_cause(rep, r)) blame_weight(f.diagnosis, *w);
+  return f;
+}
+
+Batch batch_of(const Dump& reference, const Dump& candidate) {
+  if (reference.has_inputs) return reference.inputs.batch;
+  if (candidate.has_inputs) return candidate.inputs.batch;
+  for (const Dump* d : {&reference, &candidate}) {
+    if (d->meta.run_options.is_null()) continue;
+    try {
+      return make_batch(d->spec());
+    } catch (const std::exception&) {
+      // No layout: the diagnoses that read positions say less.
+    }
+  }
+  return {};
 }
 
 }  // namespace mla

@@ -1,11 +1,13 @@
 // Drill-down and diagnosis of a divergent probe: which ranks, heads, tokens and channels carry the error,
 // and the pattern it shows in plain words, with how sure it is and the numbers that say so.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/compare/compare.h"
 #include "harness/model/batch.h"
+#include "probes/dump.h"
 
 namespace mla {
 
@@ -32,7 +34,19 @@ DrillDown drill_down(const ProbeResult& r, const Metrics& m, const Tolerance& to
 Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol, const Batch& batch,
                    const CompareReport& all);
 
+// The drill-down and diagnosis of a report's first divergence.
+struct Findings {
+  DrillDown drill;
+  Diagnosis diagnosis;
+};
+// Empty when the report has no first divergence. `batch`: the run's token layout (the reference's inputs).
+std::optional<Findings> explain_first_divergence(const CompareReport& rep, const Batch& batch);
+// The token layout of two dumps' run: the reference's inputs, else the candidate's, else its run spec, else none.
+Batch batch_of(const Dump& reference, const Dump& candidate);
+
 // "0-3, 7, 9-12" for a sorted list.
 std::string ranges(const std::vector<int64_t>& v, size_t max_items = 12);
+// A number in `precision` significant digits ("nan", "inf" spelled out).
+std::string fmt_num(double v, int precision = 3);
 
 }  // namespace mla

@@ -20,8 +20,6 @@ std::string num(double v, int precision = 3) {
   return os.str();
 }
 
-double rel(double d2, double b2) { return b2 > 0 ? std::sqrt(d2 / b2) : (d2 > 0 ? INFINITY : 0.0); }
-
 // Relative difference of two records of the same tensor shard: full data where both have it, else sketches, else
 // l2. -1 when the records cannot be compared (different shapes).
 double record_rel(const ProbeRecord& a, const ProbeRecord& b) {
@@ -33,7 +31,7 @@ double record_rel(const ProbeRecord& a, const ProbeRecord& b) {
       d += (x - y) * (x - y);
       n += y * y;
     }
-    return rel(d, n);
+    return rel_of_sums(d, n);
   }
   if (!a.sketch.empty() && a.sketch.size() == b.sketch.size()) {
     for (size_t i = 0; i < a.sketch.size(); ++i) {
@@ -41,7 +39,7 @@ double record_rel(const ProbeRecord& a, const ProbeRecord& b) {
       d += (x - y) * (x - y);
       n += y * y;
     }
-    return rel(d, n);
+    return rel_of_sums(d, n);
   }
   return b.l2 > 0 ? std::fabs(a.l2 - b.l2) / b.l2 : -1;
 }
@@ -121,7 +119,7 @@ BlockFit fit_blocks(const Tensor& a, const Tensor& b, int64_t B, double tol) {
       total += dd;
       const double k = bb > 0 ? ab / bb : 0;
       resid += std::max(0.0, aa - 2 * k * ab + k * k * bb);
-      if (rel(dd, bb) > tol) {
+      if (rel_of_sums(dd, bb) > tol) {
         ++f.off;
         row_off[i] = col_off[j] = true;
         if (k != 0) {
@@ -294,7 +292,7 @@ void describe_weight(ProbeResult& r, const Dump& a, const Dump& b) {
             d += (x - y) * (x - y);
             n += y * y;
           }
-        if (rel(d, n) <= r.tol.rel_l2) {
+        if (rel_of_sums(d, n) <= r.tol.rel_l2) {
           say("transposed: the candidate's [" + std::to_string(R) + ", " + std::to_string(C) +
               "] weight is the reference's read in the other order");
           return;

@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/model/errors.h"
-#include "harness/weights/checkpoint_config.h"
 
 namespace mla {
 
@@ -317,26 +316,6 @@ MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
 MlaConfig config_from_json(const json& j) {
   auto c = parse_hf_config(j.dump(), j.value("name", std::string("dump")));
   c.name = j.value("name", c.name);
-  return c;
-}
-
-MlaConfig load_model_config(const std::string& spec) {
-  if (auto p = find_preset(spec)) return *p;
-  // A checkpoint file: GGUF metadata, or the config.json beside a .safetensors (harness/weights/checkpoint_config.h).
-  if (is_checkpoint_path(spec) && !std::filesystem::is_directory(spec)) return checkpoint_config(spec);
-  std::filesystem::path path(spec);
-  if (std::filesystem::is_directory(path)) path /= "config.json";
-  if (!std::filesystem::exists(path)) {
-    std::string names;
-    for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-    throw UsageError("--model '" + spec + "' is neither a preset (" + names + ") nor an existing config.json");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("cannot read " + path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  MlaConfig c = parse_hf_config(ss.str(), path.string());
-  warn_unknown_config_fields(ss.str(), path.string());  // harness/weights/checkpoint_config.h
   return c;
 }
 

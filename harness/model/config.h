@@ -74,7 +74,5 @@ void check_json_nesting(const std::string& text, const std::string& origin);
 // HF config.json text (DeepSeek-V2/V3, Kimi-K2, glm4_moe_lite, glm_moe_dsa). `origin` names the file in errors.
 MlaConfig parse_hf_config(const std::string& json_text, const std::string& origin);
 MlaConfig config_from_json(const nlohmann::json& j);  // our own to_json() form (dumps)
-// A preset name, or a path to config.json (or a directory holding one).
-MlaConfig load_model_config(const std::string& spec);
 
 }  // namespace mla

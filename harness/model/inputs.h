@@ -20,8 +20,4 @@ struct Inputs {
 // Seeded hidden states N(0,1) with a few outlier channels 20-100x larger; bf16-exact.
 Tensor synthetic_hidden(int64_t tokens, int64_t hidden, uint64_t seed, uint64_t stream);
 
-// Builds the batch and, for each layer, a cache whose context rows come from the reference kv path
-// (input_norm if present, kv_a_proj, kv_a_norm, rope) applied to seeded context hidden states; bf16-exact.
-Inputs synthetic_inputs(const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& weights);
-
 }  // namespace mla

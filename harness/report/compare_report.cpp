@@ -12,14 +12,6 @@
 
 namespace mla {
 
-std::string fmt_num(double v, int precision) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", precision, v);
-  return buf;
-}
-
 std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -42,30 +34,6 @@ void write_text_file(const std::string& path, const std::string& text) {
   if (!f) throw UsageError("cannot write " + path);
   f << text;
   if (!f) throw UsageError("failed writing " + path);
-}
-
-std::optional<Findings> explain_first_divergence(const CompareReport& rep, const Batch& batch) {
-  if (rep.first_divergence < 0) return std::nullopt;
-  const ProbeResult& r = rep.results[rep.first_divergence];
-  Findings f;
-  f.drill = drill_down(r, r.m, r.tol);
-  f.diagnosis = diagnose(r, r.m, r.tol, batch, rep);
-  if (const ProbeResult* w = weight_cause(rep, r)) blame_weight(f.diagnosis, *w);
-  return f;
-}
-
-Batch batch_of(const Dump& reference, const Dump& candidate) {
-  if (reference.has_inputs) return reference.inputs.batch;
-  if (candidate.has_inputs) return candidate.inputs.batch;
-  for (const Dump* d : {&reference, &candidate}) {
-    if (d->meta.run_options.is_null()) continue;
-    try {
-      return make_batch(d->spec());
-    } catch (const std::exception&) {
-      // No layout: the diagnoses that read positions say less.
-    }
-  }
-  return {};
 }
 
 void print_findings(std::ostream& os, const Findings& f) {

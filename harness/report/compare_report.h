@@ -1,5 +1,6 @@
 // Rendering a CompareReport: terminal table (first divergence on top, the verdict line that counts matched and
-// missing probes at the end), JSON, JUnit XML; and the drill-down and diagnosis of the first divergence.
+// missing probes at the end), JSON, JUnit XML; and the drill-down and diagnosis of the first divergence
+// (harness/compare/diagnose.h).
 #pragma once
 #include <iosfwd>
 #include <optional>
@@ -11,16 +12,6 @@
 #include "harness/compare/diagnose.h"
 
 namespace mla {
-
-// The drill-down and diagnosis of a report's first divergence (harness/compare/diagnose.h).
-struct Findings {
-  DrillDown drill;
-  Diagnosis diagnosis;
-};
-// Empty when the report has no first divergence. `batch`: the run's token layout (the reference's inputs).
-std::optional<Findings> explain_first_divergence(const CompareReport& rep, const Batch& batch);
-// The token layout of two dumps' run: the reference's inputs, else the candidate's, else its run spec, else none.
-Batch batch_of(const Dump& reference, const Dump& candidate);
 
 // `findings` (optional) is printed under the first divergence.
 void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows = true, const Findings* findings = nullptr);
@@ -36,6 +27,5 @@ nlohmann::json metrics_to_json(const Metrics& m);
 std::string compare_to_junit(const CompareReport& rep, const std::string& suite_name);
 void write_text_file(const std::string& path, const std::string& text);  // throws UsageError
 std::string xml_escape(const std::string& s);
-std::string fmt_num(double v, int precision = 3);
 
 }  // namespace mla

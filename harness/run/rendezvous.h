@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/run/process_rank.h"
+#include "harness/engine/process_rank.h"
 
 namespace mla {
 

@@ -16,12 +16,16 @@ namespace mla {
 
 namespace {
 bool targets(const Injection& inj, const StageSpec& st, int rank) {
-  return inj.target == stage_name(st.stage) && (inj.rank < 0 || inj.rank == rank);
+  return (inj.target == stage_name(st.stage) || (inj.name == "slow-at" && inj.target == "*")) &&
+         (inj.rank < 0 || inj.rank == rank);
 }
 
-// The engine-agnostic injections: a hang or a crash at a stage's entry, one NaN written into a probe.
+// The engine-agnostic injections: a hang, a crash or a sleep at a stage's entry (after the sinks heard the stage
+// begin: a dump's journal already names it), one NaN written into a probe.
 void apply_entry_injections(const Engine& engine, const StageSpec& st, int rank) {
   for (const auto& inj : engine.injections()) {
+    if (inj.name == "slow-at" && targets(inj, st, rank))
+      std::this_thread::sleep_for(std::chrono::milliseconds(inj.index));
     if (inj.name == "hang-at" && targets(inj, st, rank))
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     if (inj.name == "crash-at" && targets(inj, st, rank)) std::abort();

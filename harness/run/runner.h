@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "harness/engine/engine.h"
 #include "harness/model/inputs.h"
 #include "harness/model/stage_graph.h"
 #include "harness/model/weights.h"
-#include "harness/run/engine.h"
 #include "probes/probe.h"
 
 namespace mla {

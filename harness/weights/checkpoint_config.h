@@ -26,4 +26,8 @@ MlaConfig config_from_gguf(const Bytes& file, const GgufHeader& h);
 // rope_scaling / rope_parameters: what they would change is not modelled. `text` is valid JSON (parsed before).
 void warn_unknown_config_fields(const std::string& text, const std::string& origin);
 
+// `--model`: a preset name, a path to config.json (or a directory holding one), or a checkpoint file
+// (checkpoint_config).
+MlaConfig load_model_config(const std::string& spec);
+
 }  // namespace mla

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/bisect/injection.h"
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
+#include "harness/model/injection.h"
 #include "harness/model/weights.h"
 #include "harness/weights/checkpoint_config.h"
 #include "harness/weights/dequant.h"

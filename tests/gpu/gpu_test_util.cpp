@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "kernels/cuda_engine.h"
 
 namespace mla::gputest {
@@ -211,10 +213,10 @@ void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host,
   EXPECT_EQ(rec.inf, host.inf) << at;
   EXPECT_EQ(rec.absmax, host.absmax) << at;
   EXPECT_EQ(rec.shape, host.shape) << at;
-  // Within 1e-6 of `scale`: the device sums a row's 64 values of a whole step (probe kernel version 9; 32 of a
-  // half step in a segment's last partial step and where heads are an odd number of 32-column halves; versions 6-8
-  // always 32; the row kernel sums in double) on the tensor cores in fp32 — up to four mma k-steps, each adding 16
-  // exact bf16 products to the accumulator and rounding once, so within ~4·2^-23 (4.8e-7) of the sum of their
+  // Within 1e-6 of `scale`: the device sums a row's 64 values of a whole step (the tile kernel,
+  // kernels/probe_tiles.cu; 32 of a half step in a segment's last partial step and where heads are an odd number of
+  // 32-column halves; the row kernel sums in double) on the tensor cores in fp32 — up to four mma k-steps, each
+  // adding 16 exact bf16 products to the accumulator and rounding once, so within ~4·2^-23 (4.8e-7) of the sum of their
   // magnitudes — then adds the steps, the rows and (where a 16-row tile is folded on the device) the tiles in
   // double; the host sums in double, row by row. 1e-6 leaves 2x for the hardware's rounding (truncation, not to
   // nearest); every CudaProbe case passed at it on an H200. A non-finite host value (NaN and Inf propagate into
@@ -263,7 +265,14 @@ void expect_device_probes_match_host(const GpuRun& run, const Capture& cuda) {
 }
 
 std::unique_ptr<Engine> cuda_engine(const std::string& options) {
-  return make_engine(EngineSpec::parse(options.empty() ? "cuda" : "cuda:" + options));
+  // Test only: MLA_TEST_CUDA_OPTIONS (comma-separated, e.g. "probe_flag=kernel"; empty items are ignored) is
+  // appended to every CUDA engine's options made here (it wins over the same key in `options`), so that a ctest
+  // entry (tests/CMakeLists.txt) or scripts/gpu_check.sh runs whole tests with an option. The product reads no such
+  // variable.
+  std::string all = options;
+  if (const char* extra = std::getenv("MLA_TEST_CUDA_OPTIONS"); extra && *extra)
+    all += (all.empty() ? "" : ",") + std::string(extra);
+  return make_engine(EngineSpec::parse(all.empty() ? "cuda" : "cuda:" + all));
 }
 
 std::unique_ptr<Engine> reference_engine(const std::string& precision) {

@@ -11,13 +11,13 @@
 #include <tuple>
 #include <vector>
 
+#include "harness/engine/engine.h"
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/inputs.h"
-#include "harness/run/runner.h"
 #include "harness/model/stage_graph.h"
 #include "harness/model/weights.h"
-#include "harness/run/engine.h"
+#include "harness/run/runner.h"
 #include "probes/probe.h"
 
 namespace mla::gputest {
@@ -95,6 +95,8 @@ void expect_device_probes_match_host(const GpuRun& run, const Capture& cuda);
 // fp32 accumulation's error; non-finite values exactly).
 void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host, const std::string& at);
 
+// The CUDA engine with `options` (e.g. "mha_kernel=1"), and the test-only MLA_TEST_CUDA_OPTIONS from the environment
+// after them.
 std::unique_ptr<Engine> cuda_engine(const std::string& options = "");
 std::unique_ptr<Engine> reference_engine(const std::string& precision);
 

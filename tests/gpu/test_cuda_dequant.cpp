@@ -19,10 +19,11 @@
 #include <random>
 #include <sstream>
 
-#include "harness/bisect/injection.h"
+#include "harness/model/injection.h"
 #include "harness/model/tensor.h"
 #include "harness/model/weights.h"
 #include "harness/run/runner.h"
+#include "harness/run/synthetic_inputs.h"
 #include "harness/weights/dequant.h"
 #include "harness/weights/loader.h"
 #include "harness/weights/quantize.h"

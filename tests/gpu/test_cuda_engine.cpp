@@ -35,6 +35,18 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   EXPECT_NE(cuda_engine()->options().find("probe_stream=rank"), std::string::npos);
   EXPECT_NE(cuda_engine("probe_stream=side")->options().find("probe_stream=side"), std::string::npos);
   EXPECT_NE(cuda_engine()->options().find("mha_kernel=3,mqa_kernel=2"), std::string::npos);
+  // The probe launch options: programmatic dependent launches and the done flag's writer (defaults 1 and memop).
+  EXPECT_THROW(cuda_engine("probe_pdl=maybe"), UsageError);
+  try {
+    cuda_engine("probe_flag=interrupt");
+    ADD_FAILURE() << "probe_flag=interrupt was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("probe_flag=interrupt (expected memop or kernel)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(make_engine(EngineSpec::parse("cuda"))->options().find("probe_flag=memop,probe_pdl=1"), std::string::npos);
+  EXPECT_NE(cuda_engine("probe_pdl=0,probe_flag=kernel")->options().find("probe_flag=kernel,probe_pdl=0"),
+            std::string::npos);
   auto e = cuda_engine("sync_debug=1,poison=0,probe=host");
   EXPECT_EQ(e->name(), "cuda");
   EXPECT_EQ(e->dtype(), "bf16");

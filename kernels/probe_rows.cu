@@ -1,0 +1,88 @@
+// The probe's row kernel, for the tensors the tile kernel (probe_tiles.cu) does not take: fp32 tensors such as lse,
+// odd widths, heads narrower than 32 columns. One warp per token row, warp-level reductions only: one pass over the
+// row for the finite sum, sum of squares, absmax, NaN/Inf counts, the checksum's partial sum and the sketch (in
+// double); a second pass (from L1/L2) for the head L2. The token L2 is NaN when the row has a NaN, else Inf when it
+// has an Inf, as on the host. The unit of stats is the row.
+#include "kernels/cuda_check.cuh"
+#include "kernels/probe_kernels.cuh"
+#include "kernels/probe_stats_device.cuh"
+
+namespace mla::cuda {
+
+namespace {
+using namespace probe_device;
+
+constexpr int kThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kThreads / 32) + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
+  const T* x = static_cast<const T*>(a.data) + r * a.cols;
+  // Column c's checksum multiplier is H(r)·A^(c >> 3) + step·(c & 7); a lane's columns step by 32, its power by A^4.
+  const uint64_t row_hash = checksum_row_hash(static_cast<uint64_t>(r));
+  uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(lane >> 3));
+  constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4);
+  const auto value = [&](int64_t c) {
+    if constexpr (sizeof(T) == 2) return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[c]);
+    else return x[c];
+  };
+  RowAcc acc;
+  double skacc[kSketchLanes];
+#pragma unroll
+  for (int k = 0; k < kSketchLanes; ++k) skacc[k] = 0;
+  for (int64_t c = lane; c < a.cols; c += 32) {
+    const float v = value(c);
+    uint32_t bits;
+    if constexpr (sizeof(T) == 2) bits = reinterpret_cast<const uint16_t*>(x)[c];
+    else bits = __float_as_uint(v);
+    acc.add(v, bits, checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)));
+    power *= kA4;
+    if (a.sketch_bits) {
+      const double d = v;
+      const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit sign_bit(k / 8, c % 8)
+      const int i = static_cast<int>(c & 7);
+#pragma unroll
+      for (int k = 0; k < kSketchLanes; ++k) skacc[k] += ((words[k & 7] >> sign_bit(k >> 3, i)) & 1u) ? -d : d;
+    }
+  }
+  warp_fold(acc);
+  if (lane == 0) store_row(a, r, acc);
+  if (a.sketch_bits) {
+#pragma unroll
+    for (int k = 0; k < kSketchLanes; ++k) {
+      const double s = warp_sum(skacc[k]);
+      if (lane == k) a.sketch_out[r * kSketchLanes + k] = static_cast<float>(s * kSketchScale);
+    }
+  }
+  if (a.heads > 0) {
+    const int64_t X = a.cols / a.heads;
+    if (X < 32) {  // narrow heads (lse: one column each): a lane per head
+      for (int h = lane; h < a.heads; h += 32) {
+        double s = 0;
+        for (int64_t c = 0; c < X; ++c) s += static_cast<double>(value(h * X + c)) * value(h * X + c);
+        a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
+      }
+    } else {
+      for (int h = 0; h < a.heads; ++h) {
+        double s = 0;
+        for (int64_t c = lane; c < X; c += 32) s += static_cast<double>(value(h * X + c)) * value(h * X + c);
+        s = warp_sum(s);
+        if (lane == 0) a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
+      }
+    }
+  }
+}
+}  // namespace
+
+void launch_probe_rows(const ProbeStatsArgs& a, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((a.rows + kThreads / 32 - 1) / (kThreads / 32));
+  if (a.dtype == DType::DType_bf16)
+    probe_stats_kernel<bf16><<<blocks, kThreads, 0, stream>>>(a);
+  else
+    probe_stats_kernel<float><<<blocks, kThreads, 0, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::cuda

@@ -149,8 +149,8 @@ TEST(CudaProbe, ManyTilesFoldInTheirBlock) {
 
 // Blocks of every size in one process: [4096, 16384] in 128-column heads asks the occupancy of 16 down to 8 warps a
 // block and takes 8; [2112, 16384] (132 tiles: one block per SM of an H200) then takes 16 warps, the larger shared
-// memory. The kernel's opt-in to more than 48 KB was set per size asked, so the last size asked (8 warps) was the
-// limit and the 16-warp launch failed; now it is set once to the largest block.
+// memory. The kernel's opt-in to more than 48 KB of shared memory must cover the largest block of any size asked,
+// not only the last one asked.
 TEST(CudaProbe, BlockFoldsOfEverySizeInOneProcess) {
   MLA_REQUIRE_GPU();
   expect_synthetic_shapes_match_host({{4096, 16384, 128, 0}, {2112, 16384, 128, 0}, {4096, 7168, 0, 0}});

@@ -1,4 +1,4 @@
-"""Writing and reading mla-bisect dumps (HDF5, schema_version 1, the layout probes/dump.cpp writes) from Python, so
+"""Writing and reading mla-bisect dumps (HDF5, schema_version 1, the layout probes/dump_write.cpp writes) from Python, so
 that a capture of another system (HF transformers, a serving engine) is an ordinary dump the C++ tool compares,
 inspects and replays.
 
@@ -741,7 +741,7 @@ def _attrs_from_meta(meta: dict) -> dict:
 
 
 def _fold(sc: jr.Scan, dump_path: str, jpath: str, mode: str, finish_status: str = "", copy: bool = True) -> Dump:
-    """The Dump a journal holds (probes/dump.cpp fold). mode: finish (the writer's own close), recover (its writer
+    """The Dump a journal holds (probes/dump_journal.cpp fold). mode: finish (the writer's own close), recover (its writer
     died: status "stopped: after <last probe>" unless it finished), live (its writer runs: "running: ...")."""
     if not sc.records or sc.records[0].type != jr.HEADER:
         raise DumpError(f"{jpath}: the journal has no intact header record ({sc.problem or 'empty file'}); nothing "
@@ -840,7 +840,7 @@ def _json_text(v) -> str:
 
 def write_h5(d: Dump, path: str) -> None:
     """Writes `d` as FILE.h5 atomically (a temp file in the same directory, fsync, rename), in the C++ writer's
-    layout and attribute types (probes/dump.cpp write_file)."""
+    layout and attribute types (probes/dump_write.cpp write_file)."""
     h5py = _h5py()
     tmp = f"{path}.tmp.{os.getpid()}"
     a = d.attrs

@@ -1,5 +1,5 @@
-// Dumps: the journal-backed writer, folding a journal into HDF5 (at finish or on recovery), and the
-// HDF5 reader and writer of schema_versions 1 and 2 (docs/dump-format.md: the layout and what the reader refuses).
+// Reading a dump (schema_versions 1 and 2, docs/dump-format.md: the layout and what the reader refuses), a journal
+// folded first; read_dump also reads a one-process-per-rank set as one dump (dump_ranks.cpp).
 #include "probes/dump.h"
 
 #include <fcntl.h>
@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "harness/model/errors.h"
+#include "probes/dump_internal.h"
 #include "probes/h5.h"
 #include "probes/journal.h"
 #include "probes/probe_hash.h"
@@ -28,331 +29,9 @@
 namespace mla {
 
 using nlohmann::json;
+using namespace dump_detail;
 
 namespace {
-
-constexpr const char* kFormat = "mla-bisect-dump";
-// 2 = 1 plus the optional /weights group. A dump without weights is written as 1, so older readers still read it.
-constexpr int kSchemaVersion = 2;
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// ---------------------------------------------------------------------------------------------------
-// Folding a journal into a Dump
-// ---------------------------------------------------------------------------------------------------
-
-enum class FoldMode { FoldMode_finish, FoldMode_recover, FoldMode_live };
-
-// Builds the Dump from the intact records of a journal. finish: the status is the writer's; recover: the
-// finish record's status if the run got that far, else "stopped: after <the last probe committed>";
-// live: "running: ...". A journal whose header is unreadable cannot be folded: UsageError.
-Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::string& jpath, FoldMode mode,
-          const std::string& finish_status = "") {
-  if (sc.records.empty() || sc.records.front().type != journal::RecordType::RecordType_header)
-    throw UsageError(jpath + ": the journal has no intact header record (" +
-                     (sc.problem.empty() ? std::string("empty file") : sc.problem) +
-                     "); nothing can be recovered from it. It is left in place; delete it to read or rewrite " +
-                     dump_path);
-  journal::Header h;
-  try {
-    h = journal::decode_header(sc.records.front().payload);
-  } catch (const journal::FormatError& e) {
-    throw UsageError(jpath + ": unreadable journal header: " + e.what());
-  }
-  Dump d;
-  d.path = dump_path;
-  d.meta = std::move(h.meta);
-  d.created_utc = h.created_utc;
-  d.tool_version = h.tool_version;
-  d.git_sha = h.git_sha;
-  d.has_inputs = h.has_inputs;
-  d.inputs = std::move(h.inputs);
-
-  // A one-rank dump (one process per rank) holds its rank's records at index 0; other ranks are not its business.
-  const int own = d.meta.process_rank;
-  if (own >= d.meta.tp)
-    throw UsageError(jpath + ": the journal's header says rank " + std::to_string(own) + " of tp " +
-                     std::to_string(d.meta.tp));
-  std::map<std::pair<int, std::string>, size_t> index, weight_index;
-  std::vector<std::string> last_stage(std::max(d.meta.tp, 1), own >= 0 ? "" : "not started");
-  if (own >= 0) last_stage[own] = "not started";
-  std::string last_probe, finished_status, problem = sc.problem;
-  bool finished = false;
-  uint64_t good = sc.good_bytes;
-  for (size_t i = 1; i < sc.records.size(); ++i) {
-    const auto& r = sc.records[i];
-    try {
-      switch (r.type) {
-        case journal::RecordType::RecordType_header: throw journal::FormatError("a second header record");
-        case journal::RecordType::RecordType_probe:
-        case journal::RecordType::RecordType_weight: {
-          auto e = journal::decode_probe(r.payload);
-          const bool weight = r.type == journal::RecordType::RecordType_weight;
-          auto& list = weight ? d.weights : d.probes;
-          auto& idx = weight ? weight_index : index;
-          const auto key = std::make_pair(e.probe.layer, e.probe.name);
-          auto it = idx.find(key);
-          if (it == idx.end()) {
-            it = idx.emplace(key, list.size()).first;
-            list.push_back(e.probe);
-          }
-          auto& ranks = list[it->second].ranks;
-          if (own >= 0 && e.rank != own)
-            throw journal::FormatError("probe " + e.probe.name + " rank " + std::to_string(e.rank) +
-                                       " in the journal of rank " + std::to_string(own) + "'s process");
-          const int slot = own >= 0 ? 0 : e.rank;
-          if (slot < static_cast<int>(ranks.size())) {
-            ranks[slot] = std::move(e.rec);  // recorded again (a re-run stage): the later one wins
-          } else if (slot == static_cast<int>(ranks.size())) {
-            ranks.push_back(std::move(e.rec));
-          } else {
-            throw journal::FormatError("probe " + e.probe.name + " rank " + std::to_string(e.rank) +
-                                       " recorded before rank " + std::to_string(ranks.size()));
-          }
-          if (!weight)
-            last_probe = "layer " + std::to_string(e.probe.layer) + " probe " + e.probe.name + " rank " +
-                         std::to_string(e.rank);
-          break;
-        }
-        case journal::RecordType::RecordType_stage: {
-          const auto e = journal::decode_stage(r.payload);
-          if (e.rank >= static_cast<int>(last_stage.size())) last_stage.resize(e.rank + 1, "not started");
-          last_stage[e.rank] = "layer " + std::to_string(e.layer) + " stage " + e.stage;
-          break;
-        }
-        case journal::RecordType::RecordType_finish:
-          finished_status = journal::decode_finish(r.payload);
-          finished = true;
-          break;
-      }
-    } catch (const journal::FormatError& e) {
-      problem = std::string("record at byte ") + std::to_string(r.offset) + ": " + e.what();
-      good = r.offset;
-      break;
-    }
-  }
-  for (auto* list : {&d.probes, &d.weights})
-    std::stable_sort(list->begin(), list->end(), [](const DumpProbe& a, const DumpProbe& b) {
-      return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
-    });
-  d.last_stage = std::move(last_stage);
-
-  // `run --out` journals its setup (run_options "setup": what it does) before the slow part, then starts the
-  // journal again with the inputs: a journal still marked so stopped during setup.
-  const bool in_setup = last_probe.empty() && d.meta.run_options.is_object() &&
-                        d.meta.run_options.contains("setup") && d.meta.run_options["setup"].is_string();
-  const std::string where = in_setup ? "during setup (" + d.meta.run_options["setup"].get<std::string>() +
-                                           "), before the first stage"
-                            : last_probe.empty() ? "before the first probe"
-                                                 : "after " + last_probe;
-  const uint64_t dropped = sc.total_bytes - good;
-  const std::string note = dropped > 0 ? " (journal: " + std::to_string(dropped) + " bytes from byte " +
-                                             std::to_string(good) + " dropped: " + problem + ")"
-                                       : "";
-  switch (mode) {
-    case FoldMode::FoldMode_finish:
-      if (dropped > 0) throw UsageError(jpath + ": the journal was damaged while the run wrote it: " + problem);
-      d.status = finish_status;
-      break;
-    case FoldMode::FoldMode_recover: d.status = finished ? finished_status : "stopped: " + where + note; break;
-    case FoldMode::FoldMode_live: d.status = "running: " + where; break;
-  }
-  return d;
-}
-
-// Removes X.h5.tmp.PID files whose writer is gone (killed while writing the HDF5 file).
-void remove_stale_temps(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  const std::string prefix = p.filename().string() + ".tmp.";
-  std::error_code ec;
-  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string pid_text = name.substr(prefix.size());
-    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
-    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(e.path(), ec);
-  }
-}
-
-enum class JournalState { JournalState_none, JournalState_folded, JournalState_live, JournalState_unwritable };
-
-// Folds FILE.h5.journal into FILE.h5 unless its writer is alive; then, with `snapshot`, reads it as it stands.
-// Where FILE.h5 cannot be written (a read-only directory), `snapshot` gets the fold and the journal stays.
-JournalState fold_journal(const std::string& path, Dump* snapshot) {
-  const std::string jpath = journal::journal_path(path);
-  Fd fd(::open(jpath.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return JournalState::JournalState_none;
-    throw UsageError(jpath + ": cannot open the dump journal: " + std::strerror(errno));
-  }
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) throw UsageError(jpath + ": cannot lock the dump journal: " + std::strerror(errno));
-    if (snapshot) {
-      const journal::Scan sc = journal::scan(fd.get(), jpath);
-      if (sc.records.empty())
-        throw UsageError(path + ": the run writing this dump is alive and has not written its journal header yet");
-      *snapshot = fold(sc, path, jpath, FoldMode::FoldMode_live);
-    }
-    return JournalState::JournalState_live;
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0 || st.st_nlink == 0) return JournalState::JournalState_none;  // folded meanwhile
-  Dump d = fold(journal::scan(fd.get(), jpath), path, jpath, FoldMode::FoldMode_recover);
-  try {
-    write_dump_h5(d, path);
-  } catch (const UsageError&) {
-    if (!snapshot) throw;
-    *snapshot = std::move(d);
-    return JournalState::JournalState_unwritable;
-  }
-  ::unlink(jpath.c_str());
-  journal::sync_dir(jpath);
-  remove_stale_temps(path);
-  return JournalState::JournalState_folded;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// HDF5 writing
-// ---------------------------------------------------------------------------------------------------
-
-void write_inputs(h5::Group& root, const Inputs& in) {
-  h5::Group g = root.create_group("inputs");
-  const auto& b = in.batch;
-  const int64_t B = b.num_seqs();
-  g.write<float>("x", in.x.shape, in.x.data);
-  g.write<int32_t>("positions", {static_cast<int64_t>(b.positions.size())}, b.positions);
-  g.write<int32_t>("seq_lens", {B}, b.new_lens);
-  g.write<int32_t>("context_lens", {B}, b.context_lens);
-  g.write<int32_t>("block_table", {B, b.max_blocks}, b.block_table);
-  g.set_attr("num_blocks", static_cast<int64_t>(b.num_blocks));
-  if (!in.kv_cache.empty()) {
-    // [layers, blocks, 64, L+R]: one dataset so h5py slices it per layer.
-    const auto& s0 = in.kv_cache.front().shape;
-    std::vector<int64_t> shape = {static_cast<int64_t>(in.kv_cache.size())};
-    shape.insert(shape.end(), s0.begin(), s0.end());
-    std::vector<float> all;
-    all.reserve(static_cast<size_t>(shape_numel(shape)));
-    for (const auto& c : in.kv_cache) {
-      if (c.shape != s0) throw UsageError("dump inputs: kv caches of different shapes per layer");
-      all.insert(all.end(), c.data.begin(), c.data.end());
-    }
-    g.write<float>("kv_cache", shape, all);
-  }
-}
-
-void write_probe(h5::Group& layer, const DumpProbe& p, const Dump& d) {
-  h5::Group g = layer.create_group(p.name);
-  g.set_attr("order", static_cast<int64_t>(p.order));
-  g.set_attr("stage", p.stage);
-  g.set_attr("contract", p.contract);
-  g.set_attr("shape", p.shape);
-  g.set_attr("engine_dtype", p.engine_dtype);
-  g.set_attr("heads_axis", static_cast<int64_t>(p.heads_axis));
-  g.set_attr("rope_from", static_cast<int64_t>(p.rope_from));
-  for (size_t r = 0; r < p.ranks.size(); ++r) {
-    const ProbeRecord& rec = p.ranks[r];
-    // Rows of this rank's record: the tokens, or a weight's rows (a rows-sharded weight: its block).
-    const int64_t T = !rec.shape.empty() ? rec.shape[0] : p.shape.empty() ? 0 : p.shape[0];
-    h5::Group rg = g.create_group("rank" + std::to_string(d.rank_of(r)));
-    rg.set_attr("l2", rec.l2);
-    rg.set_attr("absmax", rec.absmax);
-    rg.set_attr("mean", rec.mean);
-    rg.set_attr("std", rec.std);
-    rg.set_attr("nan", rec.nan);
-    rg.set_attr("inf", rec.inf);
-    rg.set_attr("checksum", rec.checksum);
-    rg.set_attr("level", probe_level_name(rec.level));
-    rg.set_attr("shape", rec.shape);
-    rg.set_attr("dtype", rec.dtype);
-    const auto check = [&](const std::vector<float>& v, int64_t cols, const char* what) {
-      if (T <= 0 || static_cast<int64_t>(v.size()) != T * cols)
-        throw UsageError(rg.where() + ": " + what + " holds " + std::to_string(v.size()) + " values, expected " +
-                         std::to_string(T) + " x " + std::to_string(cols));
-    };
-    if (!rec.token_l2.empty()) {
-      check(rec.token_l2, 1, "token_l2");
-      rg.write<float>("token_l2", {T}, rec.token_l2);
-    }
-    if (!rec.head_l2.empty()) {
-      const int64_t heads = T > 0 ? static_cast<int64_t>(rec.head_l2.size()) / T : 0;
-      check(rec.head_l2, heads, "head_l2");
-      rg.write<float>("head_l2", {T, heads}, rec.head_l2);
-    }
-    if (!rec.sketch.empty()) {
-      check(rec.sketch, kSketchDim, "sketch");
-      rg.write<float>("sketch", {T, kSketchDim}, rec.sketch);
-    }
-    if (!rec.data.empty()) rg.write<float>("data", rec.data.shape, rec.data.data);
-  }
-}
-
-void write_file(h5::File& f, const Dump& d) {
-  const auto& m = d.meta;
-  f.set_attr("format", kFormat);
-  f.set_attr("schema_version", static_cast<int64_t>(d.weights.empty() ? 1 : kSchemaVersion));
-  f.set_attr("tool_version", d.tool_version.empty() ? std::string(MLA_VERSION) : d.tool_version);
-  f.set_attr("git_sha", d.git_sha.empty() ? std::string(MLA_GIT_SHA) : d.git_sha);
-  f.set_attr("created_utc", d.created_utc.empty() ? utc_now() : d.created_utc);
-  f.set_attr("engine", m.engine);
-  f.set_attr("engine_options", m.engine_options);
-  f.set_attr("engine_dtype", m.engine_dtype);
-  f.set_attr("device", m.device);
-  f.set_attr("model", m.model.is_null() ? std::string("null") : m.model.dump());
-  f.set_attr("run_options", m.run_options.is_null() ? std::string("null") : m.run_options.dump());
-  f.set_attr("tp", static_cast<int64_t>(m.tp));
-  f.set_attr("mode", m.mode);
-  f.set_attr("seed", m.seed);
-  f.set_attr("inject", m.inject);
-  f.set_attr("probe_level", m.probe_level);
-  f.set_attr("command", m.command);
-  if (m.processes > 0) {  // one process per rank; absent from one process's dumps (schema_version 1 as before)
-    f.set_attr("process_rank", static_cast<int64_t>(m.process_rank));
-    f.set_attr("processes", static_cast<int64_t>(m.processes));
-    f.set_attr("launch_id", m.launch_id);
-  }
-  f.set_attr("status", d.status);
-  f.set_attr("last_stage", json(d.last_stage).dump());
-  if (d.has_inputs) write_inputs(f, d.inputs);
-  std::map<int, h5::Group> layers;
-  for (const auto& p : d.probes) {
-    auto it = layers.find(p.layer);
-    if (it == layers.end()) it = layers.emplace(p.layer, f.create_group("layer" + std::to_string(p.layer))).first;
-    write_probe(it->second, p, d);
-  }
-  if (!d.weights.empty()) {
-    h5::Group wg = f.create_group("weights");
-    std::map<int, h5::Group> wl;
-    for (const auto& p : d.weights) {
-      auto it = wl.find(p.layer);
-      if (it == wl.end()) it = wl.emplace(p.layer, wg.create_group("layer" + std::to_string(p.layer))).first;
-      write_probe(it->second, p, d);
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------------------
 // HDF5 reading. Dumps come from other programs too (h5py, the Python package): everything docs/dump-format.md
@@ -1016,9 +695,39 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------------------
-// Public API
-// ---------------------------------------------------------------------------------------------------
+namespace dump_detail {
+
+// One file (FILE.h5, its journal folded first), as read_dump reads it when it is not a set of ranks.
+Dump read_one(const std::string& path, const DumpReadOptions& opts) {
+  try {
+    Dump live;
+    const JournalState js = fold_journal(path, &live);
+    if (js == JournalState::JournalState_live || js == JournalState::JournalState_unwritable) {
+      if (!opts.inputs) {
+        live.has_inputs = false;
+        live.inputs = {};
+      }
+      if (!opts.probes) live.probes.clear();
+      if (!opts.data)
+        for (auto& p : live.probes)
+          for (auto& r : p.ranks) r.data = {};
+      return live;
+    }
+    return read_h5(path, opts);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Anything else (an allocation a corrupt size asked for, a filesystem error) is still a bad input.
+    throw UsageError(path + ": cannot read the dump: " + e.what());
+  }
+}
+
+bool exists_with_journal(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec) || std::filesystem::exists(journal::journal_path(path), ec);
+}
+
+}  // namespace dump_detail
 
 const DumpProbe* Dump::find(int layer, const std::string& name) const {
   for (const auto& p : probes)
@@ -1052,271 +761,6 @@ RunSpec Dump::spec() const {
   }
 }
 
-struct DumpWriter::Impl {
-  std::string path;
-  journal::Writer journal;
-  bool finished = false;
-  // A watchdog thread may close the dump while the run's thread is still recording.
-  std::mutex mu;
-  Impl(std::string p) : path(std::move(p)), journal(journal::journal_path(path)) {}
-};
-
-DumpWriter::DumpWriter(std::string path, const DumpMeta& meta, const Inputs* inputs)
-    : impl_(std::make_unique<Impl>(std::move(path))) {
-  journal::Header h;
-  h.meta = meta;
-  h.created_utc = utc_now();
-  h.tool_version = MLA_VERSION;
-  h.git_sha = MLA_GIT_SHA;
-  h.has_inputs = inputs != nullptr;
-  if (inputs) h.inputs = *inputs;
-  impl_->journal.append(journal::RecordType::RecordType_header, journal::encode_header(h));
-  impl_->journal.sync();
-  // From here on the journal is the truth about this path: an older dump there must not be mistaken for it.
-  if (::unlink(impl_->path.c_str()) == 0) journal::sync_dir(impl_->path);
-}
-
-DumpWriter::~DumpWriter() = default;  // without finish(), the journal stays for recovery
-
-void DumpWriter::stage_begin(int layer, Stage stage, int rank) {
-  const std::string payload = journal::encode_stage(layer, stage, rank);
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->finished) return;  // closed by another thread (watchdog): the process is on its way out
-  impl_->journal.append(journal::RecordType::RecordType_stage, payload);
-}
-
-void DumpWriter::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
-  const std::string payload = journal::encode_probe(layer, spec, rank, rec);
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->finished) return;
-  impl_->journal.append(journal::RecordType::RecordType_probe, payload);
-}
-
-void DumpWriter::record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
-  const std::string payload = journal::encode_probe(layer, spec, rank, rec);
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->finished) return;
-  impl_->journal.append(journal::RecordType::RecordType_weight, payload);
-}
-
-void DumpWriter::finish(const std::string& status) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->finished) return;
-  auto& j = impl_->journal;
-  j.append(journal::RecordType::RecordType_finish, journal::encode_finish(status));
-  j.sync();
-  const Dump d = fold(journal::scan(j.fd(), j.path()), impl_->path, j.path(), FoldMode::FoldMode_finish, status);
-  write_dump_h5(d, impl_->path);
-  j.remove();
-  impl_->finished = true;
-}
-
-bool recover_dump(const std::string& path) {
-  return fold_journal(path, nullptr) == JournalState::JournalState_folded;
-}
-
-namespace {
-
-// One file (FILE.h5, its journal folded first), as read_dump reads it when it is not a set of ranks.
-Dump read_one(const std::string& path, const DumpReadOptions& opts) {
-  try {
-    Dump live;
-    const JournalState js = fold_journal(path, &live);
-    if (js == JournalState::JournalState_live || js == JournalState::JournalState_unwritable) {
-      if (!opts.inputs) {
-        live.has_inputs = false;
-        live.inputs = {};
-      }
-      if (!opts.probes) live.probes.clear();
-      if (!opts.data)
-        for (auto& p : live.probes)
-          for (auto& r : p.ranks) r.data = {};
-      return live;
-    }
-    return read_h5(path, opts);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const std::exception& e) {
-    // Anything else (an allocation a corrupt size asked for, a filesystem error) is still a bad input.
-    throw UsageError(path + ": cannot read the dump: " + e.what());
-  }
-}
-
-bool exists_with_journal(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::exists(path, ec) || std::filesystem::exists(journal::journal_path(path), ec);
-}
-
-// The first key of two JSON values that differs ("" when equal), for naming what two parts disagree on.
-std::string first_difference(const json& a, const json& b) {
-  if (a == b) return "";
-  if (!a.is_object() || !b.is_object()) return a.dump() + " vs " + b.dump();
-  for (const auto& [k, v] : a.items())
-    if (!b.contains(k) || b.at(k) != v)
-      return k + " " + v.dump() + " vs " + (b.contains(k) ? b.at(k).dump() : std::string("(absent)"));
-  for (const auto& [k, v] : b.items())
-    if (!a.contains(k)) return k + " (absent) vs " + v.dump();
-  return a.dump() + " vs " + b.dump();
-}
-
-bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-bool same_inputs(const Dump& a, const Dump& b) {
-  if (a.has_inputs != b.has_inputs) return false;
-  if (!a.has_inputs) return true;
-  const Inputs &x = a.inputs, &y = b.inputs;
-  const Batch &p = x.batch, &q = y.batch;
-  if (x.x.shape != y.x.shape || !same_bytes(x.x.data, y.x.data) || p.new_lens != q.new_lens ||
-      p.context_lens != q.context_lens || p.positions != q.positions || p.block_table != q.block_table ||
-      p.max_blocks != q.max_blocks || p.num_blocks != q.num_blocks || x.kv_cache.size() != y.kv_cache.size())
-    return false;
-  for (size_t l = 0; l < x.kv_cache.size(); ++l)
-    if (x.kv_cache[l].shape != y.kv_cache[l].shape || !same_bytes(x.kv_cache[l].data, y.kv_cache[l].data)) return false;
-  return true;
-}
-
-// `path` does not exist; FILE.rank<R>.h5 beside it that do (or their journals), by rank.
-std::map<int, std::string> rank_files_beside(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::map<int, std::string> found;
-  const std::string r0 = rank_dump_path(path, 0);
-  const fs::path p0(r0);
-  const std::string name0 = p0.filename().string();
-  const size_t at = name0.rfind(".rank0");
-  const std::string prefix = name0.substr(0, at + 5), suffix = name0.substr(at + 6);  // "d.rank", ".h5"
-  std::error_code ec;
-  const fs::path dir = p0.parent_path().empty() ? fs::path(".") : p0.parent_path();
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    const std::string jsuffix = ".journal";
-    if (name.size() > jsuffix.size() && name.compare(name.size() - jsuffix.size(), jsuffix.size(), jsuffix) == 0)
-      name.resize(name.size() - jsuffix.size());
-    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-    if (digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const int r = std::stoi(digits);
-    found[r] = rank_dump_path(path, r);
-  }
-  return found;
-}
-
-// FILE.rank0.h5 ... FILE.rank<N-1>.h5 read as one dump with every rank (read_dump of FILE.h5).
-Dump read_rank_set(const std::string& path, const DumpReadOptions& opts) {
-  const std::string p0 = rank_dump_path(path, 0);
-  Dump first = read_one(p0, opts);
-  const auto& m0 = first.meta;
-  if (m0.process_rank != 0)
-    throw UsageError(p0 + ": " +
-                     (m0.process_rank < 0 ? std::string("holds every rank of one process's run")
-                                          : "holds rank " + std::to_string(m0.process_rank)) +
-                     ", not rank 0 of a one-process-per-rank run, so " + path + " cannot be read as its set");
-  const int n = m0.processes;
-  const std::string set = path + " (the set " + p0 + (n > 1 ? " ... " + rank_dump_path(path, n - 1) : "") +
-                          " of a one-process-per-rank run at tp " + std::to_string(n) + ")";
-  std::vector<Dump> parts;
-  parts.push_back(std::move(first));
-  for (int r = 1; r < n; ++r) {
-    const std::string pr = rank_dump_path(path, r);
-    if (!exists_with_journal(pr))
-      throw UsageError(pr + ": no such file: rank " + std::to_string(r) + "'s dump is missing from " + set +
-                       "; did its process run with --out " + path + " in this directory?");
-    Dump d = read_one(pr, opts);
-    const auto& m = d.meta;
-    const auto differs = [&](const std::string& what, const std::string& detail) {
-      throw UsageError(pr + " and " + p0 + " differ in " + what + " (" + detail + "): they are not ranks of one "
-                       "launch, so " + path + " cannot be read as their set");
-    };
-    if (m.process_rank != r || m.processes != n)
-      differs("which rank they hold", "rank " + std::to_string(m.process_rank) + " of " + std::to_string(m.processes) +
-                                          " processes, expected rank " + std::to_string(r) + " of " + std::to_string(n));
-    const auto& a = parts.front().meta;
-    if (m.launch_id != a.launch_id)  // e.g. a rank file left by an earlier launch whose process did not rerun
-      differs("launch", "launch id " + (m.launch_id.empty() ? std::string("(none)") : m.launch_id) + " vs " +
-                            (a.launch_id.empty() ? std::string("(none)") : a.launch_id));
-    if (m.tp != a.tp) differs("tp", std::to_string(m.tp) + " vs " + std::to_string(a.tp));
-    if (m.engine != a.engine || m.engine_options != a.engine_options || m.engine_dtype != a.engine_dtype)
-      differs("engine", m.engine + ":" + m.engine_options + " " + m.engine_dtype + " vs " + a.engine + ":" +
-                            a.engine_options + " " + a.engine_dtype);
-    if (const std::string diff = first_difference(m.model, a.model); !diff.empty()) differs("model", diff);
-    if (const std::string diff = first_difference(m.run_options, a.run_options); !diff.empty())
-      differs("run options", diff);
-    if (m.mode != a.mode) differs("mode", m.mode + " vs " + a.mode);
-    if (m.seed != a.seed) differs("seed", std::to_string(m.seed) + " vs " + std::to_string(a.seed));
-    if (m.inject != a.inject) differs("injections", "'" + m.inject + "' vs '" + a.inject + "'");
-    if (m.probe_level != a.probe_level) differs("probe level", m.probe_level + " vs " + a.probe_level);
-    if (opts.inputs && !same_inputs(d, parts.front())) differs("inputs", "/inputs");
-    parts.push_back(std::move(d));
-  }
-
-  Dump out;
-  out.path = path;
-  out.meta = parts.front().meta;
-  out.meta.process_rank = -1;
-  out.meta.processes = n;
-  out.schema_version = parts.front().schema_version;
-  out.tool_version = parts.front().tool_version;
-  out.git_sha = parts.front().git_sha;
-  out.created_utc = parts.front().created_utc;
-  out.has_inputs = parts.front().has_inputs;
-  out.inputs = std::move(parts.front().inputs);
-  out.status = "complete";
-  std::string stopped;
-  out.last_stage.assign(n, "");
-  for (int r = 0; r < n; ++r) {
-    const Dump& d = parts[r];
-    out.parts.push_back(d.path);
-    if (d.meta.device != out.meta.device && out.meta.device.find(d.meta.device) == std::string::npos)
-      out.meta.device += "; " + d.meta.device;
-    if (!d.complete()) stopped += (stopped.empty() ? "" : "; ") + d.status + " (in " + d.path + ")";
-    if (r < static_cast<int>(d.last_stage.size())) out.last_stage[r] = d.last_stage[r];
-  }
-  if (!stopped.empty()) out.status = stopped;
-
-  // The probes every rank recorded, as one process records them (a stage's probes after every rank ran it). When
-  // a rank stopped, the other ranks' later probes cannot be gathered; they stay readable in their own files.
-  size_t left_out = 0;
-  for (auto list : {&Dump::probes, &Dump::weights}) {
-  std::map<std::pair<int, std::string>, std::vector<const DumpProbe*>> by_key;
-  for (int r = 0; r < n; ++r)
-    for (const auto& p : parts[r].*list) {
-      auto& v = by_key[{p.layer, p.name}];
-      v.resize(n, nullptr);
-      if (!p.ranks.empty()) v[r] = &p;
-    }
-  for (const auto& [key, per_rank] : by_key) {
-    if (std::find(per_rank.begin(), per_rank.end(), nullptr) != per_rank.end()) {
-      ++left_out;
-      continue;
-    }
-    DumpProbe merged = *per_rank[0];
-    merged.ranks.clear();
-    for (int r = 0; r < n; ++r) {
-      const DumpProbe& p = *per_rank[r];
-      if (p.shape != merged.shape || p.contract != merged.contract || p.order != merged.order)
-        throw UsageError(parts[r].path + ": layer " + std::to_string(p.layer) + " probe " + p.name + " is " +
-                         p.contract + " " + shape_string(p.shape) + " at graph position " + std::to_string(p.order) +
-                         ", in " + p0 + " " + merged.contract + " " + shape_string(merged.shape) + " at " +
-                         std::to_string(merged.order));
-      merged.ranks.push_back(p.ranks.front());
-    }
-    (out.*list).push_back(std::move(merged));
-  }
-  std::stable_sort((out.*list).begin(), (out.*list).end(), [](const DumpProbe& a, const DumpProbe& b) {
-    return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
-  });
-  }
-  if (left_out > 0)
-    out.status += "; " + std::to_string(left_out) + " probe" + (left_out == 1 ? "" : "s") +
-                  " recorded by only some ranks left out (inspect the rank files for them)";
-  return out;
-}
-
-}  // namespace
-
 Dump read_dump(const std::string& path, const DumpReadOptions& opts) {
   if (!exists_with_journal(path)) {
     const auto ranks = rank_files_beside(path);
@@ -1328,54 +772,6 @@ Dump read_dump(const std::string& path, const DumpReadOptions& opts) {
                        "); did rank 0's process run with --out " + path + " in this directory?");
   }
   return read_one(path, opts);
-}
-
-std::string rank_dump_path(const std::string& path, int rank) {
-  std::filesystem::path p(path);
-  const std::string ext = p.extension().string();
-  p.replace_extension();
-  return p.string() + ".rank" + std::to_string(rank) + ext;
-}
-
-void require_every_rank(const Dump& d, const std::string& command) {
-  const int own = d.meta.process_rank;
-  if (own < 0) return;
-  const int n = d.meta.processes;
-  // FILE.rank<R>.h5 -> FILE.h5, the name that reads the whole set.
-  std::string set;
-  const std::filesystem::path p(d.path);
-  const std::string ext = p.extension().string(), tag = ".rank" + std::to_string(own);
-  std::string stem = std::filesystem::path(p).replace_extension().string();
-  if (stem.size() > tag.size() && stem.compare(stem.size() - tag.size(), tag.size(), tag) == 0)
-    set = stem.substr(0, stem.size() - tag.size()) + ext;
-  const std::string how = set.empty() ? std::string("pass the --out name of the run (FILE.h5), which reads "
-                                                    "FILE.rank0.h5 ... as one dump")
-                                      : "pass " + set + ", which reads " + rank_dump_path(set, 0) +
-                                            (n > 1 ? " ... " + rank_dump_path(set, n - 1) : std::string()) +
-                                            " as one dump";
-  throw UsageError(d.path + " holds only rank " + std::to_string(own) + " of a tp " + std::to_string(d.meta.tp) +
-                   " run made with one process per rank; " + command + " needs every rank: " + how);
-}
-
-void write_dump_h5(const Dump& dump, const std::string& path) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  try {
-    {
-      h5::File f = h5::File::create(tmp);
-      write_file(f, dump);
-      f.flush();
-      f.close();
-    }
-    Fd fd(::open(tmp.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0 || ::fsync(fd.get()) != 0)
-      throw UsageError(tmp + ": cannot fsync the new dump: " + std::strerror(errno));
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw UsageError(path + ": cannot rename " + tmp + " into place: " + std::strerror(errno));
-    journal::sync_dir(path);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
 }
 
 }  // namespace mla

@@ -93,7 +93,7 @@ TEST(BadInput, OptionsAreValidatedBeforeWork) {
       {"zoo --model tiny --clean-seeds -1", 2, {"--clean-seeds"}},
       {"inspect " + missing + " --layer -3", 2, {"--layer"}},
       {"run --model tiny --mode decode --context 100000000", 2, {"--context"}},
-      // refused before this change too
+      // the first refusals of each kind
       {"run --model tiny --tokens 0", 2, {"--tokens"}},
       {"run --model tiny --inject no-such-bug", 2, {"no-such-bug"}},
       {"run --model no-such-model", 2, {"no-such-model", "neither a preset"}},

@@ -14,6 +14,7 @@
 #include "harness/model/batch.h"
 #include "harness/model/config.h"
 #include "harness/model/stage_graph.h"
+#include "probes/dump.h"
 #include "tests/cli_util.h"
 
 namespace {
@@ -218,6 +219,10 @@ TEST(CliRun, BadUsageExits2) {
       {"run --model tiny --inject nan-at:bogus:0", {"'bogus' is not a probe", "q_pe_rope"}},
       {"run --model tiny --inject hang-at:nostage", {"hang-at:nostage", "unknown stage 'nostage'"}},
       {"run --model tiny --inject crash-at:rope@-1", {"rank after '@' must be >= 0"}},
+      {"run --model tiny --inject slow-at:rope", {"expected slow-at:STAGE:MS[@rank]"}},
+      {"run --model tiny --inject slow-at:rope:xx", {"MS must be an integer"}},
+      {"run --model tiny --inject slow-at:rope:-5", {"MS must be 0 .. 3600000"}},
+      {"run --model tiny --inject slow-at:nostage:5", {"slow-at:nostage:5", "unknown stage 'nostage'"}},
       {"run --model tiny --inject nan-at:q_a:0@9", {"rank 9 does not exist at --tp 1"}},
       {"run --model tiny --inject ,,,", {"no injection named"}},
   };
@@ -227,6 +232,28 @@ TEST(CliRun, BadUsageExits2) {
     EXPECT_EQ(r.exit_code, 2) << describe(c.args, r);
     for (const auto& s : c.says) EXPECT_CONTAINS(r.err, s);
   }
+}
+
+// slow-at plants nothing in the numbers: a slowed run's dump equals the plain run's record for record, and a
+// watchdog shorter than the sleep ends the slowed stage as hung (exit 3, naming it).
+TEST(CliRun, SlowAtSlowsAStageAndNothingElse) {
+  const test::ScratchDir dir("cli_slow_at");
+  const std::string plain = dir.path("plain.h5"), slow = dir.path("slow.h5");
+  const auto a = run_cli("run --model tiny --tokens 4 --probe-level full --out " + plain);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const auto b = run_cli("run --model tiny --tokens 4 --probe-level full --inject slow-at:rope:20 --out " + slow);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const Dump da = read_dump(plain), db = read_dump(slow);
+  ASSERT_EQ(da.probes.size(), db.probes.size());
+  for (size_t i = 0; i < da.probes.size(); ++i) {
+    SCOPED_TRACE(da.probes[i].name);
+    ASSERT_EQ(da.probes[i].ranks.size(), db.probes[i].ranks.size());
+    for (size_t r = 0; r < da.probes[i].ranks.size(); ++r)
+      EXPECT_EQ(da.probes[i].ranks[r].checksum, db.probes[i].ranks[r].checksum);
+  }
+  const auto hung = run_cli("run --model tiny --tokens 4 --inject slow-at:rope:3000 --watchdog 0.5");
+  EXPECT_EQ(hung.exit_code, 3) << hung.err;
+  EXPECT_CONTAINS(hung.err, "rope");
 }
 
 }  // namespace

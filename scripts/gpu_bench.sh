@@ -2,7 +2,7 @@
 # On the GPU machine, after scripts/gpu_check.sh built build-gpu/: `mla-bisect bench --engine cuda` on the
 # benchmark shapes (DeepSeek-V3 prefill T = 512 and 4096, decode B = 64/128 at L = 4096, the attention core
 # with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels and attention_mha version 2
-# (v2prefill*: mha_kernel=2, the previous default) for comparison. Each run
+# (v2prefill*: mha_kernel=2, the 128-row flash kernel) for comparison. Each run
 # measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to $OUT/bench.log and
 # the JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT, build-gpu/bench/.
 #

@@ -104,10 +104,9 @@ BisectReport run_bisect(const BisectOptions& opt) {
   // The reference's full-level run on these inputs: calibration's FP32 side (when the reference is the plain FP32
   // reference) and the full tensors below; made once. Weight records only where a weight differs (weight_cause).
   const EngineSpec ref_spec = EngineSpec::parse(opt.reference);
-  const bool ref_is_fp32 = ref_spec.name == "reference" &&
-                           (ref_spec.options.empty() ||
-                            (ref_spec.options.size() == 1 && ref_spec.options.count("precision") &&
-                             parse_precision(ref_spec.options.at("precision")) == Precision::Precision_fp32));
+  // Calibration's FP32 side is the plain reference: the reference given is it when its canonical options are.
+  const bool ref_is_fp32 = ref_spec.name == "reference" && make_engine(ref_spec)->options() ==
+                                                               make_engine(EngineSpec::parse("reference"))->options();
   // `upto`: a run that may stop after that stage of that layer (nullptr: every stage, as calibration needs).
   std::optional<Dump> ref_full;
   bool ref_full_has_weights = false;

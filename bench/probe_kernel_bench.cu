@@ -132,7 +132,7 @@ struct Shape {
   int in_layer = 0;  // how many of the DeepSeek-V3 T = 4096 layer's bf16 probes have this shape (sketch level)
 };
 
-// Not mla::Timing::of (harness/report/bench.h): its object file brings the bench's engine code, which the nvcc
+// Not mla::Timing::of (harness/run/bench.h): its object file brings the bench's engine code, which the nvcc
 // build of scripts/probe_kernel_bench.sh does not link.
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());

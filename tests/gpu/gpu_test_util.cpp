@@ -1,10 +1,17 @@
 // GPU test machinery (see gpu_test_util.h).
 #include "tests/gpu/gpu_test_util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
@@ -277,6 +284,23 @@ std::unique_ptr<Engine> cuda_engine(const std::string& options) {
 
 std::unique_ptr<Engine> reference_engine(const std::string& precision) {
   return make_engine(EngineSpec::parse("reference:precision=" + precision));
+}
+
+CliResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
+  CliResult r;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
+  const int st = pclose(p.release());
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string test_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("mla_gpu_test_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::create_directories(d);
+  return d.string();
 }
 
 }  // namespace mla::gputest

@@ -100,4 +100,13 @@ void expect_record_matches_host(const ProbeRecord& rec, const ProbeRecord& host,
 std::unique_ptr<Engine> cuda_engine(const std::string& options = "");
 std::unique_ptr<Engine> reference_engine(const std::string& precision);
 
+// `mla-bisect ARGS` (the binary built with these tests), its exit code and its output (stdout and stderr merged).
+struct CliResult {
+  int code = -1;
+  std::string out;
+};
+CliResult run_cli(const std::string& args);
+// A directory under the system's temporary directory, named for `name` and this process; made if missing.
+std::string test_dir(const std::string& name);
+
 }  // namespace mla::gputest

@@ -131,32 +131,10 @@ INSTANTIATE_TEST_SUITE_P(Zoo, CudaPlantedBug, testing::ValuesIn(planted_cases())
 
 // ---- the harness end to end, through the CLI ----
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result sh(const std::string& args) {
-  const std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
-  Result r;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
-  const int st = pclose(p.release());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string tmpdir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("mla_gpu_test_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::create_directories(d);
-  return d.string();
-}
-
 void expect_zoo_ok(const std::string& tp) {
-  const std::string dir = tmpdir("zoo_tp" + tp);
-  const auto r = sh("zoo --candidate cuda --model tiny --tokens 16 --tp " + tp + " --workdir " + dir + " --json " + dir +
-                    "/zoo.json");
+  const std::string dir = test_dir("zoo_tp" + tp);
+  const auto r = run_cli("zoo --candidate cuda --model tiny --tokens 16 --tp " + tp + " --workdir " + dir +
+                         " --json " + dir + "/zoo.json");
   std::cout << r.out;
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("0 injected bugs missed or mislocated, 0 clean or benign runs flagged"), std::string::npos)
@@ -187,9 +165,9 @@ TEST(CudaZoo, TinyTp2LocalizesEveryEntryAndFlagsNoCleanRun) {
 // scripts/demo.sh's bisect with the CUDA candidate: rope-neox on DeepSeek-V3 dims, 64 tokens.
 TEST(CudaZoo, DemoBisectFindsRopeNeoxAtTheRope) {
   MLA_REQUIRE_GPU();
-  const std::string dir = tmpdir("demo");
-  const auto r = sh("bisect --model deepseek-v3 --tokens 64 --inject rope-neox --candidate cuda --workdir " + dir +
-                    " --json " + dir + "/bisect.json");
+  const std::string dir = test_dir("demo");
+  const auto r = run_cli("bisect --model deepseek-v3 --tokens 64 --inject rope-neox --candidate cuda --workdir " + dir +
+                         " --json " + dir + "/bisect.json");
   std::cout << r.out;
   EXPECT_EQ(r.code, 1) << r.out;
   std::ifstream f(dir + "/bisect.json");

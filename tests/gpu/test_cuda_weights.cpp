@@ -17,26 +17,9 @@
 namespace mla::gputest {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result bisect(const std::string& args) {
-  const std::string cmd = std::string(MLA_BINARY) + " bisect --candidate cuda --model tiny --tokens 16 " + args + " 2>&1";
-  Result r;
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p.get())) r.out += buf.data();
-  const int st = pclose(p.release());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string scratch(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("mla_gpu_weights_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::create_directories(d);
-  return d.string();
+// `mla-bisect bisect` with the cuda candidate on tiny, 16 tokens, and ARGS.
+CliResult bisect(const std::string& args) {
+  return run_cli("bisect --candidate cuda --model tiny --tokens 16 " + args);
 }
 
 nlohmann::json read_json(const std::string& path) {
@@ -49,7 +32,7 @@ TEST(CudaWeights, DeviceDequantizedWeightsAgreeWithTheReference) {
   MLA_REQUIRE_GPU();
   for (const char* fmt : {"", "--weight-format nvfp4", "--weight-format fp8:16"}) {
     SCOPED_TRACE(fmt);
-    const std::string dir = scratch("clean");
+    const std::string dir = test_dir("clean");
     const auto r = bisect(std::string(fmt) + " --tp 2 --workdir " + dir + " --json " + dir + "/b.json");
     EXPECT_EQ(r.code, 0) << r.out;
     const auto j = read_json(dir + "/b.json");
@@ -76,7 +59,7 @@ TEST(CudaWeights, DequantizationAndShardBugsAreNamedAsWeightDifferences) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
-    const std::string dir = scratch("bug");
+    const std::string dir = test_dir("bug");
     const auto r = bisect(std::string(c.args) + " --workdir " + dir + " --json " + dir + "/b.json");
     EXPECT_EQ(r.code, 1) << r.out;
     const auto j = read_json(dir + "/b.json");

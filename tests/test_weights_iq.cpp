@@ -192,25 +192,6 @@ TEST(DequantIq, FormatsAreReadFromGgufOnly) {
 
 // ---------------------------------------------------------------- a checkpoint of every type, loaded
 
-RunSpec spec_of(int layers) {
-  RunSpec s;
-  s.layers = layers;
-  s.input_norm = true;
-  s.tokens = 4;
-  return s;
-}
-
-const Tensor& field(const LayerWeights& w, const std::string& f) {
-  if (f == "input_norm") return w.input_norm;
-  if (f == "q_a_proj") return w.q_a_proj;
-  if (f == "q_a_norm") return w.q_a_norm;
-  if (f == "q_b_proj") return w.q_b_proj;
-  if (f == "kv_a_proj") return w.kv_a_proj;
-  if (f == "kv_a_norm") return w.kv_a_norm;
-  if (f == "kv_b_proj") return w.kv_b_proj;
-  return w.o_proj;
-}
-
 TEST(DequantIq, CheckpointLoadsExactlyWhatGgufPyDequantizesTo) {
   MLA_REQUIRE_IQ_FIXTURES();
   const auto& m = fx.manifest.at("models").at("gguf_iq");

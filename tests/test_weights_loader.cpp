@@ -24,25 +24,6 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-RunSpec spec_of(int layers, bool input_norm = true) {
-  RunSpec s;
-  s.layers = layers;
-  s.input_norm = input_norm;
-  s.tokens = 4;
-  return s;
-}
-
-const Tensor& field(const LayerWeights& w, const std::string& f) {
-  if (f == "input_norm") return w.input_norm;
-  if (f == "q_a_proj") return w.q_a_proj;
-  if (f == "q_a_norm") return w.q_a_norm;
-  if (f == "q_b_proj") return w.q_b_proj;
-  if (f == "kv_a_proj") return w.kv_a_proj;
-  if (f == "kv_a_norm") return w.kv_a_norm;
-  if (f == "kv_b_proj") return w.kv_b_proj;
-  return w.o_proj;
-}
-
 // The mini config every fixture checkpoint has (tests/py/make_weight_fixtures.py MINI).
 void expect_mini_config(const MlaConfig& c, bool q_lora = true) {
   EXPECT_EQ(c.hidden, 256);

@@ -14,12 +14,38 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/model/batch.h"
+#include "harness/model/weights.h"
+
 namespace mla::test {
+
+// A run of `layers` layers and 4 tokens: what the loader tests load weights for.
+inline RunSpec spec_of(int layers, bool input_norm = true) {
+  RunSpec s;
+  s.layers = layers;
+  s.input_norm = input_norm;
+  s.tokens = 4;
+  return s;
+}
+
+// A layer's weight by its LayerWeights field name (input_norm, q_a_proj, ..., o_proj), as the fixtures name them.
+inline const Tensor& field(const LayerWeights& w, const std::string& f) {
+  if (f == "input_norm") return w.input_norm;
+  if (f == "q_a_proj") return w.q_a_proj;
+  if (f == "q_a_norm") return w.q_a_norm;
+  if (f == "q_b_proj") return w.q_b_proj;
+  if (f == "kv_a_proj") return w.kv_a_proj;
+  if (f == "kv_a_norm") return w.kv_a_norm;
+  if (f == "kv_b_proj") return w.kv_b_proj;
+  if (f == "o_proj") return w.o_proj;
+  throw std::invalid_argument("no LayerWeights field named " + f);
+}
 
 inline std::string slurp_file(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

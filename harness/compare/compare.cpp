@@ -50,11 +50,6 @@ Tolerance ToleranceModel::for_probe(const std::string& name, int layer) const {
 
 namespace {
 
-double ratio(double num, double den) {
-  if (den > 0) return num / den;
-  return num > 0 ? std::numeric_limits<double>::infinity() : 0.0;
-}
-
 // Per-token, per-head, per-rank and channel-group relative errors of two global tensors.
 Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int layer, int tp_a, const CompareOptions& opt) {
   Metrics m;
@@ -142,28 +137,28 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
       if (m.worst.size() > 8) m.worst.pop_back();
     }
   }
-  m.rel_l2 = ratio(std::sqrt(dd), std::sqrt(bb));
-  m.nmse = ratio(dd, bb);
+  m.rel_l2 = ratio_or_inf(std::sqrt(dd), std::sqrt(bb));
+  m.nmse = ratio_or_inf(dd, bb);
   m.cosine = (aa > 0 && bb > 0) ? ab / std::sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
-  m.norm_ratio = ratio(std::sqrt(aa), std::sqrt(bb));
+  m.norm_ratio = ratio_or_inf(std::sqrt(aa), std::sqrt(bb));
   m.mismatch = compared ? static_cast<double>(mismatches) / compared : 0.0;
   m.token_rel.resize(T);
   for (int64_t t = 0; t < T; ++t) {
-    m.token_rel[t] = ratio(std::sqrt(tok_d[t]), std::sqrt(tok_b[t]));
+    m.token_rel[t] = ratio_or_inf(std::sqrt(tok_d[t]), std::sqrt(tok_b[t]));
     m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
-    m.token_norm_ratio.push_back(ratio(std::sqrt(tok_a[t]), std::sqrt(tok_b[t])));
+    m.token_norm_ratio.push_back(ratio_or_inf(std::sqrt(tok_a[t]), std::sqrt(tok_b[t])));
     m.token_cos.push_back(tok_a[t] > 0 && tok_b[t] > 0 ? tok_ab[t] / std::sqrt(tok_a[t] * tok_b[t]) : 1.0);
   }
-  for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio(std::sqrt(head_d[h]), std::sqrt(head_b[h])));
-  for (int64_t i = 0; i < T * N; ++i) m.token_head_rel.push_back(ratio(std::sqrt(th_d[i]), std::sqrt(th_b[i])));
+  for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio_or_inf(std::sqrt(head_d[h]), std::sqrt(head_b[h])));
+  for (int64_t i = 0; i < T * N; ++i) m.token_head_rel.push_back(ratio_or_inf(std::sqrt(th_d[i]), std::sqrt(th_b[i])));
   if (N > 0)
-    for (int r = 0; r < tp_a; ++r) m.rank_rel.push_back(ratio(std::sqrt(rank_d[r]), std::sqrt(rank_b[r])));
+    for (int r = 0; r < tp_a; ++r) m.rank_rel.push_back(ratio_or_inf(std::sqrt(rank_d[r]), std::sqrt(rank_b[r])));
   if (p.rope_from >= 0) {
-    m.rope_rel = ratio(std::sqrt(rope_d), std::sqrt(rope_b));
-    if (p.rope_from > 0) m.nope_rel = ratio(std::sqrt(nope_d), std::sqrt(nope_b));
+    m.rope_rel = ratio_or_inf(std::sqrt(rope_d), std::sqrt(rope_b));
+    if (p.rope_from > 0) m.nope_rel = ratio_or_inf(std::sqrt(nope_d), std::sqrt(nope_b));
   }
-  m.first_half_rel = ratio(std::sqrt(h1_d), std::sqrt(h1_b));
-  m.second_half_rel = ratio(std::sqrt(h2_d), std::sqrt(h2_b));
+  m.first_half_rel = ratio_or_inf(std::sqrt(h1_d), std::sqrt(h1_b));
+  m.second_half_rel = ratio_or_inf(std::sqrt(h2_d), std::sqrt(h2_b));
   return m;
 }
 
@@ -190,7 +185,7 @@ Metrics sketch_metrics(const Gathered& a, const Gathered& b, const DumpProbe& p)
       m.first_nonfinite = std::string("token ") + std::to_string(t) + " norm is " + names[kind(a.token_l2[t])] +
                           " vs " + names[kind(b.token_l2[t])] + " (NaN/Inf at different positions)";
     }
-  if (a.l2 >= 0 && b.l2 >= 0) m.norm_ratio = ratio(a.l2, b.l2);
+  if (a.l2 >= 0 && b.l2 >= 0) m.norm_ratio = ratio_or_inf(a.l2, b.l2);
   if (a.sketch && b.sketch && a.sketch_rows.size() == b.sketch_rows.size()) {
     m.basis = "sketch";
     double dd = 0, bb = 0, aa = 0, ab = 0;
@@ -207,19 +202,19 @@ Metrics sketch_metrics(const Gathered& a, const Gathered& b, const DumpProbe& p)
       }
       dd += td;
       bb += tb;
-      m.token_rel[t] = ratio(std::sqrt(td), std::sqrt(tb));
+      m.token_rel[t] = ratio_or_inf(std::sqrt(td), std::sqrt(tb));
       m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
     }
-    m.rel_l2 = ratio(std::sqrt(dd), std::sqrt(bb));
+    m.rel_l2 = ratio_or_inf(std::sqrt(dd), std::sqrt(bb));
     m.nmse = m.rel_l2 * m.rel_l2;
     m.cosine = (aa > 0 && bb > 0) ? ab / std::sqrt(aa * bb) : 1.0;
-    if (a.l2 < 0 || b.l2 < 0) m.norm_ratio = ratio(std::sqrt(aa), std::sqrt(bb));
+    if (a.l2 < 0 || b.l2 < 0) m.norm_ratio = ratio_or_inf(std::sqrt(aa), std::sqrt(bb));
   } else {
     m.basis = "stats (lower bound)";
     m.rel_l2 = b.l2 > 0 ? std::fabs(a.l2 - b.l2) / b.l2 : 0.0;
     m.token_rel.assign(T, 0.0);
     for (int64_t t = 0; t < T && t < static_cast<int64_t>(a.token_l2.size()) && t < static_cast<int64_t>(b.token_l2.size()); ++t) {
-      m.token_rel[t] = ratio(std::fabs(a.token_l2[t] - b.token_l2[t]), b.token_l2[t]);
+      m.token_rel[t] = ratio_or_inf(std::fabs(a.token_l2[t] - b.token_l2[t]), b.token_l2[t]);
       m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
     }
   }
@@ -231,7 +226,7 @@ Metrics sketch_metrics(const Gathered& a, const Gathered& b, const DumpProbe& p)
       na[i % N] += std::pow(a.head_l2[i] - b.head_l2[i], 2);
       nb[i % N] += std::pow(b.head_l2[i], 2);
     }
-    for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio(std::sqrt(na[h]), std::sqrt(nb[h])));
+    for (int64_t h = 0; h < N; ++h) m.head_rel.push_back(ratio_or_inf(std::sqrt(na[h]), std::sqrt(nb[h])));
   }
   return m;
 }
@@ -248,7 +243,7 @@ std::vector<double> channel_block_rel(const std::vector<double>& err2, const std
       d += err2[c];
       n += ref2[c];
     }
-    rel.push_back(ratio(std::sqrt(d), std::sqrt(n)));
+    rel.push_back(ratio_or_inf(std::sqrt(d), std::sqrt(n)));
   }
   return rel;
 }
@@ -664,14 +659,14 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
             d += std::pow(static_cast<double>(ra.data.data[i]) - rb.data.data[i], 2);
             n += std::pow(static_cast<double>(rb.data.data[i]), 2);
           }
-          r.m.rank_rel.push_back(ratio(std::sqrt(d), std::sqrt(n)));
+          r.m.rank_rel.push_back(ratio_or_inf(std::sqrt(d), std::sqrt(n)));
         } else if (!ra.sketch.empty() && ra.sketch.size() == rb.sketch.size()) {
           double d = 0, n = 0;
           for (size_t i = 0; i < ra.sketch.size(); ++i) {
             d += std::pow(static_cast<double>(ra.sketch[i]) - rb.sketch[i], 2);
             n += std::pow(static_cast<double>(rb.sketch[i]), 2);
           }
-          r.m.rank_rel.push_back(ratio(std::sqrt(d), std::sqrt(n)));
+          r.m.rank_rel.push_back(ratio_or_inf(std::sqrt(d), std::sqrt(n)));
         }
       }
     }

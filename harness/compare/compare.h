@@ -13,6 +13,12 @@
 
 namespace mla {
 
+// num / den; inf where only the numerator is nonzero, 0 for 0 / 0.
+inline double ratio_or_inf(double num, double den) {
+  if (den > 0) return num / den;
+  return num > 0 ? INFINITY : 0.0;
+}
+
 // A relative L2 error from sums of squares: sqrt(err2 / ref2); inf where only the error is nonzero.
 inline double rel_of_sums(double err2, double ref2) {
   if (ref2 > 0) return std::sqrt(err2 / ref2);

@@ -107,12 +107,12 @@ std::vector<Injection> parse_injections(const std::string& text) {
       inj.target = arg.substr(0, c2);
       try {
         size_t used = 0;
-        inj.index = std::stoll(arg.substr(c2 + 1), &used);
+        inj.ms = std::stoll(arg.substr(c2 + 1), &used);
         if (used != arg.size() - c2 - 1) throw std::invalid_argument("trailing");
       } catch (const std::exception&) {
         throw UsageError("--inject " + item + ": MS must be an integer (milliseconds)");
       }
-      if (inj.index < 0 || inj.index > 3600000)
+      if (inj.ms < 0 || inj.ms > 3600000)
         throw UsageError("--inject " + item + ": MS must be 0 .. 3600000 (an hour)");
       if (inj.target != "*") {
         try {

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <map>
 #include <tuple>
-#include <ostream>
 
 #include <Eigen/Core>
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -16,11 +15,6 @@
 namespace mla {
 
 namespace {
-
-double ratio(double num, double den) {
-  if (den > 0) return num / den;
-  return num > 0 ? std::numeric_limits<double>::infinity() : 0.0;
-}
 
 // A weight against itself rounded to `precision` (what the reference at that precision computes with): rel_l2 over
 // the tensor and the worst row's, as compare_gathered measures a weight's records (rows: the first axis; a norm's
@@ -44,9 +38,9 @@ Metrics weight_rounding(const Tensor& w, Precision precision) {
   for (int64_t r = 0; r < rows; ++r) {
     dd += row_d[r];
     bb += row_b[r];
-    m.max_token_rel = std::max(m.max_token_rel, ratio(std::sqrt(row_d[r]), std::sqrt(row_b[r])));
+    m.max_token_rel = std::max(m.max_token_rel, ratio_or_inf(std::sqrt(row_d[r]), std::sqrt(row_b[r])));
   }
-  m.rel_l2 = ratio(std::sqrt(dd), std::sqrt(bb));
+  m.rel_l2 = ratio_or_inf(std::sqrt(dd), std::sqrt(bb));
   return m;
 }
 

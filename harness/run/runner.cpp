@@ -16,8 +16,8 @@ namespace mla {
 
 namespace {
 bool targets(const Injection& inj, const StageSpec& st, int rank) {
-  return (inj.target == stage_name(st.stage) || (inj.name == "slow-at" && inj.target == "*")) &&
-         (inj.rank < 0 || inj.rank == rank);
+  // "*" (every stage) is accepted by the parser only where it means something (slow-at).
+  return (inj.target == "*" || inj.target == stage_name(st.stage)) && (inj.rank < 0 || inj.rank == rank);
 }
 
 // The engine-agnostic injections: a hang, a crash or a sleep at a stage's entry (after the sinks heard the stage
@@ -25,7 +25,7 @@ bool targets(const Injection& inj, const StageSpec& st, int rank) {
 void apply_entry_injections(const Engine& engine, const StageSpec& st, int rank) {
   for (const auto& inj : engine.injections()) {
     if (inj.name == "slow-at" && targets(inj, st, rank))
-      std::this_thread::sleep_for(std::chrono::milliseconds(inj.index));
+      std::this_thread::sleep_for(std::chrono::milliseconds(inj.ms));
     if (inj.name == "hang-at" && targets(inj, st, rank))
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     if (inj.name == "crash-at" && targets(inj, st, rank)) std::abort();

@@ -10,10 +10,9 @@
 //   probe=device|host     where probe statistics and sketches are computed (default device)
 //   probe_stream=rank|side  device probes' kernels on the rank's stream, in order with its stages (default), or
 //                    on a side stream beside the rank's next stages (measured on an H200, DeepSeek-V3 at sketch
-//                    level: T = 4096 1.37-1.41x against 1.10-1.12x on the rank's stream in the same
-//                    calls, the probe kernels mostly waiting for the stages and running after them; with the side
-//                    stream at the greatest priority 1.19-1.20x, slowing the stages they share SMs with; T = 512
-//                    2.21x against 2.12x)
+//                    level, the layer's wall against the rank's stream in the same call: T = 4096 1.61x against
+//                    1.09x, T = 512 2.10x against 1.59x, decode B 64, L 4096 1.43x against 1.38x: the probe kernels
+//                    mostly wait for the stages and then slow the ones they share SMs with)
 //   probe_pdl=0|1    device probes' tile kernels launched as programmatic dependents of the stage before them on
 //                    compute capability 9 and later (1, default: their launch overlaps the end of that stage), or
 //                    plainly (0)
@@ -36,7 +35,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <deque>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +51,7 @@
 #include "kernels/kv_a_proj.cuh"
 #include "kernels/kv_b_proj.cuh"
 #include "kernels/o_proj.cuh"
+#include "kernels/probe_builder.cuh"
 #include "kernels/probe_capture.cuh"
 #include "kernels/probe_stats.cuh"
 #include "kernels/q_a_proj.cuh"
@@ -176,6 +175,7 @@ class CudaEngine : public Engine, public EngineTiming {
 
   ~CudaEngine() override {
     comm_.reset();
+    builder_.reset();  // before the captures whose slots it finishes
     captures_.clear();
     ranks_.clear();
     for (auto& pool : event_pool_)
@@ -233,9 +233,9 @@ class CudaEngine : public Engine, public EngineTiming {
   void collect_probes(std::vector<ProbeRecord>& out, bool wait) override;
   ProbeBuildSeconds probe_build_seconds() const override {
     ProbeBuildSeconds b;
-    b.last = last_build_s_;
     for (const auto& c : captures_)
       if (c) b.total += c->build_seconds();
+    b.last = last_built_ ? last_built_->last_build_seconds() : 0.0;
     return b;
   }
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
@@ -296,11 +296,12 @@ class CudaEngine : public Engine, public EngineTiming {
   int own_rank_ = -1;  // one process per rank: the rank this process drives (-1: every rank)
   std::vector<RankState> ranks_;
   std::unique_ptr<cuda::Communicator> comm_;
-  // Device probes (kernels/probe_capture.cuh): one capture per rank, and the started ones in call order.
+  // Device probes (kernels/probe_capture.cuh): one capture per rank; the started ones are built into records on
+  // the builder's thread, in call order (kernels/probe_builder.cuh).
   cuda::ProbeCapture& capture(int rank);
   std::vector<std::unique_ptr<cuda::ProbeCapture>> captures_;
-  std::deque<std::pair<int, int>> probe_order_;  // (rank, slot), oldest first
-  double last_build_s_ = 0;  // the host seconds of the last record built (probe_build_seconds)
+  std::unique_ptr<cuda::ProbeRecordBuilder> builder_;
+  const cuda::ProbeCapture* last_built_ = nullptr;  // the capture of the last probe started (probe_build_seconds)
 };
 
 DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
@@ -364,8 +365,9 @@ void CudaEngine::prepare(const RunContext& ctx) {
   if (tp_ > cuda::kMaxRanks)
     throw UsageError("cuda engine: tp " + std::to_string(tp_) + " exceeds " + std::to_string(cuda::kMaxRanks));
   comm_.reset();
+  if (builder_) builder_->clear();
+  last_built_ = nullptr;
   captures_.clear();
-  probe_order_.clear();
   ranks_.clear();
   ranks_.resize(tp_);
   // One process per rank (`run --rank`): this process drives its rank alone, on the GPU its local rank picks.
@@ -827,31 +829,24 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
     return compute_probe_record(to_float(t, raw), cuda::dtype_name(t.dtype), req);
   }
   cuda::ProbeCapture& cap = capture(rank);
-  ProbeRecord rec = cap.finish(cap.start(spec.name, t, req));
-  last_build_s_ = cap.last_build_seconds();
-  return rec;
+  last_built_ = &cap;
+  const int slot = cap.start(spec.name, t, req);
+  cap.ship(slot);
+  return cap.finish(slot);
 }
 
 void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
   if (!device_probes_) return Engine::probe_async(rank, spec, req);
-  probe_order_.push_back({rank, capture(rank).start(spec.name, in(rank, spec.name), req)});
+  cuda::ProbeCapture& cap = capture(rank);
+  const int slot = cap.start(spec.name, in(rank, spec.name), req);
+  if (!builder_) builder_ = std::make_unique<cuda::ProbeRecordBuilder>();
+  builder_->push(cap, slot);
+  last_built_ = &cap;
 }
 
 void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
   Engine::collect_probes(out, wait);
-  size_t k = 0;
-  try {
-    for (; k < probe_order_.size(); ++k) {
-      const auto [rank, slot] = probe_order_[k];
-      if (!wait && !captures_.at(rank)->ready(slot)) break;
-      out.push_back(captures_[rank]->finish(slot));
-      last_build_s_ = captures_[rank]->last_build_seconds();
-    }
-  } catch (...) {
-    probe_order_.clear();
-    throw;
-  }
-  probe_order_.erase(probe_order_.begin(), probe_order_.begin() + static_cast<std::ptrdiff_t>(k));
+  if (builder_) builder_->take(out, wait);
 }
 
 cuda::ProbeCapture& CudaEngine::capture(int rank) {

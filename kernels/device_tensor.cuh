@@ -22,16 +22,18 @@ inline const char* dtype_name(DType d) { return d == DType::DType_bf16 ? "bf16" 
 // Sets the current device for a scope and restores the previous one.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device) : device_(device) {
     CUDA_CHECK(cudaGetDevice(&prev_));
     if (prev_ != device) CUDA_CHECK(cudaSetDevice(device));
   }
-  ~DeviceGuard() { cudaSetDevice(prev_); }
+  ~DeviceGuard() {
+    if (prev_ != device_) cudaSetDevice(prev_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int prev_ = 0;
+  int prev_ = 0, device_ = 0;
 };
 
 // cudaMalloc'd bytes on `device`; freed on that device.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/probe_launch_plan.cuh"
@@ -52,7 +53,8 @@ struct ProbeCapture::Slot {
   bool sketch = false, full = false;
   size_t off_stats = 0, off_check = 0, off_tok = 0, off_head = 0, off_sketch = 0, off_raw = 0, bytes = 0;
   unsigned seq = 0;
-  bool busy = false;
+  std::atomic<bool> busy{false};  // from start() until finish() has read everything
+  unsigned char* dev = nullptr;   // the results on the device (the rank's scratch)
   const void* zeroed_at = nullptr;  // the stats kernel's counters last zeroed here (ProbeStatsPlan::counter_bytes)
   size_t zeroed_bytes = 0;
   PinnedBuffer host;
@@ -61,13 +63,11 @@ struct ProbeCapture::Slot {
   unsigned* flag_dev = nullptr;
   cudaEvent_t computed = nullptr;  // on the rank's stream: the tensor is complete (side stream) or the results are
                                    // in the slot's device scratch (rank stream)
-  cudaEvent_t done = nullptr;      // on the copy stream: they are in pinned host memory
   int device = 0;
 
   ~Slot() {
     DeviceGuard g(device);
     if (computed) cudaEventDestroy(computed);
-    if (done) cudaEventDestroy(done);
   }
 };
 
@@ -100,25 +100,40 @@ const uint32_t* ProbeCapture::sign_bits(uint64_t key, int64_t col0, int64_t cols
   return static_cast<const uint32_t*>(signs_.emplace(k, std::move(b)).first->second.get());
 }
 
+ProbeCapture::Slot& ProbeCapture::slot(int id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return *slots_.at(id);
+}
+
+double ProbeCapture::build_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return built_s_;
+}
+
+double ProbeCapture::last_build_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_built_s_;
+}
+
 int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req) {
   DeviceGuard g(rc_.device());
   auto& mine = by_probe_[probe];
   int id = -1;
   for (int k : mine)
-    if (!slots_[k]->busy) id = k;
+    if (!slot(k).busy.load(std::memory_order_acquire)) id = k;
   if (id < 0) {
     auto s = std::make_unique<Slot>();
     s->device = rc_.device();
     CUDA_CHECK(cudaEventCreateWithFlags(&s->computed, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
     s->flag = reinterpret_cast<volatile unsigned*>(s->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s->flag_dev), const_cast<unsigned*>(s->flag), 0));
+    std::lock_guard<std::mutex> lock(mu_);
     id = static_cast<int>(slots_.size());
     mine.push_back(id);
     slots_.push_back(std::move(s));
   }
-  slots_[id]->busy = true;
-  Slot& s = *slots_[id];
+  Slot& s = slot(id);
+  s.busy.store(true, std::memory_order_relaxed);
   s.rec = ProbeRecord{};
   s.rec.shape = t.shape;
   s.rec.dtype = dtype_name(t.dtype);
@@ -150,7 +165,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   s.off_sketch = take(s.sketch ? s.rows * kSketchDim * sizeof(float) : 0);
   s.off_raw = take(s.full ? t.bytes() : 0);  // full level: the tensor itself, copied on the device first
   s.bytes = off;  // what comes to the host; the stats kernels' workspace follows on the device only
-  unsigned char* host = s.host.reserve(std::max<size_t>(s.bytes, 8));
+  s.host.reserve(std::max<size_t>(s.bytes, 8));
   *s.flag = 0;
   s.seq = s.seq + 1 ? s.seq + 1 : 1;
 
@@ -159,6 +174,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     a.sketch_bits = s.sketch ? sign_bits(req.probe_key, req.col_offset, cols) : nullptr;
     const size_t work = s.plan.workspace;
     auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), s.bytes + work));
+    s.dev = dev;
     a.row_stats = reinterpret_cast<double*>(dev + s.off_stats);
     a.row_checksum = reinterpret_cast<unsigned long long*>(dev + s.off_check);
     a.token_l2 = reinterpret_cast<float*>(dev + s.off_tok);
@@ -178,27 +194,46 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
     }
     launch_probe_stats(rc_.probe_launch_cache(), a, programmatic_, stream);
     if (s.full) CUDA_CHECK(cudaMemcpyAsync(dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
-    if (!side_stream_) {
-      CUDA_CHECK(cudaEventRecord(s.computed, stream));
-      CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
-    }
-    CUDA_CHECK(cudaMemcpyAsync(host, dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
+    if (!side_stream_) CUDA_CHECK(cudaEventRecord(s.computed, stream));
   }
-  launch_set_flag(s.flag_dev, s.seq, write_flag_, copy_);
-  CUDA_CHECK(cudaEventRecord(s.done, copy_));
   return id;
 }
 
-bool ProbeCapture::ready(int slot) const {
+void ProbeCapture::ship(int id) {
+  Slot& s = slot(id);
   DeviceGuard g(rc_.device());
-  const cudaError_t err = cudaEventQuery(slots_.at(slot)->done);
-  if (err == cudaErrorNotReady) return false;
-  return true;  // done, or failed: finish() says which
+  if (s.numel > 0) {
+    if (!side_stream_) CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));  // (side: the kernels are on copy_)
+    CUDA_CHECK(cudaMemcpyAsync(s.host.reserve(0), s.dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
+  }
+  launch_set_flag(s.flag_dev, s.seq, write_flag_, copy_);
 }
 
-ProbeRecord ProbeCapture::finish(int slot) {
-  Slot& s = *slots_.at(slot);
+// The copies are done when the flag holds the slot's number (it is written after them, in stream order). Waiting
+// reads mapped memory and makes no driver call, so the launching thread's calls never queue behind this wait; now
+// and then the copy stream is asked whether the device failed (a sticky error), which ends the wait.
+void ProbeCapture::wait_for_flag(const Slot& s) const {
+  using Clock = std::chrono::steady_clock;
+  auto check = Clock::now() + std::chrono::milliseconds(1);
+  for (unsigned spins = 0; *s.flag != s.seq; ++spins) {
+    if ((spins & 255u) != 255u) continue;
+    std::this_thread::yield();
+    if (Clock::now() < check) continue;
+    const cudaError_t err = cudaStreamQuery(copy_);
+    if (err != cudaSuccess && err != cudaErrorNotReady && *s.flag != s.seq)
+      CUDA_CHECK(err);  // the device failed before this probe's copies were done
+    check = Clock::now() + std::chrono::milliseconds(1);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);  // the results are read after the flag
+}
+
+ProbeRecord ProbeCapture::finish(int id) {
+  Slot& s = slot(id);
   DeviceGuard g(rc_.device());
+  struct Release {  // the slot is free once everything is read from it, however finish() ends
+    std::atomic<bool>& busy;
+    ~Release() { busy.store(false, std::memory_order_release); }
+  } release{s.busy};
   // Waiting anyway: the record's maps are allocated now, zero-filled, so that their copies below write into memory
   // the host has just touched. A layer's last record is built after the device is done, so its build is part of
   // the wall: on the H200 machine, for a [4096, 7168] probe at sketch level (a 512 KB sketch), 0.075-0.084 ms into
@@ -206,24 +241,23 @@ ProbeRecord ProbeCapture::finish(int slot) {
   // would cost more than it saves).
   const int64_t rows = s.rows;
   std::vector<float> token_l2, head_l2, sketch;
-  const bool early = s.numel > 0 && cudaEventQuery(s.done) == cudaErrorNotReady;
+  const bool early = s.numel > 0 && *s.flag != s.seq;
   if (early) {
     token_l2.resize(rows);
     head_l2.resize(rows * s.heads);
     if (s.sketch) sketch.resize(rows * kSketchDim);
   }
-  const cudaError_t err = cudaEventSynchronize(s.done);
-  if (err != cudaSuccess && *s.flag != s.seq)
-    CUDA_CHECK(err);  // the device failed before this probe's copies were done
-  s.busy = false;
+  wait_for_flag(s);
   struct BuildClock {  // adds the time from here to the return to the build counters
-    double &total, &last;
+    ProbeCapture& cap;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
     ~BuildClock() {
-      last = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      total += last;
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard<std::mutex> lock(cap.mu_);
+      cap.last_built_s_ = s;
+      cap.built_s_ += s;
     }
-  } clock{built_s_, last_built_s_};
+  } clock{*this};
   ProbeRecord rec = std::move(s.rec);
   if (s.numel == 0) {
     rec.token_l2.assign(rows, 0.f);

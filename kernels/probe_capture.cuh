@@ -1,16 +1,19 @@
 // Probe records of one rank without a host sync per probe (Engine::probe_async / collect_probes). start()
-// queues, on the rank's stream, the stats-and-sketch kernel (and, at full level, a device copy of
-// the tensor); a copy stream then waits for them and brings the results into pinned host memory, sets a flag
-// in mapped host memory and records the slot's event, so the rank's stream never waits for PCIe. finish()
-// waits for the event and folds. Stream order makes it copy-on-capture: a later kernel cannot change what a
-// probe saw. The flag lets a probe whose copies completed before a device fault be recovered after it (the
-// CUDA API then only reports the fault), so probes recorded before a crash survive it. The flag is written by a
+// queues, on the rank's stream, the stats-and-sketch kernel (and, at full level, a device copy of the tensor) and
+// an event; ship() makes a copy stream wait for that event, bring the results into pinned host memory and then set
+// a flag in mapped host memory, so the rank's stream never waits for PCIe; finish() waits for the flag and folds.
+// start() is all that the thread launching the stages spends on a probe: ship() and finish() run on the record
+// builder's thread (kernels/probe_builder.cuh). Stream order makes it copy-on-capture: a later kernel cannot change
+// what a probe saw. The flag also lets a probe whose copies completed before a device fault be recovered after it
+// (the CUDA API then only reports the fault), so probes recorded before a crash survive it. It is written by a
 // stream memory operation (cuStreamWriteValue32, no SM needed); with ProbeCaptureOptions::flag_by_kernel (or a
 // driver without it) by a one-thread kernel instead (kernels/probe_flag.cuh). The copy stream has the device's
 // greatest priority (with probe_stream=side, where the probe kernels run on it, the least).
 #pragma once
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -43,28 +46,33 @@ class ProbeCapture {
   ProbeCapture(const ProbeCapture&) = delete;
   ProbeCapture& operator=(const ProbeCapture&) = delete;
 
-  // Queues the record of `t` (this rank's shard, the probe named `probe`) and returns its slot (busy until
-  // finish).
+  // Queues the kernels of the record of `t` (this rank's shard, the probe named `probe`) on the rank's stream
+  // and returns its slot (busy until finish). Called from the thread that launches the stages.
   int start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req);
-  // True when finish(slot) would not wait.
-  bool ready(int slot) const;
-  // The record of a started slot, which becomes free: waits for its copies (or reads the flag after a
-  // device fault).
+  // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels.
+  void ship(int slot);
+  // The record of a shipped slot, which becomes free: waits for its copies (or reads the flag after a device
+  // fault). ship() and finish() may be called from another thread than start() (ProbeRecordBuilder), one slot
+  // at a time.
   ProbeRecord finish(int slot);
   // Host seconds finish() spent building records once their results were in (not waiting for them): in all, and
   // for the last one.
-  double build_seconds() const { return built_s_; }
-  double last_build_seconds() const { return last_built_s_; }
+  double build_seconds() const;
+  double last_build_seconds() const;
 
  private:
   struct Slot;
   // The sketch's sign-bit table for (probe key, first global column, width), built once and kept.
   const uint32_t* sign_bits(uint64_t key, int64_t col0, int64_t cols);
 
+  Slot& slot(int id) const;
+  void wait_for_flag(const Slot& s) const;
+
   RankContext& rc_;
   bool side_stream_ = false, programmatic_ = true;
   StreamWriteValue32 write_flag_ = nullptr;  // the driver's memory operation; nullptr: the flag kernel
   cudaStream_t copy_ = nullptr;
+  mutable std::mutex mu_;  // slots_ (start() adds slots while finish() runs on another thread) and the build times
   std::vector<std::unique_ptr<Slot>> slots_;
   // Slots by probe name: a probe gets a free slot of its own name, whose buffers already have its size (a
   // slot shared between probes of different sizes would grow, and growing reallocates pinned memory, slow,

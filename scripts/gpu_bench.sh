@@ -32,20 +32,23 @@ shapes=(
   "prefill4096|--engine $E --model deepseek-v3 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 10"
   "v2prefill4096|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
   "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 10"
-  "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 4096 --probe-level stats --probe-repeats 1"
-  "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
-  "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
-  "glm5decode64|--engine $E --model glm-5 --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
+  "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 8192 --probe-level sketch --probe-repeats 10"
+  "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
+  "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 5"
+  "glm5decode64|--engine $E --model glm-5 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
   "v2prefill512|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"
   "v1prefill512|--engine $E,mha_kernel=1 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"
   "v1decode16h|--engine $E,mqa_kernel=1 --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
 )
 
 status=0
+ran=()
 for entry in "${shapes[@]}"; do
   name="${entry%%|*}"
   args="${entry#*|}"
   if [[ -n "${MLA_BENCH_ONLY:-}" && " ${MLA_BENCH_ONLY} " != *" $name "* ]]; then continue; fi
+  ran+=("$name")
+  rm -f "$work/bench_$name.json"
   {
     echo "=== gpu_bench: $name: mla-bisect bench $args ${MLA_BENCH_EXTRA:-}"
     t0=$SECONDS
@@ -57,6 +60,27 @@ for entry in "${shapes[@]}"; do
     echo "gpu_bench: $name took $((SECONDS - t0)) s"
   } 2>&1 | tee -a "$log"
 done
+# One table of the probe overhead, every shape that measured it: the layer's wall without probes and the ratio at
+# each level (median of the probe rounds).
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$work" "${ran[@]}" <<'PY' 2>&1 | tee -a "$log"
+import json, os, sys
+work, rows = sys.argv[1], []
+for shape in sys.argv[2:]:
+    path = os.path.join(work, f"bench_{shape}.json")
+    if not os.path.exists(path): continue
+    j = json.load(open(path))
+    levels = {p["level"]: p["ratio"] for p in j.get("probe_overhead", [])}
+    if not levels: continue
+    wall = j["layer"].get("wall", j["layer"]["time"])["median_s"] * 1e3
+    cell = lambda l: f"{(levels[l] - 1) * 100:+.1f}%" if l in levels else "-"
+    rows.append(f"| {shape} | {wall:.3f} ms | {cell('stats')} | {cell('sketch')} |")
+if rows:
+    print("\nprobe overhead on the layer's wall (targets: sketch <= +10%, <= +5% at prefill T 4096; stats <= +5%)")
+    print("| shape | layer wall, no probes | stats | sketch |\n|---|---|---|---|")
+    print("\n".join(rows))
+PY
+fi
 tar -czf "$out/bench_json.tar.gz" -C "$work" $(cd "$work" && ls bench_*.json 2>/dev/null) 2>/dev/null
 grep -q "FAILED" "$log" && status=1
 exit $status

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "harness/model/errors.h"
+#include "probes/dump.h"
 #include "tests/gpu/gpu_cases.h"
 
 namespace mla::gputest {
@@ -177,6 +178,47 @@ TEST(CudaZoo, DemoBisectFindsRopeNeoxAtTheRope) {
   EXPECT_EQ(j["first_divergence"]["probe"], "q_pe_rope") << j["first_divergence"].dump();
   EXPECT_EQ(j["first_divergence"]["stage"], "rope") << j["first_divergence"].dump();
   EXPECT_NE(j["diagnosis"]["pattern"].get<std::string>(), "") << j["diagnosis"].dump();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mla::gputest
+
+namespace mla::gputest {
+namespace {
+
+// A run that crashes or hangs on the CUDA engine keeps every record of the stages before: the probes queued on the
+// device are collected (their copies waited for, their records built on the record builder's thread) before the
+// planted crash, and before the watchdog ends a hang. Each kept record equals the clean run's, checksum for checksum.
+TEST(CudaInjections, CrashAndHangKeepEveryRecordBeforeThem) {
+  MLA_REQUIRE_GPU();
+  const std::string dir = test_dir("stops");
+  const std::string run = "run --quiet --engine cuda --model tiny --tokens 8 --tp 2 --probe-level sketch --out ";
+  const auto clean = run_cli(run + dir + "/clean.h5");
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const Dump ref = read_dump(dir + "/clean.h5");
+  const auto crash = run_cli(run + dir + "/crash.h5 --inject crash-at:o_proj");
+  EXPECT_NE(crash.code, 0) << crash.out;
+  const auto hang = run_cli(run + dir + "/hang.h5 --inject hang-at:o_proj --watchdog 1");
+  EXPECT_EQ(hang.code, 3) << hang.out;
+  for (const std::string name : {"crash", "hang"}) {
+    const Dump d = read_dump(dir + "/" + name + ".h5");
+    EXPECT_FALSE(d.complete()) << name << ": " << d.status;
+    size_t kept = 0;
+    for (const DumpProbe& p : ref.probes) {
+      const DumpProbe* q = d.find(p.layer, p.name);
+      if (p.stage == "o_proj" || p.stage == "all_reduce" || p.stage == "residual") {
+        EXPECT_TRUE(q == nullptr || q->ranks.empty()) << name << ": " << p.name << " recorded after the stop";
+        continue;
+      }
+      ASSERT_NE(q, nullptr) << name << ": " << p.name << " lost";
+      ASSERT_EQ(q->ranks.size(), p.ranks.size()) << name << ": " << p.name;
+      for (size_t r = 0; r < p.ranks.size(); ++r)
+        EXPECT_EQ(q->ranks[r].checksum, p.ranks[r].checksum) << name << ": " << p.name << " rank " << r;
+      ++kept;
+    }
+    EXPECT_GE(kept, 10u) << name;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "harness/engine/probe_record_builder.h"
 #include "harness/model/errors.h"
 #include "kernels/all_reduce.cuh"
 #include "kernels/attention_mha.cuh"
@@ -51,7 +52,6 @@
 #include "kernels/kv_a_proj.cuh"
 #include "kernels/kv_b_proj.cuh"
 #include "kernels/o_proj.cuh"
-#include "kernels/probe_builder.cuh"
 #include "kernels/probe_capture.cuh"
 #include "kernels/probe_stats.cuh"
 #include "kernels/q_a_proj.cuh"
@@ -297,10 +297,10 @@ class CudaEngine : public Engine, public EngineTiming {
   std::vector<RankState> ranks_;
   std::unique_ptr<cuda::Communicator> comm_;
   // Device probes (kernels/probe_capture.cuh): one capture per rank; the started ones are built into records on
-  // the builder's thread, in call order (kernels/probe_builder.cuh).
+  // the builder's thread, in call order (harness/engine/probe_record_builder.h).
   cuda::ProbeCapture& capture(int rank);
   std::vector<std::unique_ptr<cuda::ProbeCapture>> captures_;
-  std::unique_ptr<cuda::ProbeRecordBuilder> builder_;
+  std::unique_ptr<ProbeRecordBuilder> builder_;
   const cuda::ProbeCapture* last_built_ = nullptr;  // the capture of the last probe started (probe_build_seconds)
 };
 
@@ -839,8 +839,8 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
   if (!device_probes_) return Engine::probe_async(rank, spec, req);
   cuda::ProbeCapture& cap = capture(rank);
   const int slot = cap.start(spec.name, in(rank, spec.name), req);
-  if (!builder_) builder_ = std::make_unique<cuda::ProbeRecordBuilder>();
-  builder_->push(cap, slot);
+  if (!builder_) builder_ = std::make_unique<ProbeRecordBuilder>();
+  builder_->push({[&cap, slot] { cap.ship(slot); }, [&cap, slot] { return cap.finish(slot); }});
   last_built_ = &cap;
 }
 

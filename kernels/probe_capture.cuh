@@ -3,12 +3,13 @@
 // an event; ship() makes a copy stream wait for that event, bring the results into pinned host memory and then set
 // a flag in mapped host memory, so the rank's stream never waits for PCIe; finish() waits for the flag and folds.
 // start() is all that the thread launching the stages spends on a probe: ship() and finish() run on the record
-// builder's thread (kernels/probe_builder.cuh). Stream order makes it copy-on-capture: a later kernel cannot change
-// what a probe saw. The flag also lets a probe whose copies completed before a device fault be recovered after it
-// (the CUDA API then only reports the fault), so probes recorded before a crash survive it. It is written by a
-// stream memory operation (cuStreamWriteValue32, no SM needed); with ProbeCaptureOptions::flag_by_kernel (or a
-// driver without it) by a one-thread kernel instead (kernels/probe_flag.cuh). The copy stream has the device's
-// greatest priority (with probe_stream=side, where the probe kernels run on it, the least).
+// builder's thread (harness/engine/probe_record_builder.h). Stream order makes it copy-on-capture: a later kernel
+// cannot change what a probe saw. The flag also lets a probe whose copies completed before a device fault be
+// recovered after it (the CUDA API then only reports the fault), so probes recorded before a crash survive it. It is
+// written by a stream memory operation (cuStreamWriteValue32, no SM needed); with
+// ProbeCaptureOptions::flag_by_kernel (or a driver without it) by a one-thread kernel instead
+// (kernels/probe_flag.cuh). The copy stream has the device's greatest priority (with probe_stream=side, where the
+// probe kernels run on it, the least).
 #pragma once
 #include <atomic>
 #include <map>
@@ -52,8 +53,8 @@ class ProbeCapture {
   // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels.
   void ship(int slot);
   // The record of a shipped slot, which becomes free: waits for its copies (or reads the flag after a device
-  // fault). ship() and finish() may be called from another thread than start() (ProbeRecordBuilder), one slot
-  // at a time.
+  // fault). ship() and finish() may be called from another thread than start() (the record builder's), one slot at
+  // a time.
   ProbeRecord finish(int slot);
   // Host seconds finish() spent building records once their results were in (not waiting for them): in all, and
   // for the last one.

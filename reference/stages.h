@@ -103,6 +103,28 @@ Tensor all_reduce(const std::vector<const Tensor*>& partials);
 // h_out = h + o.
 Tensor residual(const Tensor& h, const Tensor& o);
 
+// DSA (GLM-5, DeepSeek-V3.2; docs/mla.md): the lightning indexer scores every key a query sees and attention then
+// reads only the index_topk best. The indexer's head is [rope lanes (R) | the rest], unlike MLA's [nope | rope].
+// idx_q = (q_c·W_qbᵀ) viewed [T, Hi, Di], RoPE (`style`: interleaved for GLM-5, half-split for V3.2) on the first R
+// = 2·inv_freq.size() lanes of each head.
+Tensor indexer_q(const Tensor& q_c, const Tensor& wq_b, int64_t heads, const std::vector<int>& positions,
+                 const std::vector<double>& inv_freq, RopeStyle style);
+// idx_k = LayerNorm(x·W_kᵀ) [T, Di] (weight, bias, `eps`; biased variance), RoPE on its first R lanes.
+Tensor indexer_k(const Tensor& x, const Tensor& wk, const Tensor& norm_w, const Tensor& norm_b, double eps,
+                 const std::vector<int>& positions, const std::vector<double>& inv_freq, RopeStyle style);
+// idx_weights = x·W_wᵀ · Hi^-1/2 [T, Hi] (W_w: weights_proj [Hi, H]).
+Tensor indexer_weights(const Tensor& x, const Tensor& weights_proj);
+// scores [Tq, Tk]: Σ_h w[t,h] · ReLU(q[t,h]·k[s] · Di^-1/2) for every key s that query t sees (s ≤ t + Tk − Tq,
+// causal bottom-right), −inf for the others. q [Tq, Hi, Di], k [Tk, Di], w [Tq, Hi].
+Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w);
+// Per query row of `scores`: its `k` visible keys of highest score, highest first, a tie to the lower key index;
+// every visible key when it sees fewer (then DSA is dense attention).
+std::vector<std::vector<int>> topk_keys(const Tensor& scores, int k);
+// Softmax attention of each query over its selected keys only (keys[t]: indices into k's and v's first axis), as
+// attend() computes it otherwise; no selected key gives out 0 and lse −inf.
+Attn attend_selected(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                     const std::vector<std::vector<int>>& keys);
+
 // The cached rows of sequence b, gathered through the block table: [context_len + extra, L+R].
 Tensor gather_cache_rows(const Tensor& cache, const Batch& batch, int b, int rows);
 

@@ -1,0 +1,171 @@
+// DSA's indexer and sparse attention in the reference (reference/dsa_indexer.cpp) against HF transformers' own
+// GlmMoeDsaIndexer and DeepseekV32Indexer (tests/py/make_dsa_fixtures.py: random weights, a prompt longer than
+// index_topk), against each other's rope layouts (the wrong one must show), and against the dense attention and
+// naive loops of tests/naive_stages.h.
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <tuple>
+
+#include "probes/h5.h"
+#include "tests/cli_util.h"
+#include "tests/naive_stages.h"
+
+namespace mla::test {
+namespace {
+
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+Tensor read_tensor(const h5::Group& g, const std::string& name) {
+  const h5::Dataset d = g.open_dataset(name);
+  Tensor t(d.shape());
+  d.read(t.ptr(), t.numel());
+  return t;
+}
+
+Ref as_ref(const Tensor& t) {
+  Ref r(t.shape);
+  for (int64_t i = 0; i < t.numel(); ++i) r.data[i] = t.data[i];
+  return r;
+}
+
+std::vector<double> default_inv_freq(int64_t R, double theta) {
+  std::vector<double> f(R / 2);
+  for (int64_t i = 0; i < R / 2; ++i) f[i] = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / R);
+  return f;
+}
+
+struct Ours {
+  Tensor scores;
+  std::vector<std::vector<int>> topk;
+};
+Ours run_indexer(const h5::Group& g, RopeStyle style) {
+  const Tensor x = read_tensor(g, "x"), q_c = read_tensor(g, "q_c");
+  const int64_t T = x.dim(0), heads = g.attr_int("n_heads");
+  std::vector<int> pos(T);
+  std::iota(pos.begin(), pos.end(), 0);
+  const auto inv_freq = default_inv_freq(g.attr_int("rope"), g.attr_double("theta"));
+  const Tensor q = ref::indexer_q(q_c, read_tensor(g, "wq_b"), heads, pos, inv_freq, style);
+  const Tensor k = ref::indexer_k(x, read_tensor(g, "wk"), read_tensor(g, "k_norm_weight"),
+                                  read_tensor(g, "k_norm_bias"), 1e-6, pos, inv_freq, style);
+  const Tensor w = ref::indexer_weights(x, read_tensor(g, "weights_proj"));
+  Ours o{ref::indexer_scores(q, k, w), {}};
+  o.topk = ref::topk_keys(o.scores, static_cast<int>(g.attr_int("topk")));
+  return o;
+}
+
+double rel_l2_finite(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (std::isfinite(a.data[i]) && std::isfinite(b.data[i])) {
+      num += (a.data[i] - double{b.data[i]}) * (a.data[i] - double{b.data[i]});
+      den += double{b.data[i]} * b.data[i];
+    }
+  return std::sqrt(num / den);
+}
+
+TEST(RefStages, DsaIndexerEqualsHfGlmMoeDsaAndDeepseekV32) {
+  const std::string py = MLA_PYTHON_EXE;
+  if (py.empty()) GTEST_SKIP() << "MLA_PYTHON is not set at configure time: HF DSA check skipped";
+  if (std::system(("'" + py + "' -c 'import h5py, torch, transformers.models.glm_moe_dsa, "
+                               "transformers.models.deepseek_v32' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << py << " lacks torch or a transformers with glm_moe_dsa and deepseek_v32: HF DSA check skipped";
+  ScratchDir dir("dsa");
+  const std::string fixture = dir.path("dsa.h5");
+  ASSERT_EQ(std::system(("'" + py + "' '" MLA_SOURCE_DIR "/tests/py/make_dsa_fixtures.py' '" + fixture + "'").c_str()),
+            0);
+  const h5::File f = h5::File::open_read(fixture);
+  for (const auto& [model, style, wrong] :
+       {std::tuple{"glm_moe_dsa", RopeStyle::RopeStyle_interleaved, RopeStyle::RopeStyle_neox},
+        std::tuple{"deepseek_v32", RopeStyle::RopeStyle_neox, RopeStyle::RopeStyle_interleaved}}) {
+    SCOPED_TRACE(model);
+    const h5::Group g = f.open_group(model);
+    const Tensor hf_scores = read_tensor(g, "index_scores");
+    const Tensor hf_topk = read_tensor(g, "topk");  // int32 in the file, read as floats (exact below 2^24)
+    const Ours ours = run_indexer(g, style);
+    // Scores: equal to FP32 noise, and −inf (keys the query does not see) at the same places.
+    expect_close(ours.scores, as_ref(hf_scores), "index_scores");
+    // The other model's rope layout on the indexer's lanes is a bug the scores show.
+    EXPECT_GT(rel_l2_finite(run_indexer(g, wrong).scores, hf_scores), 1e-2) << "the wrong rope layout went unseen";
+    // Selection: HF pads a query that sees fewer than index_topk keys with keys it does not see (score −inf), which
+    // attention then masks; the keys it selects among those it sees must be ours, except for swaps between keys
+    // whose scores tie with the last one selected to FP32 noise.
+    const int64_t T = hf_scores.dim(0), K = hf_topk.dim(1);
+    int swaps = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = hf_scores.ptr() + t * T;
+      std::set<int> hf, mine(ours.topk[t].begin(), ours.topk[t].end());
+      for (int64_t j = 0; j < K; ++j) {
+        const int s = static_cast<int>(hf_topk.data[t * K + j]);
+        if (row[s] != kMinusInf) hf.insert(s);
+      }
+      ASSERT_EQ(mine.size(), hf.size()) << "query " << t;
+      float last = std::numeric_limits<float>::infinity(), amax = 0.f;
+      for (int s : mine) last = std::min(last, row[s]);
+      for (int64_t s = 0; s <= t; ++s) amax = std::max(amax, std::fabs(row[s]));
+      for (int s : mine)
+        if (!hf.count(s)) {
+          EXPECT_LE(std::fabs(row[s] - last), 1e-5f * amax) << "query " << t << " selects key " << s << " HF does not";
+          ++swaps;
+        }
+      EXPECT_EQ(mine.size(), static_cast<size_t>(std::min<int64_t>(K, t + 1))) << "query " << t;
+    }
+    std::cout << "[ dsa ] " << model << ": scores equal to HF's, " << swaps << " near-tie swaps in the top-" << K
+              << " sets of " << T << " queries\n";
+  }
+}
+
+TEST(RefStages, TopkKeysTakesTheBestVisibleKeysTiesToTheLowerIndex) {
+  Tensor s({3, 5}, kMinusInf);
+  const float rows[3][5] = {{2.f, kMinusInf, kMinusInf, kMinusInf, kMinusInf},
+                            {1.f, 3.f, 3.f, 0.f, kMinusInf},
+                            {-1.f, 0.f, 0.f, 0.f, 5.f}};
+  std::copy(&rows[0][0], &rows[0][0] + 15, s.ptr());
+  const auto top = ref::topk_keys(s, 3);
+  EXPECT_EQ(top[0], std::vector<int>{0});               // sees one key: all of them
+  EXPECT_EQ(top[1], (std::vector<int>{1, 2, 0}));       // a tie at 3: the lower index first
+  EXPECT_EQ(top[2], (std::vector<int>{4, 1, 2}));       // three zeros tie for two places: keys 1 and 2
+  EXPECT_TRUE(ref::topk_keys(s, 0)[1].empty());
+}
+
+// Every key a query sees selected: the causal attention; a subset: attention over exactly those rows.
+TEST(RefStages, AttendSelectedIsAttentionOverTheSelectedRows) {
+  const auto cfg = preset("tiny");
+  const double scale = independent_softmax_scale(cfg);
+  const int64_t Nl = 3, Dk = cfg.qk_head(), Dv = cfg.v_head, T = 9;
+  for (uint64_t seed : kSeeds) {
+    SCOPED_TRACE(seed_trace(seed));
+    std::mt19937_64 rng(seed);
+    const Tensor q = randn({T, Nl, Dk}, rng, 2.0), k = randn({T, 1, Dk}, rng), v = randn({T, Nl, Dv}, rng);
+    std::vector<std::vector<int>> all(T), some(T);
+    for (int t = 0; t < T; ++t)
+      for (int s = t; s >= 0; --s) {  // any order: the sums go in key order
+        all[t].push_back(s);
+        if (s % 3 != 1) some[t].push_back(s);
+      }
+    const auto dense = ref::attend_selected(q, k, v, scale, all);
+    const auto [out, lse] = naive_attend(q, k, v, scale, true);
+    expect_close(dense.out, out, "out (every key)");
+    expect_close(dense.lse, lse, "lse (every key)");
+    const auto sparse = ref::attend_selected(q, k, v, scale, some);
+    for (int t = 0; t < T; ++t) {
+      SCOPED_TRACE("query " + std::to_string(t));
+      const int64_t n = static_cast<int64_t>(some[t].size());
+      Tensor qt({1, Nl, Dk}), kt({n, 1, Dk}), vt({n, Nl, Dv});
+      std::copy_n(q.ptr() + t * Nl * Dk, Nl * Dk, qt.ptr());
+      for (int64_t j = 0; j < n; ++j) {
+        std::copy_n(k.ptr() + some[t][j] * Dk, Dk, kt.ptr() + j * Dk);
+        std::copy_n(v.ptr() + some[t][j] * Nl * Dv, Nl * Dv, vt.ptr() + j * Nl * Dv);
+      }
+      const auto [o1, l1] = naive_attend(qt, kt, vt, scale, false);
+      Tensor got_o({1, Nl, Dv}), got_l({1, Nl});
+      std::copy_n(sparse.out.ptr() + t * Nl * Dv, Nl * Dv, got_o.ptr());
+      std::copy_n(sparse.lse.ptr() + t * Nl, Nl, got_l.ptr());
+      expect_close(got_o, o1, "out");
+      expect_close(got_l, l1, "lse");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mla::test

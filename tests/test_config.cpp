@@ -81,6 +81,9 @@ void expect_same_config(const MlaConfig& got, const MlaConfig& want) {
   EXPECT_EQ(got.rope_scaling, want.rope_scaling);
   EXPECT_EQ(got.rope_style, want.rope_style);
   EXPECT_EQ(got.index_topk, want.index_topk);
+  EXPECT_EQ(got.index_n_heads, want.index_n_heads);
+  EXPECT_EQ(got.index_head_dim, want.index_head_dim);
+  EXPECT_EQ(got.index_rope_style, want.index_rope_style);
   if (want.rope_scaling == RopeScaling::RopeScaling_yarn) {
     EXPECT_EQ(got.yarn.factor, want.yarn.factor);
     EXPECT_EQ(got.yarn.original_max_position, want.yarn.original_max_position);
@@ -240,6 +243,48 @@ TEST(ConfigParse, Glm5MatchesPreset) {
   EXPECT_EQ(c.index_topk, 2048);
   EXPECT_EQ(c.rope_scaling, RopeScaling::RopeScaling_none);
   EXPECT_EQ(c.softmax_scale, 0.0625);
+}
+
+// DSA's indexer (docs/mla.md): GLM-5's own config.json, and DeepSeek-V3.2's fields on V3's dims (HF's defaults
+// where a config leaves them out: 64 heads for V3.2, 128 lanes; half-split RoPE on V3.2's indexer, interleaved on
+// GLM-5's).
+TEST(ConfigParse, DsaIndexerOfGlm5AndDeepSeekV32) {
+  const auto glm = load_model_config(kTestData + "glm5_config.json");
+  EXPECT_TRUE(glm.has_dsa());
+  EXPECT_EQ(glm.index_n_heads, 32);
+  EXPECT_EQ(glm.index_head_dim, 128);
+  EXPECT_EQ(glm.index_rope_style, RopeStyle::RopeStyle_interleaved);
+  EXPECT_FALSE(preset("deepseek-v3").has_dsa());
+
+  auto j = testdata("deepseek_v3_config.json");
+  j["model_type"] = "deepseek_v32";
+  j["index_topk"] = 2048;
+  const auto v32 = parse_hf_config(j.dump(), "v32");
+  EXPECT_EQ(v32.index_n_heads, 64);
+  EXPECT_EQ(v32.index_head_dim, 128);
+  EXPECT_EQ(v32.index_rope_style, RopeStyle::RopeStyle_neox);
+  j["index_n_heads"] = 16;
+  j["index_head_dim"] = 96;
+  const auto small = parse_hf_config(j.dump(), "v32");
+  EXPECT_EQ(small.index_n_heads, 16);
+  EXPECT_EQ(small.index_head_dim, 96);
+  const auto round = config_from_json(small.to_json());
+  EXPECT_EQ(round.index_n_heads, 16);
+  EXPECT_EQ(round.index_head_dim, 96);
+  EXPECT_EQ(round.index_rope_style, RopeStyle::RopeStyle_neox);
+
+  // Bad indexer shapes are usage errors that name the field.
+  for (const auto& [field, value] : {std::pair{"index_head_dim", 32}, std::pair{"index_head_dim", 97},
+                                     std::pair{"index_n_heads", 0}, std::pair{"index_topk", -1}}) {
+    auto bad = j;
+    bad[field] = value;
+    try {
+      parse_hf_config(bad.dump(), "v32");
+      ADD_FAILURE() << field << " " << value << " accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(ConfigParse, KimiK2MatchesPreset) {

@@ -70,6 +70,14 @@ void MlaConfig::validate() const {
                      std::to_string(qk_rope));
   if (!(rope_theta > 1.0)) throw UsageError("model '" + name + "': rope_theta must be > 1");
   if (!(rms_eps > 0.0) || rms_eps > 1.0) throw UsageError("model '" + name + "': rms_norm_eps must be in (0, 1]");
+  if (index_topk < 0) throw UsageError("model '" + name + "': index_topk must be positive or absent");
+  if (has_dsa()) {
+    if (index_n_heads <= 0)
+      throw UsageError("model '" + name + "': index_n_heads must be positive, got " + std::to_string(index_n_heads));
+    if (index_head_dim < qk_rope || index_head_dim % 2 != 0)
+      throw UsageError("model '" + name + "': index_head_dim must be even and hold the " + std::to_string(qk_rope) +
+                       " rope lanes (qk_rope_head_dim), got " + std::to_string(index_head_dim));
+  }
   if (rope_scaling == RopeScaling::RopeScaling_yarn) {
     if (!(yarn.factor >= 1.0)) throw UsageError("model '" + name + "': rope_scaling.factor must be >= 1");
     if (yarn.original_max_position <= 0)
@@ -113,7 +121,11 @@ json MlaConfig::to_json() const {
   } else {
     j["rope_scaling"] = nullptr;
   }
-  if (index_topk > 0) j["index_topk"] = index_topk;
+  if (has_dsa()) {
+    j["index_topk"] = index_topk;
+    j["index_n_heads"] = index_n_heads;
+    j["index_head_dim"] = index_head_dim;
+  }
   j["derived"] = {{"softmax_scale", softmax_scale}, {"rope_mscale", rope_mscale},
                   {"yarn_low", yarn_low}, {"yarn_high", yarn_high}};
   return j;
@@ -166,6 +178,8 @@ std::vector<MlaConfig> all_presets() {
   v.push_back(flash);
   auto glm5 = make("glm-5", "glm_moe_dsa", 6144, 64, 2048, 192, 256, 1e6, 1e-5);
   glm5.index_topk = 2048;
+  glm5.index_n_heads = 32;
+  glm5.index_head_dim = 128;
   glm5.num_layers = 78;
   v.push_back(glm5);
   // Small dims for tests: q LoRA, YaRN with a real ramp (low 0, high 2), P != V, 8 heads for tp 2/4/8.
@@ -304,6 +318,11 @@ MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
   }
   if (j.contains("index_topk") && !j["index_topk"].is_null()) {
     c.index_topk = get_field<int>(j, "index_topk", origin);
+    // HF's defaults where a config leaves them out: 64 indexer heads for DeepSeek-V3.2, 32 for GLM-5; 128 lanes.
+    const bool v32 = c.model_type == "deepseek_v32";
+    c.index_n_heads = get_field<int>(j, "index_n_heads", origin, v32 ? 64 : 32);
+    c.index_head_dim = get_field<int>(j, "index_head_dim", origin, 128);
+    c.index_rope_style = v32 ? RopeStyle::RopeStyle_neox : RopeStyle::RopeStyle_interleaved;
     std::cerr << "notice: " << origin << ": index_topk " << c.index_topk
               << " (DSA sparse attention) is not modelled; attention is dense, which equals DSA while the "
                  "context is at most index_topk tokens\n";

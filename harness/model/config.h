@@ -39,7 +39,14 @@ struct MlaConfig {
   RopeScaling rope_scaling = RopeScaling::RopeScaling_none;
   YarnParams yarn;
   RopeStyle rope_style = RopeStyle::RopeStyle_interleaved;
-  int index_topk = 0;  // DSA (GLM-5, V3.2): parsed, not modelled
+  // DSA (GLM-5, DeepSeek-V3.2; docs/mla.md): keys per query (0: dense attention), the indexer's heads (Hi), head
+  // lanes (Di) and the RoPE layout of its rope lanes (interleaved for glm_moe_dsa, half-split for deepseek_v32).
+  // Read and kept; a run's attention is dense (the reference's indexer: reference/stages.h).
+  int index_topk = 0;
+  int index_n_heads = 0;
+  int index_head_dim = 0;
+  RopeStyle index_rope_style = RopeStyle::RopeStyle_interleaved;
+  bool has_dsa() const { return index_topk > 0; }
 
   // Derived by derive(); never set by hand.
   std::vector<double> inv_freq;  // [R/2] after YaRN

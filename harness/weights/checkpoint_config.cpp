@@ -46,12 +46,13 @@ const std::set<std::string>& known_gguf_keys() {
       "attention.layer_norm_rms_epsilon", "rope.dimension_count", "rope.freq_base", "rope.scaling.type",
       "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast",
       "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier", "attention.indexer.top_k",
+      "attention.indexer.head_count", "attention.indexer.key_length",
       // outside attention, or equal to what is modelled
       "vocab_size", "context_length", "feed_forward_length", "leading_dense_block_count", "expert_feed_forward_length",
       "expert_shared_feed_forward_length", "expert_count", "expert_used_count", "expert_shared_count",
       "expert_group_count", "expert_group_used_count", "expert_weights_scale", "expert_weights_norm",
       "expert_gating_func", "nextn_predict_layers", "attention.head_count_kv", "rope.scaling.finetuned",
-      "attention.indexer.head_count", "attention.indexer.key_length", "pooling_type", "moe_every_n_layers"};
+      "pooling_type", "moe_every_n_layers"};
   return k;
 }
 
@@ -156,7 +157,12 @@ MlaConfig config_from_gguf(const Bytes& file, const GgufHeader& h) {
   } else if (scaling && *scaling != "none") {
     throw UsageError(origin + ": rope scaling type '" + *scaling + "' is not supported (yarn or none)");
   }
-  if (auto k = gguf_get_int(file, h, key("attention.indexer.top_k"))) c.index_topk = static_cast<int>(*k);
+  if (auto k = gguf_get_int(file, h, key("attention.indexer.top_k"))) {
+    c.index_topk = static_cast<int>(*k);
+    c.index_n_heads = static_cast<int>(gguf_get_int(file, h, key("attention.indexer.head_count")).value_or(32));
+    c.index_head_dim = static_cast<int>(gguf_get_int(file, h, key("attention.indexer.key_length")).value_or(128));
+    c.index_rope_style = a == "glm-dsa" ? RopeStyle::RopeStyle_interleaved : RopeStyle::RopeStyle_neox;
+  }
   try {
     c.validate();
   } catch (const UsageError& e) {

@@ -3,23 +3,20 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 
 #include "reference/stages.h"
 
 namespace mla::ref {
 
 namespace {
-// RoPE on the first R lanes of every row of x [..., D] (the indexer's rope lanes lead its head).
+// RoPE on the first R lanes of every row of x [T, ..., D] (the indexer's rope lanes lead its head): rope() on those
+// lanes viewed [T, rows per token, R], so the rows of a token share its position.
 void rope_leading_lanes(Tensor& x, const std::vector<int>& positions, const std::vector<double>& inv_freq,
                         RopeStyle style) {
-  const int64_t T = x.dim(0), D = x.dim(-1), R = 2 * static_cast<int64_t>(inv_freq.size());
-  const int64_t rows = x.numel() / D;
-  Tensor lanes({rows, R});
+  const int64_t T = x.dim(0), D = x.dim(-1), R = 2 * static_cast<int64_t>(inv_freq.size()), rows = x.numel() / D;
+  Tensor lanes({T, rows / T, R});
   for (int64_t r = 0; r < rows; ++r) std::copy_n(x.ptr() + r * D, R, lanes.ptr() + r * R);
-  std::vector<int> row_positions(rows);
-  for (int64_t r = 0; r < rows; ++r) row_positions[r] = positions[r / (rows / T)];
-  const Tensor rotated = rope(lanes, row_positions, inv_freq, 1.0, style);
+  const Tensor rotated = rope(lanes, positions, inv_freq, 1.0, style);
   for (int64_t r = 0; r < rows; ++r) std::copy_n(rotated.ptr() + r * R, R, x.ptr() + r * D);
 }
 }  // namespace
@@ -97,33 +94,23 @@ std::vector<std::vector<int>> topk_keys(const Tensor& scores, int k) {
 
 Attn attend_selected(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                      const std::vector<std::vector<int>>& keys) {
+  // attend() of each query over its selected rows, gathered in key order.
   const int64_t Tq = q.dim(0), Nl = q.dim(1), Dk = q.dim(2), Dv = v.dim(-1);
-  const int64_t kh = k.dim(1), vh = v.dim(1);
+  const int64_t krow = k.numel() / k.dim(0), vrow = v.numel() / v.dim(0);  // a key's lanes over its heads
   Attn a{Tensor({Tq, Nl, Dv}), Tensor({Tq, Nl}, -std::numeric_limits<float>::infinity())};
   for (int64_t t = 0; t < Tq; ++t) {
     std::vector<int> sel = keys[t];
-    std::sort(sel.begin(), sel.end());  // sums in key order, whatever order the selection came in
-    if (sel.empty()) continue;
-    for (int64_t h = 0; h < Nl; ++h) {
-      const float* qh = q.ptr() + (t * Nl + h) * Dk;
-      std::vector<double> logit(sel.size());
-      for (size_t j = 0; j < sel.size(); ++j) {
-        const float* ks = k.ptr() + (sel[j] * kh + (kh == 1 ? 0 : h)) * Dk;
-        float dot = 0.f;
-        for (int64_t c = 0; c < Dk; ++c) dot += qh[c] * ks[c];
-        logit[j] = dot * scale;
-      }
-      const double m = *std::max_element(logit.begin(), logit.end());
-      double sum = 0;
-      for (double& l : logit) sum += (l = std::exp(l - m));
-      float* out = a.out.ptr() + (t * Nl + h) * Dv;
-      for (size_t j = 0; j < sel.size(); ++j) {
-        const float* vs = v.ptr() + (sel[j] * vh + (vh == 1 ? 0 : h)) * Dv;
-        const double p = logit[j] / sum;
-        for (int64_t c = 0; c < Dv; ++c) out[c] += static_cast<float>(p * vs[c]);
-      }
-      a.lse.data[t * Nl + h] = static_cast<float>(m + std::log(sum));
+    std::sort(sel.begin(), sel.end());
+    const int64_t n = static_cast<int64_t>(sel.size());
+    Tensor qt({1, Nl, Dk}), ks({n, krow / Dk, Dk}), vs({n, vrow / Dv, Dv});
+    std::copy_n(q.ptr() + t * Nl * Dk, Nl * Dk, qt.ptr());
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy_n(k.ptr() + sel[j] * krow, krow, ks.ptr() + j * krow);
+      std::copy_n(v.ptr() + sel[j] * vrow, vrow, vs.ptr() + j * vrow);
     }
+    const Attn one = attend(qt, ks, vs, scale, false);
+    std::copy_n(one.out.ptr(), Nl * Dv, a.out.ptr() + t * Nl * Dv);
+    std::copy_n(one.lse.ptr(), Nl, a.lse.ptr() + t * Nl);
   }
   return a;
 }

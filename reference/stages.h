@@ -120,8 +120,8 @@ Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w);
 // Per query row of `scores`: its `k` visible keys of highest score, highest first, a tie to the lower key index;
 // every visible key when it sees fewer (then DSA is dense attention).
 std::vector<std::vector<int>> topk_keys(const Tensor& scores, int k);
-// Softmax attention of each query over its selected keys only (keys[t]: indices into k's and v's first axis), as
-// attend() computes it otherwise; no selected key gives out 0 and lse −inf.
+// Softmax attention of each query over its selected keys only (keys[t]: indices into k's and v's first axis, any
+// order): attend() over those rows; no selected key gives out 0 and lse −inf.
 Attn attend_selected(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                      const std::vector<std::vector<int>>& keys);
 

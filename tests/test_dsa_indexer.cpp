@@ -89,7 +89,8 @@ TEST(RefStages, DsaIndexerEqualsHfGlmMoeDsaAndDeepseekV32) {
     EXPECT_GT(rel_l2_finite(run_indexer(g, wrong).scores, hf_scores), 1e-2) << "the wrong rope layout went unseen";
     // Selection: HF pads a query that sees fewer than index_topk keys with keys it does not see (score −inf), which
     // attention then masks; the keys it selects among those it sees must be ours, except for swaps between keys
-    // whose scores tie with the last one selected to FP32 noise.
+    // whose scores tie with the last one selected to FP32 noise: within 1e-5 of the row's largest score, the bound the
+    // scores themselves meet (kTol; a score sums Hi·Di fp32 products, HF's in another order).
     const int64_t T = hf_scores.dim(0), K = hf_topk.dim(1);
     int swaps = 0;
     for (int64_t t = 0; t < T; ++t) {

@@ -8,6 +8,7 @@
 #
 #   MLA_BENCH_ONLY='prefill4096 decode16h'   run only these shape names (see the list below)
 #   MLA_BENCH_EXTRA='--repeats 30'           extra arguments for every run
+#   MLA_BENCH_CUDA='probe_out=copy'          extra cuda engine options for every run (docs: README's cuda options)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +27,8 @@ sed -e 's/"num_attention_heads": 128/"num_attention_heads": 16/' \
     -e 's/"num_key_value_heads": 128/"num_key_value_heads": 16/' tests/testdata/deepseek_v3_config.json \
     >"$cfg16/config.json"
 
-E="cuda:poison=0"  # poisoning outputs with NaN is a debugging aid: its memsets are not part of the layer
+# Poisoning outputs with NaN is a debugging aid: its memsets are not part of the layer.
+E="cuda:poison=0${MLA_BENCH_CUDA:+,$MLA_BENCH_CUDA}"
 shapes=(
   "prefill512|--engine $E --model deepseek-v3 --mode prefill --tokens 512 --probe-level sketch --probe-repeats 10"
   "prefill4096|--engine $E --model deepseek-v3 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 10"

@@ -1,7 +1,7 @@
 // DSA's indexer and sparse attention in the reference (reference/dsa_indexer.cpp) against HF transformers' own
-// GlmMoeDsaIndexer and DeepseekV32Indexer (tests/py/make_dsa_fixtures.py: random weights, a prompt longer than
-// index_topk), against each other's rope layouts (the wrong one must show), and against the dense attention and
-// naive loops of tests/naive_stages.h.
+// GlmMoeDsaIndexer and DeepseekV32Indexer and their whole attention modules (tests/py/make_dsa_fixtures.py: random
+// weights, a prompt longer than index_topk), against each other's rope layouts (the wrong one must show), and
+// against the dense attention and naive loops of tests/naive_stages.h.
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -113,6 +113,44 @@ TEST(RefStages, DsaIndexerEqualsHfGlmMoeDsaAndDeepseekV32) {
     }
     std::cout << "[ dsa ] " << model << ": scores equal to HF's, " << swaps << " near-tie swaps in the top-" << K
               << " sets of " << T << " queries\n";
+  }
+}
+
+// HF's whole attention module (eager) masks every key its indexer did not select; attend_selected over the same
+// query, key and value states and the same selection (the keys each query sees) must give its output.
+TEST(RefStages, AttendSelectedEqualsHfSparseAttention) {
+  const std::string py = MLA_PYTHON_EXE;
+  if (py.empty()) GTEST_SKIP() << "MLA_PYTHON is not set at configure time: HF DSA check skipped";
+  if (std::system(("'" + py + "' -c 'import h5py, torch, transformers.models.glm_moe_dsa, "
+                               "transformers.models.deepseek_v32' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << py << " lacks torch or a transformers with glm_moe_dsa and deepseek_v32: HF DSA check skipped";
+  ScratchDir dir("dsa_attention");
+  const std::string fixture = dir.path("dsa.h5");
+  ASSERT_EQ(std::system(("'" + py + "' '" MLA_SOURCE_DIR "/tests/py/make_dsa_fixtures.py' '" + fixture + "'").c_str()),
+            0);
+  const h5::File f = h5::File::open_read(fixture);
+  for (const char* model : {"glm_moe_dsa_attention", "deepseek_v32_attention"}) {
+    SCOPED_TRACE(model);
+    const h5::Group g = f.open_group(model);
+    const Tensor q = read_tensor(g, "query"), k = read_tensor(g, "key"), v = read_tensor(g, "value");
+    const Tensor topk = read_tensor(g, "topk"), hf_out = read_tensor(g, "out");
+    const double scale = g.attr_double("scaling");
+    const int64_t T = q.dim(0), K = topk.dim(1);
+    ASSERT_GT(T, K) << "the prompt must be longer than index_topk for the selection to be sparse";
+    std::vector<std::vector<int>> keys(T);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int s = static_cast<int>(topk.data[t * K + j]);
+        if (s <= t) keys[t].push_back(s);  // HF pads a query that sees fewer keys with keys its mask hides
+      }
+    Tensor out = ref::attend_selected(q, k, v, scale, keys).out;
+    out.shape = hf_out.shape;
+    expect_close(out, as_ref(hf_out), "attention output");
+    // The selection matters here: the dense causal attention is far from HF's sparse output.
+    Tensor dense = ref::attend(q, k, v, scale, true).out;
+    dense.shape = hf_out.shape;
+    EXPECT_GT(rel_l2_finite(dense, hf_out), 1e-2)
+        << "dense and sparse attention agree: the test cannot tell them apart";
   }
 }
 

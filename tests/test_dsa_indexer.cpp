@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 #include "probes/h5.h"
@@ -64,16 +65,30 @@ double rel_l2_finite(const Tensor& a, const Tensor& b) {
   return std::sqrt(num / den);
 }
 
-TEST(RefStages, DsaIndexerEqualsHfGlmMoeDsaAndDeepseekV32) {
+// tests/py/make_dsa_fixtures.py's file, written into `dir`; "" with the reason in `skip` where the Python lacks HF's
+// DSA models (the HF checks are then skipped, visibly).
+std::string hf_dsa_fixture(const ScratchDir& dir, std::string& skip) {
   const std::string py = MLA_PYTHON_EXE;
-  if (py.empty()) GTEST_SKIP() << "MLA_PYTHON is not set at configure time: HF DSA check skipped";
+  if (py.empty()) {
+    skip = "MLA_PYTHON is not set at configure time: HF DSA check skipped";
+    return "";
+  }
   if (std::system(("'" + py + "' -c 'import h5py, torch, transformers.models.glm_moe_dsa, "
-                               "transformers.models.deepseek_v32' >/dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << py << " lacks torch or a transformers with glm_moe_dsa and deepseek_v32: HF DSA check skipped";
-  ScratchDir dir("dsa");
+                               "transformers.models.deepseek_v32' >/dev/null 2>&1").c_str()) != 0) {
+    skip = py + " lacks torch or a transformers with glm_moe_dsa and deepseek_v32: HF DSA check skipped";
+    return "";
+  }
   const std::string fixture = dir.path("dsa.h5");
-  ASSERT_EQ(std::system(("'" + py + "' '" MLA_SOURCE_DIR "/tests/py/make_dsa_fixtures.py' '" + fixture + "'").c_str()),
-            0);
+  const std::string cmd = "'" + py + "' '" MLA_SOURCE_DIR "/tests/py/make_dsa_fixtures.py' '" + fixture + "'";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+  return fixture;
+}
+
+TEST(RefStages, DsaIndexerEqualsHfGlmMoeDsaAndDeepseekV32) {
+  ScratchDir dir("dsa");
+  std::string skip;
+  const std::string fixture = hf_dsa_fixture(dir, skip);
+  if (fixture.empty()) GTEST_SKIP() << skip;
   const h5::File f = h5::File::open_read(fixture);
   for (const auto& [model, style, wrong] :
        {std::tuple{"glm_moe_dsa", RopeStyle::RopeStyle_interleaved, RopeStyle::RopeStyle_neox},
@@ -119,15 +134,10 @@ TEST(RefStages, DsaIndexerEqualsHfGlmMoeDsaAndDeepseekV32) {
 // HF's whole attention module (eager) masks every key its indexer did not select; attend_selected over the same
 // query, key and value states and the same selection (the keys each query sees) must give its output.
 TEST(RefStages, AttendSelectedEqualsHfSparseAttention) {
-  const std::string py = MLA_PYTHON_EXE;
-  if (py.empty()) GTEST_SKIP() << "MLA_PYTHON is not set at configure time: HF DSA check skipped";
-  if (std::system(("'" + py + "' -c 'import h5py, torch, transformers.models.glm_moe_dsa, "
-                               "transformers.models.deepseek_v32' >/dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << py << " lacks torch or a transformers with glm_moe_dsa and deepseek_v32: HF DSA check skipped";
   ScratchDir dir("dsa_attention");
-  const std::string fixture = dir.path("dsa.h5");
-  ASSERT_EQ(std::system(("'" + py + "' '" MLA_SOURCE_DIR "/tests/py/make_dsa_fixtures.py' '" + fixture + "'").c_str()),
-            0);
+  std::string skip;
+  const std::string fixture = hf_dsa_fixture(dir, skip);
+  if (fixture.empty()) GTEST_SKIP() << skip;
   const h5::File f = h5::File::open_read(fixture);
   for (const char* model : {"glm_moe_dsa_attention", "deepseek_v32_attention"}) {
     SCOPED_TRACE(model);

@@ -16,6 +16,11 @@
 //   probe_pdl=0|1    device probes' tile kernels launched as programmatic dependents of the stage before them on
 //                    compute capability 9 and later (1, default: their launch overlaps the end of that stage), or
 //                    plainly (0)
+//   probe_launch=layer|stage  device probes of tensors of at most kHeldRowsMax rows held until the end of the
+//                    layer (flush_probes) and launched together, a batch launch for up to 22 tensors and one copy
+//                    of a rank's results (layer, default: at decode the launches, not the bytes, are the cost), or
+//                    launched after their stage (stage: a device fault then keeps the records of the stages before
+//                    it in its layer too)
 //   probe_flag=memop|kernel  how a device probe's copies are marked done in mapped host memory: a stream memory
 //                    operation (memop, default; no SM needed), or a one-thread kernel (kernel; also taken where
 //                    the driver lacks the memory operation)
@@ -146,6 +151,10 @@ class CudaEngine : public Engine, public EngineTiming {
         if (v != "memop" && v != "kernel")
           throw UsageError("cuda engine: probe_flag=" + v + " (expected memop or kernel)");
         probe_flag_kernel_ = v == "kernel";
+      } else if (k == "probe_launch") {
+        if (v != "layer" && v != "stage")
+          throw UsageError("cuda engine: probe_launch=" + v + " (expected layer or stage)");
+        probe_at_layer_end_ = v == "layer";
       } else if (k == "devices") {
         try {
           devices_opt_ = std::stoi(v);
@@ -161,7 +170,8 @@ class CudaEngine : public Engine, public EngineTiming {
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
-                         "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, devices=N, "
+                         "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, probe_launch=layer|stage, "
+                         "devices=N, "
                          "mha_kernel=1|2|3, mqa_kernel=1|2)");
       }
     }
@@ -186,7 +196,8 @@ class CudaEngine : public Engine, public EngineTiming {
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
-           ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") + ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
+           ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") +
+           ",probe_launch=" + (probe_at_layer_end_ ? "layer" : "stage") + ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
            ",probe_stream=" + (probe_side_stream_ ? "side" : "rank") +
            ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
            ",mqa_kernel=" + std::to_string(mqa_kernel_);
@@ -239,6 +250,8 @@ class CudaEngine : public Engine, public EngineTiming {
     return b;
   }
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
+  void flush_probes() override;
+  bool device_stage(int rank, int& layer, Stage& stage) const override;
   bool owns_rank(int rank) const override { return own_rank_ < 0 || rank == own_rank_; }
 #ifdef MLA_WITH_NCCL
   size_t communicator_id_bytes() const override { return 128; }  // sizeof(ncclUniqueId)
@@ -275,6 +288,7 @@ class CudaEngine : public Engine, public EngineTiming {
 
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
   bool probe_pdl_ = true, probe_flag_kernel_ = false;
+  bool probe_at_layer_end_ = true;  // probe_launch=layer
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 3, mqa_kernel_ = 2;
@@ -302,6 +316,27 @@ class CudaEngine : public Engine, public EngineTiming {
   std::vector<std::unique_ptr<cuda::ProbeCapture>> captures_;
   std::unique_ptr<ProbeRecordBuilder> builder_;
   const cuda::ProbeCapture* last_built_ = nullptr;  // the capture of the last probe started (probe_build_seconds)
+  // probe_launch=layer: the probes started since the last flush, in start order, launched by flush_probes; and,
+  // per rank, an event after each stage of the layer (device_stage: where a hang is). Within a layer no stage
+  // writes a tensor another has written, so the held probes see what they would have seen after their stage; a
+  // call that would change a held tensor (out, upload) flushes first.
+  struct HeldProbe {
+    int rank;
+    std::string name;
+    ProbeRequest req;
+  };
+  struct BegunStage {
+    int layer;
+    Stage stage;
+    cudaEvent_t done;
+  };
+  static constexpr int64_t kHeldRowsMax = 256;
+  bool holds_probes() const { return queues_probes() && probe_at_layer_end_; }
+  bool held(int rank, const std::string& name) const;
+  void start_probe(int rank, const std::string& name, const ProbeRequest& req);
+  std::vector<HeldProbe> held_;
+  std::vector<std::vector<BegunStage>> begun_;         // per rank: the current layer's stages
+  std::vector<std::vector<cudaEvent_t>> begun_pool_;   // per rank, created on the rank's device, reused
 };
 
 DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
@@ -367,6 +402,8 @@ void CudaEngine::prepare(const RunContext& ctx) {
   comm_.reset();
   if (builder_) builder_->clear();
   last_built_ = nullptr;
+  held_.clear();
+  for (auto& b : begun_) b.clear();
   captures_.clear();
   ranks_.clear();
   ranks_.resize(tp_);
@@ -464,6 +501,7 @@ void CudaEngine::prepare(const RunContext& ctx) {
 }
 
 DeviceTensor& CudaEngine::out(int rank, const std::string& name, std::vector<int64_t> shape, DType dt) {
+  if (held(rank, name)) flush_probes();  // their kernels read it before the stage writes it again
   RankContext& rc = *ranks_[rank].ctx;
   DeviceTensor& t = ranks_[rank].tensors[name];
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * cuda::dtype_size(dt);
@@ -494,6 +532,20 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
       CUDA_CHECK(cudaEventRecord(begin, ranks_[rank].ctx->stream()));
     }
     run_stage_impl(st, layer, rank);
+    if (holds_probes()) {  // where the device is, for a hang seen while the held records wait
+      if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_pool_.resize(rank + 1);
+      auto& begun = begun_[rank];
+      if (!begun.empty() && begun.back().layer != layer) begun.clear();
+      auto& pool = begun_pool_[rank];
+      if (begun.size() == pool.size()) {
+        cudaEvent_t e = nullptr;
+        CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        pool.push_back(e);
+      }
+      cudaEvent_t done = pool[begun.size()];
+      CUDA_CHECK(cudaEventRecord(done, ranks_[rank].ctx->stream()));
+      begun.push_back({layer, st.stage, done});
+    }
     if (timing_) {
       cudaEvent_t end = timing_event(rank);
       CUDA_CHECK(cudaEventRecord(end, ranks_[rank].ctx->stream()));
@@ -817,6 +869,7 @@ void CudaEngine::upload(int rank, const std::string& name, const Tensor& t) {
   DeviceGuard g(rc.device());
   auto it = rs.tensors.find(name);
   const DType dt = it != rs.tensors.end() ? it->second.dtype : (name == "lse" ? DType::DType_f32 : DType::DType_bf16);
+  if (held(rank, name)) flush_probes();  // the held probe reads the old contents
   // Synchronous, and after everything queued on the stream: the old contents may still be read.
   CUDA_CHECK(cudaStreamSynchronize(rc.stream()));
   rs.tensors[name] = to_device(rc, t, dt);
@@ -837,15 +890,71 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
 
 void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
   if (!device_probes_) return Engine::probe_async(rank, spec, req);
+  const DeviceTensor& t = in(rank, spec.name);  // a probe of a tensor the rank lacks fails here, not at the flush
+  // Held when its tensor has few rows (decode, short prompts: there the launches, not the bytes, are the cost), and
+  // after one is held (the records come back in start order).
+  const int64_t rows = req.tokens > 0 ? req.tokens : 1;
+  if (holds_probes() && (!held_.empty() || rows <= kHeldRowsMax || t.numel() == 0)) {
+    held_.push_back({rank, spec.name, req});
+    return;
+  }
+  start_probe(rank, spec.name, req);
+}
+
+void CudaEngine::start_probe(int rank, const std::string& name, const ProbeRequest& req) {
   cuda::ProbeCapture& cap = capture(rank);
-  const int slot = cap.start(spec.name, in(rank, spec.name), req);
+  const int slot = cap.start(name, in(rank, name), req);
   if (!builder_) builder_ = std::make_unique<ProbeRecordBuilder>();
   builder_->push({[&cap, slot] { cap.ship(slot); }, [&cap, slot] { return cap.finish(slot); }});
   last_built_ = &cap;
 }
 
+bool CudaEngine::held(int rank, const std::string& name) const {
+  for (const auto& h : held_)
+    if (h.rank == rank && h.name == name) return true;
+  return false;
+}
+
+void CudaEngine::flush_probes() {
+  if (held_.empty()) return;
+  std::vector<HeldProbe> held;
+  held.swap(held_);  // a failed launch drops the rest: the device is gone
+  // Each rank's probes in few launches, then the jobs in start order (the order the records are taken in).
+  std::vector<std::vector<int>> slots(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    std::vector<cuda::ProbeCapture::Start> list;
+    for (const auto& h : held)
+      if (h.rank == static_cast<int>(r)) list.push_back({h.name, &in(h.rank, h.name), h.req});
+    if (list.empty()) continue;
+    DeviceGuard g(ranks_[r].ctx->device());
+    slots[r] = capture(static_cast<int>(r)).start_many(list);
+  }
+  if (!builder_) builder_ = std::make_unique<ProbeRecordBuilder>();
+  std::vector<size_t> next(ranks_.size(), 0);
+  for (const auto& h : held) {
+    cuda::ProbeCapture& cap = capture(h.rank);
+    const int slot = slots[h.rank][next[h.rank]++];
+    builder_->push({[&cap, slot] { cap.ship(slot); }, [&cap, slot] { return cap.finish(slot); }});
+    last_built_ = &cap;
+  }
+}
+
+bool CudaEngine::device_stage(int rank, int& layer, Stage& stage) const {
+  if (rank < 0 || rank >= static_cast<int>(begun_.size())) return false;
+  for (const auto& b : begun_[rank]) {
+    const cudaError_t e = cudaEventQuery(b.done);
+    if (e == cudaSuccess) continue;
+    if (e != cudaErrorNotReady) return false;  // a device fault: collect_probes reports it
+    layer = b.layer;
+    stage = b.stage;
+    return true;
+  }
+  return false;
+}
+
 void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
   Engine::collect_probes(out, wait);
+  if (wait) flush_probes();
   if (builder_) builder_->take(out, wait);
 }
 

@@ -61,11 +61,32 @@ struct ProbeCapture::Slot {
   PinnedBuffer flag_mem;  // mapped: one unsigned, written by the device when the copies are done
   volatile unsigned* flag = nullptr;
   unsigned* flag_dev = nullptr;
+  Arena* arena = nullptr;  // start_many: the results are at arena_off in this arena (not in `host`)
+  size_t arena_off = 0;
+  bool ships_arena = false;  // the arena's first record: its ship() copies the whole arena
   cudaEvent_t computed = nullptr;  // on the rank's stream: the tensor is complete (side stream) or the results are
                                    // in the slot's device scratch (rank stream)
   int device = 0;
 
   ~Slot() {
+    DeviceGuard g(device);
+    if (computed) cudaEventDestroy(computed);
+  }
+};
+
+// One start_many's results, contiguous on the device and in pinned host memory: one copy, one flag.
+struct ProbeCapture::Arena {
+  DeviceBuffer dev;
+  PinnedBuffer host;
+  PinnedBuffer flag_mem;  // mapped: written by the device when the copy is done
+  volatile unsigned* flag = nullptr;
+  unsigned* flag_dev = nullptr;
+  unsigned seq = 0;
+  size_t bytes = 0;
+  std::atomic<int> pending{0};     // records not yet finished; 0: free
+  cudaEvent_t computed = nullptr;  // on the rank's stream, after the kernels
+  int device = 0;
+  ~Arena() {
     DeviceGuard g(device);
     if (computed) cudaEventDestroy(computed);
   }
@@ -117,6 +138,98 @@ double ProbeCapture::last_build_seconds() const {
 
 int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req) {
   DeviceGuard g(rc_.device());
+  ProbeStatsArgs a;
+  cudaStream_t stream = nullptr;
+  const int id = prepare(probe, t, req, a, stream);
+  Slot& s = slot(id);
+  if (s.numel > 0) {
+    launch_probe_stats(rc_.probe_launch_cache(), a, programmatic_, stream);
+    started(s, t, stream);
+  }
+  return id;
+}
+
+std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
+  DeviceGuard g(rc_.device());
+  std::vector<int> ids;
+  if (side_stream_) {  // each probe waits for its own event there: one at a time
+    for (const auto& p : list) ids.push_back(start(p.probe, *p.tensor, p.req));
+    return ids;
+  }
+  // The tensors the tile kernel's task kind takes go in batch launches; the rest (wide tensors folded in their
+  // blocks, fp32 and odd widths) one launch each, as start() makes them.
+  // Every record's results in one arena, so that one copy and one flag bring them all to the host.
+  std::vector<ProbeStatsArgs> args(list.size());
+  std::vector<size_t> offsets(list.size());
+  size_t total = 0;
+  for (size_t k = 0; k < list.size(); ++k) {
+    ids.push_back(layout(list[k].probe, *list[k].tensor, list[k].req, args[k]));
+    offsets[k] = total;
+    total = align8(total + slot(ids[k]).bytes);
+  }
+  Arena& arena = free_arena(std::max<size_t>(total, 8));
+  arena.pending.store(static_cast<int>(list.size()), std::memory_order_relaxed);
+  *arena.flag = 0;
+  arena.seq = arena.seq + 1 ? arena.seq + 1 : 1;
+  arena.bytes = total;
+  std::vector<ProbeStatsArgs> batch;
+  cudaStream_t stream = rc_.stream();
+  for (size_t k = 0; k < list.size(); ++k) {
+    Slot& s = slot(ids[k]);
+    s.arena = &arena;
+    s.arena_off = offsets[k];
+    s.ships_arena = k == 0;
+    place(ids[k], list[k].req, args[k], static_cast<unsigned char*>(arena.dev.get()) + offsets[k], stream);
+    if (s.numel == 0) continue;
+    if (probe_stats_batchable(rc_.probe_launch_cache(), args[k])) batch.push_back(args[k]);
+    else launch_probe_stats(rc_.probe_launch_cache(), args[k], false, stream);
+  }
+  launch_probe_stats_batch(rc_.probe_launch_cache(), batch, stream);
+  for (size_t k = 0; k < list.size(); ++k) {
+    Slot& s = slot(ids[k]);
+    if (s.full && s.numel > 0)
+      CUDA_CHECK(cudaMemcpyAsync(s.dev + s.off_raw, list[k].tensor->buf.get(), list[k].tensor->bytes(),
+                                 cudaMemcpyDeviceToDevice, stream));
+  }
+  CUDA_CHECK(cudaEventRecord(arena.computed, stream));
+  return ids;
+}
+
+// An arena no record reads any more (its slots all finished), grown to `bytes`; a new one when none is free.
+ProbeCapture::Arena& ProbeCapture::free_arena(size_t bytes) {
+  Arena* a = nullptr;
+  for (auto& x : arenas_)
+    if (x->pending.load(std::memory_order_acquire) == 0) a = x.get();
+  if (!a) {
+    auto n = std::make_unique<Arena>();
+    n->device = rc_.device();
+    CUDA_CHECK(cudaEventCreateWithFlags(&n->computed, cudaEventDisableTiming));
+    n->flag = reinterpret_cast<volatile unsigned*>(n->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&n->flag_dev), const_cast<unsigned*>(n->flag), 0));
+    arenas_.push_back(std::move(n));
+    a = arenas_.back().get();
+  }
+  if (a->dev.bytes() < bytes) a->dev = DeviceBuffer(rc_.device(), std::max(bytes, a->dev.bytes() * 2));
+  a->host.reserve(bytes);
+  return *a;
+}
+
+// After the slot's kernels: at full level the device copy of the tensor, then the slot's event (the rank's
+// stream).
+void ProbeCapture::started(Slot& s, const DeviceTensor& t, cudaStream_t stream) {
+  if (s.full) CUDA_CHECK(cudaMemcpyAsync(s.dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
+  if (!side_stream_) CUDA_CHECK(cudaEventRecord(s.computed, stream));
+}
+
+int ProbeCapture::prepare(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req,
+                          ProbeStatsArgs& a, cudaStream_t& stream) {
+  const int id = layout(probe, t, req, a);
+  place(id, req, a, nullptr, stream);
+  return id;
+}
+
+int ProbeCapture::layout(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req,
+                         ProbeStatsArgs& a) {
   auto& mine = by_probe_[probe];
   int id = -1;
   for (int k : mine)
@@ -145,7 +258,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   s.sketch = req.level != ProbeLevel::ProbeLevel_stats;
   s.full = req.level == ProbeLevel::ProbeLevel_full;
   const int64_t cols = s.numel / s.rows;
-  ProbeStatsArgs a;
+  a = ProbeStatsArgs{};
   a.data = t.buf.get();
   a.dtype = t.dtype;
   a.rows = s.rows;
@@ -165,22 +278,32 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   s.off_sketch = take(s.sketch ? s.rows * kSketchDim * sizeof(float) : 0);
   s.off_raw = take(s.full ? t.bytes() : 0);  // full level: the tensor itself, copied on the device first
   s.bytes = off;  // what comes to the host; the stats kernels' workspace follows on the device only
-  s.host.reserve(std::max<size_t>(s.bytes, 8));
   *s.flag = 0;
   s.seq = s.seq + 1 ? s.seq + 1 : 1;
+  s.arena = nullptr;
+  return id;
+}
 
-  cudaStream_t stream = rc_.stream();
+void ProbeCapture::place(int id, const ProbeRequest& req, ProbeStatsArgs& a, unsigned char* results,
+                         cudaStream_t& stream) {
+  Slot& s = slot(id);
+  if (!results) s.host.reserve(std::max<size_t>(s.bytes, 8));
+  stream = rc_.stream();
   if (s.numel > 0) {
-    a.sketch_bits = s.sketch ? sign_bits(req.probe_key, req.col_offset, cols) : nullptr;
+    a.sketch_bits = s.sketch ? sign_bits(req.probe_key, req.col_offset, a.cols) : nullptr;
     const size_t work = s.plan.workspace;
-    auto* dev = static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), s.bytes + work));
+    const size_t here = results ? 0 : s.bytes;  // the results in the slot's scratch, or at `results`
+    auto* scratch = here + work > 0
+                        ? static_cast<unsigned char*>(rc_.scratch("probe.slot" + std::to_string(id), here + work))
+                        : nullptr;
+    auto* dev = results ? results : scratch;
     s.dev = dev;
     a.row_stats = reinterpret_cast<double*>(dev + s.off_stats);
     a.row_checksum = reinterpret_cast<unsigned long long*>(dev + s.off_check);
     a.token_l2 = reinterpret_cast<float*>(dev + s.off_tok);
     a.head_l2 = s.heads ? reinterpret_cast<float*>(dev + s.off_head) : nullptr;
     a.sketch_out = s.sketch ? reinterpret_cast<float*>(dev + s.off_sketch) : nullptr;
-    a.workspace = work ? dev + s.bytes : nullptr;
+    a.workspace = work ? scratch + here : nullptr;
     if (side_stream_) {  // the probe's kernels wait for the tensor, then run beside the rank's next stages
       CUDA_CHECK(cudaEventRecord(s.computed, stream));
       CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
@@ -192,16 +315,20 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
       s.zeroed_at = a.workspace;
       s.zeroed_bytes = counters;
     }
-    launch_probe_stats(rc_.probe_launch_cache(), a, programmatic_, stream);
-    if (s.full) CUDA_CHECK(cudaMemcpyAsync(dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
-    if (!side_stream_) CUDA_CHECK(cudaEventRecord(s.computed, stream));
   }
-  return id;
 }
 
 void ProbeCapture::ship(int id) {
   Slot& s = slot(id);
   DeviceGuard g(rc_.device());
+  if (s.arena) {  // the arena's first record ships them all
+    if (!s.ships_arena) return;
+    Arena& a = *s.arena;
+    CUDA_CHECK(cudaStreamWaitEvent(copy_, a.computed, 0));
+    CUDA_CHECK(cudaMemcpyAsync(a.host.reserve(0), a.dev.get(), a.bytes, cudaMemcpyDeviceToHost, copy_));
+    launch_set_flag(a.flag_dev, a.seq, write_flag_, copy_);
+    return;
+  }
   if (s.numel > 0) {
     if (!side_stream_) CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));  // (side: the kernels are on copy_)
     CUDA_CHECK(cudaMemcpyAsync(s.host.reserve(0), s.dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
@@ -212,15 +339,15 @@ void ProbeCapture::ship(int id) {
 // The copies are done when the flag holds the slot's number (it is written after them, in stream order). Waiting
 // reads mapped memory and makes no driver call, so the launching thread's calls never queue behind this wait; now
 // and then the copy stream is asked whether the device failed (a sticky error), which ends the wait.
-void ProbeCapture::wait_for_flag(const Slot& s) const {
+void ProbeCapture::wait_for_flag(const volatile unsigned* flag, unsigned seq) const {
   using Clock = std::chrono::steady_clock;
   auto check = Clock::now() + std::chrono::milliseconds(1);
-  for (unsigned spins = 0; *s.flag != s.seq; ++spins) {
+  for (unsigned spins = 0; *flag != seq; ++spins) {
     if ((spins & 255u) != 255u) continue;
     std::this_thread::yield();
     if (Clock::now() < check) continue;
     const cudaError_t err = cudaStreamQuery(copy_);
-    if (err != cudaSuccess && err != cudaErrorNotReady && *s.flag != s.seq)
+    if (err != cudaSuccess && err != cudaErrorNotReady && *flag != seq)
       CUDA_CHECK(err);  // the device failed before this probe's copies were done
     check = Clock::now() + std::chrono::milliseconds(1);
   }
@@ -230,10 +357,16 @@ void ProbeCapture::wait_for_flag(const Slot& s) const {
 ProbeRecord ProbeCapture::finish(int id) {
   Slot& s = slot(id);
   DeviceGuard g(rc_.device());
-  struct Release {  // the slot is free once everything is read from it, however finish() ends
+  struct Release {  // the slot (and its share of the arena) is free once everything is read, however finish() ends
     std::atomic<bool>& busy;
-    ~Release() { busy.store(false, std::memory_order_release); }
-  } release{s.busy};
+    std::atomic<int>* pending;
+    ~Release() {
+      busy.store(false, std::memory_order_release);
+      if (pending) pending->fetch_sub(1, std::memory_order_acq_rel);
+    }
+  } release{s.busy, s.arena ? &s.arena->pending : nullptr};
+  const volatile unsigned* flag = s.arena ? s.arena->flag : s.flag;
+  const unsigned seq = s.arena ? s.arena->seq : s.seq;
   // Waiting anyway: the record's maps are allocated now, zero-filled, so that their copies below write into memory
   // the host has just touched. A layer's last record is built after the device is done, so its build is part of
   // the wall: on the H200 machine, for a [4096, 7168] probe at sketch level (a 512 KB sketch), 0.075-0.084 ms into
@@ -241,13 +374,13 @@ ProbeRecord ProbeCapture::finish(int id) {
   // would cost more than it saves).
   const int64_t rows = s.rows;
   std::vector<float> token_l2, head_l2, sketch;
-  const bool early = s.numel > 0 && *s.flag != s.seq;
+  const bool early = s.numel > 0 && *flag != seq;
   if (early) {
     token_l2.resize(rows);
     head_l2.resize(rows * s.heads);
     if (s.sketch) sketch.resize(rows * kSketchDim);
   }
-  wait_for_flag(s);
+  wait_for_flag(flag, seq);
   struct BuildClock {  // adds the time from here to the return to the build counters
     ProbeCapture& cap;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -265,7 +398,7 @@ ProbeRecord ProbeCapture::finish(int id) {
     if (s.sketch) rec.sketch.assign(rows * kSketchDim, 0.f);
     return rec;
   }
-  const unsigned char* host = s.host.reserve(0);
+  const unsigned char* host = s.arena ? s.arena->host.reserve(0) + s.arena_off : s.host.reserve(0);
   // The maps from the pinned buffer: into the vectors allocated while waiting, else straight, one pass each
   // (zero-filling them first and copying over doubled the host's work when it was behind: 2.5 MB per [4096,
   // 128-head] probe).

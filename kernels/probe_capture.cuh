@@ -21,6 +21,7 @@
 
 #include "kernels/device_tensor.cuh"
 #include "kernels/probe_flag.cuh"
+#include "kernels/probe_stats.cuh"
 #include "kernels/rank_context.cuh"
 #include "probes/probe.h"
 
@@ -50,6 +51,14 @@ class ProbeCapture {
   // Queues the kernels of the record of `t` (this rank's shard, the probe named `probe`) on the rank's stream
   // and returns its slot (busy until finish). Called from the thread that launches the stages.
   int start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req);
+  // Several probes at once (the engine's option probe_launch=layer): as start() for each, in order, with the
+  // kernels of the tensors that allow it in a few batch launches (launch_probe_stats_batch); the same records.
+  struct Start {
+    std::string probe;
+    const DeviceTensor* tensor;
+    ProbeRequest req;
+  };
+  std::vector<int> start_many(const std::vector<Start>& list);
   // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels.
   void ship(int slot);
   // The record of a shipped slot, which becomes free: waits for its copies (or reads the flag after a device
@@ -66,8 +75,19 @@ class ProbeCapture {
   // The sketch's sign-bit table for (probe key, first global column, width), built once and kept.
   const uint32_t* sign_bits(uint64_t key, int64_t col0, int64_t cols);
 
+  // start() but the kernels: the slot, its record's layout, scratch and launch arguments; `stream` is where the
+  // kernels go (the copy stream with side_stream, after the tensor's event).
+  int prepare(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req, ProbeStatsArgs& a,
+              cudaStream_t& stream);
+  // prepare() in two steps: the slot and its record's layout (a: the tensor's part), then its memory and the
+  // rest of `a` (results: where its results go on the device; nullptr: the slot's scratch).
+  int layout(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req, ProbeStatsArgs& a);
+  void place(int id, const ProbeRequest& req, ProbeStatsArgs& a, unsigned char* results, cudaStream_t& stream);
+  struct Arena;
+  Arena& free_arena(size_t bytes);
+  void started(Slot& s, const DeviceTensor& t, cudaStream_t stream);  // the full copy and the event
   Slot& slot(int id) const;
-  void wait_for_flag(const Slot& s) const;
+  void wait_for_flag(const volatile unsigned* flag, unsigned seq) const;
 
   RankContext& rc_;
   bool side_stream_ = false, programmatic_ = true;
@@ -75,6 +95,7 @@ class ProbeCapture {
   cudaStream_t copy_ = nullptr;
   mutable std::mutex mu_;  // slots_ (start() adds slots while finish() runs on another thread) and the build times
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::unique_ptr<Arena>> arenas_;  // start_many's, reused once their records are finished
   // Slots by probe name: a probe gets a free slot of its own name, whose buffers already have its size (a
   // slot shared between probes of different sizes would grow, and growing reallocates pinned memory, slow,
   // and device memory, whose freeing synchronizes the device).

@@ -85,6 +85,24 @@ void launch_probe_tiles(bool block_fold, unsigned blocks, int warps, const Probe
 // The rows' records from the tile kernel's partials, when it does not fold them itself (!g.fold_inline).
 void launch_probe_fold_rows(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
                             const float* sketch_part, cudaStream_t stream);
+// Several tensors' tile kernels (the task kind) in one launch, and their fold kernels in another: task i's blocks
+// are [first_block, next task's first_block); the same partials and records as each tensor's own launch.
+struct TileBatchTask {
+  ProbeStatsArgs a;
+  TileGeometry g;
+  RowPartial* part;
+  float* sketch_part;
+  unsigned* tile_done;
+  unsigned first_block;
+};
+constexpr int kTileBatchMax = 22;  // a launch's parameters stay under the 4 KB every CUDA version takes
+struct TileBatch {
+  int n = 0;
+  TileBatchTask task[kTileBatchMax];
+};
+static_assert(sizeof(TileBatch) <= 4000, "a batch is passed by value as a kernel parameter");
+void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream);
+void launch_probe_fold_rows_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream);
 // The row kernel: a warp per token row, the unit of stats the row.
 void launch_probe_rows(const ProbeStatsArgs& a, cudaStream_t stream);
 

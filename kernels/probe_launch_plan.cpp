@@ -159,4 +159,41 @@ void launch_probe_stats(ProbeLaunchCache& cache, const ProbeStatsArgs& a, bool p
   launch_probe_rows(a, stream);
 }
 
+bool probe_stats_batchable(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
+  return a.rows > 0 && a.workspace && launch_path(cache.tile_geometry(a)) == LaunchPath::kTasks;
+}
+
+void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeStatsArgs>& list,
+                              cudaStream_t stream) {
+  for (size_t from = 0; from < list.size(); from += kTileBatchMax) {
+    const size_t to = std::min(list.size(), from + kTileBatchMax);
+    TileBatch tiles, folds;
+    int64_t tile_blocks = 0, fold_blocks = 0;
+    for (size_t k = from; k < to; ++k) {
+      const ProbeStatsArgs& a = list[k];
+      if (!probe_stats_batchable(cache, a))
+        throw EngineError("probe stats: a [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
+                          "] tensor is not one the batch launch takes (probe_stats_batchable)");
+      const TileGeometry g = cache.tile_geometry(a);
+      TileBatchTask t;
+      t.a = a;
+      t.g = g;
+      t.tile_done = static_cast<unsigned*>(a.workspace);
+      t.part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + counter_bytes(g));
+      t.sketch_part = reinterpret_cast<float*>(t.part + a.rows * g.segs);
+      t.first_block = static_cast<unsigned>(tile_blocks);
+      tiles.task[tiles.n++] = t;
+      tile_blocks += (g.row_tiles * g.segs + kTileWarps - 1) / kTileWarps;
+      if (!g.fold_inline) {
+        t.first_block = static_cast<unsigned>(fold_blocks);
+        folds.task[folds.n++] = t;
+        fold_blocks += (a.rows + 7) / 8;  // fold_rows_kernel's 8 warps per block
+      }
+    }
+    if (tile_blocks > INT_MAX || fold_blocks > INT_MAX) throw EngineError("probe stats: batch launch too large");
+    launch_probe_tiles_batch(tiles, static_cast<unsigned>(tile_blocks), stream);
+    launch_probe_fold_rows_batch(folds, static_cast<unsigned>(fold_blocks), stream);
+  }
+}
+
 }  // namespace mla::cuda

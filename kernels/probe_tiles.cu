@@ -281,22 +281,16 @@ __device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, int64_
 // kBlockFold: one block per tile, warp w takes segment w, and the block folds the tile through shared memory at
 // the end (no partials in global memory, no counters, no fences); else blocks of kTileWarps warps, a warp per
 // (tile, segment) in turn, the partials in global memory, folded by the tile's last warp (or fold_rows_kernel).
+// The block's work (`block`: its index in the tensor's own launch), shared by the one-tensor kernel and the batch
+// kernel (probe_tiles_batch_kernel), which computes the same partials in the same order for each of its tensors.
 template <bool kBlockFold>
-__global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps * 32,
-                                  kBlockFold ? kTileMinBlocks : kTaskMinBlocks)
-    probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
-                       unsigned* tile_done) {
-  extern __shared__ TileStage ring[];  // [warps][kStages]
-#if __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent (launch_probe_tiles): the blocks may start before the stream's previous
-  // kernel (the one that wrote the tensor) has finished; this waits for it and its writes before any memory access.
-  // Without the launch attribute, a no-op.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+__device__ __forceinline__ void tiles_block(const ProbeStatsArgs& a, const TileGeometry& g, RowPartial* part,
+                                            float* sketch_part, unsigned* tile_done, int64_t block,
+                                            TileStage* ring) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int64_t tile = blockIdx.x, seg = warp;
+  int64_t tile = block, seg = warp;
   if constexpr (!kBlockFold) {
-    const int64_t task = static_cast<int64_t>(blockIdx.x) * kTileWarps + warp;
+    const int64_t task = block * kTileWarps + warp;
     if (task >= g.row_tiles * g.segs) return;
     tile = task / g.segs;
     seg = task % g.segs;
@@ -542,11 +536,46 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   fold_tile<false>(a, g, tile, part, sketch_part, lane);
 }
 
+template <bool kBlockFold>
+__global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps * 32,
+                                  kBlockFold ? kTileMinBlocks : kTaskMinBlocks)
+    probe_tiles_kernel(const ProbeStatsArgs a, TileGeometry g, RowPartial* part, float* sketch_part,
+                       unsigned* tile_done) {
+  extern __shared__ TileStage ring[];  // [warps][kStages]
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent (launch_probe_tiles): the blocks may start before the stream's previous
+  // kernel (the one that wrote the tensor) has finished; this waits for it and its writes before any memory access.
+  // Without the launch attribute, a no-op.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  tiles_block<kBlockFold>(a, g, part, sketch_part, tile_done, blockIdx.x, ring);
+}
+
+// Several tensors' (tile, segment) tasks in one launch: block b works for the last tensor whose first block is at
+// most b, as block b − first_block of that tensor's own launch.
+__global__ void __launch_bounds__(kTileWarps * 32, kTaskMinBlocks)
+    probe_tiles_batch_kernel(const __grid_constant__ TileBatch b) {
+  extern __shared__ TileStage ring[];  // [kTileWarps][kStages]
+  int i = 0;
+  while (i + 1 < b.n && blockIdx.x >= b.task[i + 1].first_block) ++i;
+  const TileBatchTask& t = b.task[i];
+  tiles_block<false>(t.a, t.g, t.part, t.sketch_part, t.tile_done, blockIdx.x - t.first_block, ring);
+}
+
 // Many segments per row (few rows: narrow segments keep the GPU busy): one warp per row.
 __global__ void fold_rows_kernel(const ProbeStatsArgs a, TileGeometry g, const RowPartial* part,
                                  const float* sketch_part) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r < a.rows) fold_row(a, g, part, sketch_part, r, threadIdx.x & 31);
+}
+
+// fold_rows_kernel for several tensors: block b for the last tensor whose first block is at most b.
+__global__ void fold_rows_batch_kernel(const __grid_constant__ TileBatch b) {
+  int i = 0;
+  while (i + 1 < b.n && blockIdx.x >= b.task[i + 1].first_block) ++i;
+  const TileBatchTask& t = b.task[i];
+  const int64_t r = (blockIdx.x - t.first_block) * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r < t.a.rows) fold_row(t.a, t.g, t.part, t.sketch_part, r, threadIdx.x & 31);
 }
 
 
@@ -586,6 +615,18 @@ void launch_probe_tiles(bool block_fold, unsigned blocks, int warps, const Probe
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, probe_tiles_kernel<true>, a, g, part, sketch_part, tile_done));
   else
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, probe_tiles_kernel<false>, a, g, part, sketch_part, tile_done));
+}
+
+void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream) {
+  if (b.n <= 0 || blocks == 0) return;
+  probe_tiles_batch_kernel<<<blocks, kTileWarps * 32, tile_smem(kTileWarps), stream>>>(b);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_probe_fold_rows_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream) {
+  if (b.n <= 0 || blocks == 0) return;
+  fold_rows_batch_kernel<<<blocks, 256, 0, stream>>>(b);
+  CUDA_CHECK_LAUNCH();
 }
 
 void launch_probe_fold_rows(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,

@@ -215,5 +215,61 @@ TEST(RunnerQueuedProbes, AWaitIsReportedOverBeforeTheNextStageBegins) {
   EXPECT_FALSE(waiting) << sink.events;
 }
 
+// An engine that holds its probes until flush_probes (as the CUDA engine does with probe_launch=layer) and whose
+// device, while the flushed records are on their way, is in `busy` (device_stage): the Runner must flush before it
+// waits, and its wait must name the stage the device is in, not the oldest record's.
+class HeldQueuedEngine : public ReferenceEngine {
+ public:
+  explicit HeldQueuedEngine(Stage busy) : ReferenceEngine({}), busy_(busy) {}
+  bool queues_probes() const override { return true; }
+  void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
+    held_.push_back(probe(rank, spec, req));
+  }
+  void flush_probes() override {
+    ++flushes;
+    for (auto& r : held_) flushed_.push_back(std::move(r));
+    held_.clear();
+    polls_ = 0;
+  }
+  bool device_stage(int, int& layer, Stage& stage) const override {
+    if (flushed_.empty()) return false;
+    layer = 0;
+    stage = busy_;
+    return true;
+  }
+  void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
+    if (!held_.empty() && ++unflushed_polls_ > 100000) throw std::runtime_error("the Runner never flushed");
+    if (!wait && ++polls_ < 3) return;  // the device is still at work
+    for (auto& r : flushed_) out.push_back(std::move(r));
+    flushed_.clear();
+  }
+  int flushes = 0;
+
+ private:
+  Stage busy_;
+  int polls_ = 0, unflushed_polls_ = 0;
+  std::vector<ProbeRecord> held_, flushed_;
+};
+
+TEST(RunnerQueuedProbes, HeldProbesAreFlushedAndTheWaitNamesTheDevicesStage) {
+  const MlaConfig cfg = test::preset("tiny");
+  RunSpec spec;
+  spec.tokens = 4;
+  spec.layers = 2;
+  spec.input_norm = true;
+  const auto w = synthetic_weights(cfg, 2, true, 0);
+  const Inputs in = synthetic_inputs(cfg, spec, w);
+  Runner runner(cfg, spec);
+  HeldQueuedEngine engine(Stage::Stage_attention_mha);
+  WaitWatcher sink(Stage::Stage_v_up);  // (never waited for: runs to the end)
+  runner.run(engine, w, in, ProbePlan{}, sink);
+  EXPECT_EQ(engine.flushes, spec.layers);  // once per layer, before its wait
+  size_t probes = 0;
+  for (const auto& st : runner.graph().stages) probes += st.outputs.size();
+  EXPECT_EQ(sink.recorded.size(), probes * spec.layers);
+  ASSERT_FALSE(sink.waited.empty());
+  for (Stage s : sink.waited) EXPECT_EQ(s, Stage::Stage_attention_mha) << stage_name(s);
+}
+
 }  // namespace
 }  // namespace mla

@@ -106,6 +106,17 @@ class Engine {
   // True when probe_async queues work that collect_probes waits for: the Runner then takes the finished
   // records after each stage and waits for the rest at the end of each layer; otherwise it collects at once.
   virtual bool queues_probes() const { return false; }
+  // A queuing engine may hold the probes started during a layer and launch them together: flush_probes launches
+  // whatever it holds (collect_probes with wait does too, and so does any call that would change a held tensor).
+  // The Runner calls it before it waits for a layer's records.
+  virtual void flush_probes() {}
+  // Where `rank`'s device work is, when the engine tracks it: the first stage begun whose device work is not
+  // done (`layer`, `stage`); false when it does not say (or everything begun is done). Names a device hang while
+  // the records wait at the end of a layer.
+  virtual bool device_stage(int rank, int& layer, Stage& stage) const {
+    (void)rank, (void)layer, (void)stage;
+    return false;
+  }
   virtual void synchronize() {}
 
   // The benchmark's view of an engine that queues work on a device (engine_timing.h); nullptr: a host engine,

@@ -134,21 +134,29 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
       std::rethrow_exception(failed);
     }
   };
-  // collect(true) on a queuing engine polls, naming the stage it waits for (a device hang is there).
+  // collect(true) on a queuing engine polls, naming the stage it waits for (a device hang is there): the stage
+  // whose device work the engine says is not done, else the stage of the oldest record not yet in.
   const bool queued = engine.queues_probes();
   auto collect = [&](bool wait) {
     if (!wait || !queued) return take(wait);
-    Started told{-1, nullptr, -1};  // what the sink was last told
+    if (!started.empty()) engine.flush_probes();
+    struct Where {
+      int layer = -1;
+      Stage stage{};
+      int rank = -1;
+      bool operator!=(const Where& o) const { return layer != o.layer || stage != o.stage || rank != o.rank; }
+    } told;  // what the sink was last told
     while (!started.empty()) {
       const Started oldest = started.front();
-      if (!told.spec || told.layer != oldest.layer || told.spec->stage != oldest.spec->stage || told.rank != oldest.rank)
-        sink.waiting(oldest.layer, oldest.spec->stage, oldest.rank);
-      told = oldest;
+      Where now{oldest.layer, oldest.spec->stage, oldest.rank};
+      engine.device_stage(oldest.rank, now.layer, now.stage);
+      if (now != told) sink.waiting(now.layer, now.stage, now.rank);
+      told = now;
       const size_t before_take = started.size();
       take(false);
       if (started.size() == before_take) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
-    if (told.spec) sink.waiting_over();  // e.g. a planted hang that follows is the begun stage's, not the wait's
+    if (told.rank >= 0) sink.waiting_over();  // e.g. a planted hang that follows is the begun stage's, not the wait's
   };
   bool stopped = false;
   try {

@@ -9,6 +9,8 @@
 // bf16 reference's noise. 4x is headroom, far below a real bug's O(1e-2..1). Floor: as in the stage tests.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "tests/gpu/gpu_cases.h"
 
 namespace mla::gputest {
@@ -54,6 +56,44 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
       EXPECT_EQ(rec.checksum, cr.recs.at(key).checksum)
           << c.describe() << ": probe " << std::get<1>(key) << " layer " << std::get<0>(key) << " rank "
           << std::get<2>(key) << " differs between probes on the side stream and on the rank's stream";
+    }
+  }
+}
+
+// Probes held to the end of the layer and launched together (probe_launch=layer, the default) give the same
+// records, bit for bit, as probes launched after each stage (probe_launch=stage): every statistic, map, sketch and
+// full tensor; over two layers (the second layer's stages rewrite every tensor the first layer's probes read) and
+// at tp 8 on one GPU.
+TEST(CudaLayerDeterminism, ProbesLaunchedAtTheLayersEndAreTheSameRecords) {
+  MLA_REQUIRE_GPU();
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (Case c : {make_case("held_decode_tp8", "tiny", kDecode, kAbsorbed, 8, 2, 2, {64, 130}),
+                 make_case("held_chunked_tp2", "tiny", kChunked, kMha, 2, 5, 2, {3, 66}),
+                 make_case("held_dsv3_prefill_tp1", "deepseek-v3", kPrefill, kMha, 1, 33)}) {
+    c.layers = 2;
+    c.input_norm = true;  // h and h_out: the second layer's input is the first's output
+    const GpuRun run = make_run(c);
+    auto held = cuda_engine();
+    auto each = cuda_engine("probe_launch=stage");
+    ASSERT_NE(held->options().find("probe_launch=layer"), std::string::npos) << held->options();
+    const Capture a = capture(*held, run), b = capture(*each, run);
+    ASSERT_EQ(a.recs.size(), b.recs.size());
+    for (const auto& [key, x] : a.recs) {
+      const ProbeRecord& y = b.recs.at(key);
+      const std::string what = c.describe() + ": probe " + std::get<1>(key) + " layer " +
+                               std::to_string(std::get<0>(key)) + " rank " + std::to_string(std::get<2>(key));
+      EXPECT_EQ(x.checksum, y.checksum) << what;
+      EXPECT_EQ(x.nan, y.nan) << what;
+      EXPECT_EQ(x.inf, y.inf) << what;
+      for (const auto& [u, v] : {std::pair{x.l2, y.l2}, {x.absmax, y.absmax}, {x.mean, y.mean}, {x.std, y.std}})
+        EXPECT_EQ(std::memcmp(&u, &v, sizeof u), 0) << what << ": " << u << " vs " << v;
+      EXPECT_TRUE(same(x.token_l2, y.token_l2)) << what << ": token L2";
+      EXPECT_TRUE(same(x.head_l2, y.head_l2)) << what << ": head L2";
+      EXPECT_TRUE(same(x.sketch, y.sketch)) << what << ": sketch";
+      EXPECT_EQ(x.data.shape, y.data.shape) << what;
+      EXPECT_TRUE(same(x.data.data, y.data.data)) << what << ": full tensor";
     }
   }
 }

@@ -535,7 +535,7 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
     if (holds_probes()) {  // where the device is, for a hang seen while the held records wait
       if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_pool_.resize(rank + 1);
       auto& begun = begun_[rank];
-      if (!begun.empty() && begun.back().layer != layer) begun.clear();
+      if (!begun.empty() && (begun.back().layer != layer || st.stage == Stage::Stage_layer_input)) begun.clear();
       auto& pool = begun_pool_[rank];
       if (begun.size() == pool.size()) {
         cudaEvent_t e = nullptr;

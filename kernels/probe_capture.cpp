@@ -156,9 +156,9 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
     for (const auto& p : list) ids.push_back(start(p.probe, *p.tensor, p.req));
     return ids;
   }
-  // The tensors the tile kernel's task kind takes go in batch launches; the rest (wide tensors folded in their
-  // blocks, fp32 and odd widths) one launch each, as start() makes them.
-  // Every record's results in one arena, so that one copy and one flag bring them all to the host.
+  // Every record's results in one arena, so that one copy and one flag bring them all to the host. The tensors the
+  // tile kernel's task kind takes go in batch launches; the rest (wide tensors folded in their blocks, fp32 and odd
+  // widths) one launch each, as start() makes them.
   std::vector<ProbeStatsArgs> args(list.size());
   std::vector<size_t> offsets(list.size());
   size_t total = 0;

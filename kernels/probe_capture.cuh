@@ -9,7 +9,9 @@
 // written by a stream memory operation (cuStreamWriteValue32, no SM needed); with
 // ProbeCaptureOptions::flag_by_kernel (or a driver without it) by a one-thread kernel instead
 // (kernels/probe_flag.cuh). The copy stream has the device's greatest priority (with probe_stream=side, where the
-// probe kernels run on it, the least).
+// probe kernels run on it, the least). start_many() starts several probes at once (the engine's held probes): their
+// kernels in batch launches, their results in one arena that the first record's ship() copies in one piece, under
+// one flag.
 #pragma once
 #include <atomic>
 #include <map>

@@ -287,6 +287,72 @@ TEST(ConfigParse, DsaIndexerOfGlm5AndDeepSeekV32) {
   }
 }
 
+// GLM-5's shared indexer layers (docs/mla.md): indexer_types, index_topk_pattern, or index_topk_freq with
+// index_skip_topk_offset, read as HF's GlmMoeDsaConfig derives them; kept through the model JSON; bad ones refused.
+std::vector<bool> shared_of(const std::vector<std::string>& modes) {
+  std::vector<bool> v;
+  for (const auto& m : modes) v.push_back(m == "shared");
+  return v;
+}
+
+TEST(ConfigParse, Glm5SharedIndexerLayers) {
+  const auto with = [](int layers, const std::function<void(json&)>& set) {
+    auto j = testdata("glm5_config.json");
+    j["num_hidden_layers"] = layers;
+    set(j);
+    return parse_hf_config(j.dump(), "glm5");
+  };
+  EXPECT_TRUE(load_model_config(kTestData + "glm5_config.json").index_shared.empty());  // every layer full
+  // Layer i full when max(i - offset + 1, 0) is a multiple of freq: freq 3, offset 2 over 10 layers.
+  const auto freq = with(10, [](json& j) { j["index_topk_freq"] = 3, j["index_skip_topk_offset"] = 2; });
+  const std::vector<bool> F_F_S_S_F_S_S_F_S_S = {false, false, true, true, false, true, true, false, true, true};
+  EXPECT_EQ(freq.index_shared, F_F_S_S_F_S_S_F_S_S);
+  EXPECT_EQ(with(6, [](json& j) { j["index_topk_pattern"] = "FFSSFS"; }).index_shared,
+            (std::vector<bool>{false, false, true, true, false, true}));
+  const auto listed = with(3, [](json& j) { j["indexer_types"] = {"full", "shared", "shared"}; });
+  EXPECT_EQ(listed.index_shared, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(config_from_json(listed.to_json()).index_shared, listed.index_shared);
+  EXPECT_TRUE(with(4, [](json& j) { j["index_topk_freq"] = 1; }).index_shared.empty());
+  // Refused, naming the field: a layer 0 with nothing to share, a wrong length, an unknown mode or letter.
+  for (const auto& [set, words] :
+       std::vector<std::pair<std::function<void(json&)>, std::string>>{
+           {[](json& j) { j["index_topk_freq"] = 4, j["index_skip_topk_offset"] = 0; }, "layer 0 shared"},
+           {[](json& j) { j["indexer_types"] = {"full", "shared"}; }, "indexer_types has 2 entries for 4 layers"},
+           {[](json& j) { j["indexer_types"] = {"full", "sparse", "full", "full"}; }, "indexer_types[1] is 'sparse'"},
+           {[](json& j) { j["index_topk_pattern"] = "FFXF"; }, "index_topk_pattern has 'X'"}}) {
+    try {
+      with(4, set);
+      ADD_FAILURE() << words << ": accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  }
+  // HF's own derivation (GlmMoeDsaConfig), where the Python beside the tests has it.
+  const std::string py = MLA_PYTHON_EXE;
+  if (py.empty() || std::system(("'" + py + "' -c 'import transformers.models.glm_moe_dsa' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "no Python with transformers' glm_moe_dsa: HF's derivation not compared";
+  const std::string out = (std::filesystem::temp_directory_path() / ("hf_indexer_types_" +
+                                                                      std::to_string(getpid()) + ".json")).string();
+  const std::string script =
+      "import json, sys\n"
+      "from transformers.models.glm_moe_dsa.configuration_glm_moe_dsa import GlmMoeDsaConfig as C\n"
+      "cases = [dict(num_hidden_layers=10, index_topk_freq=3, index_skip_topk_offset=2),\n"
+      "         dict(num_hidden_layers=9, index_topk_freq=2, index_skip_topk_offset=1),\n"
+      "         dict(num_hidden_layers=12, index_topk_freq=4, index_skip_topk_offset=3),\n"
+      "         dict(num_hidden_layers=6, index_topk_pattern='FSFFSS')]\n"
+      "json.dump([[c, C(**c).indexer_types] for c in cases], open(sys.argv[1], 'w'))\n";
+  ASSERT_EQ(std::system(("'" + py + "' -c \"" + script + "\" '" + out + "'").c_str()), 0);
+  const json hf = json::parse(read_file(out));
+  std::filesystem::remove(out);
+  ASSERT_EQ(hf.size(), 4u);
+  for (const auto& c : hf) {
+    SCOPED_TRACE(c[0].dump());
+    auto j = testdata("glm5_config.json");
+    for (const auto& [k, v] : c[0].items()) j[k] = v;
+    EXPECT_EQ(parse_hf_config(j.dump(), "glm5").index_shared, shared_of(c[1].get<std::vector<std::string>>()));
+  }
+}
+
 TEST(ConfigParse, KimiK2MatchesPreset) {
   expect_same_config(load_model_config(kTestData + "kimi_k2_config.json"), preset("kimi-k2"));
 }

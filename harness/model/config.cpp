@@ -1,6 +1,7 @@
 // Presets, HF config.json parsing, validation and derived constants (YaRN frequencies and mscale, softmax scale).
 #include "harness/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -77,6 +78,12 @@ void MlaConfig::validate() const {
     if (index_head_dim < qk_rope || index_head_dim % 2 != 0)
       throw UsageError("model '" + name + "': index_head_dim must be even and hold the " + std::to_string(qk_rope) +
                        " rope lanes (qk_rope_head_dim), got " + std::to_string(index_head_dim));
+    if (!index_shared.empty() && static_cast<int>(index_shared.size()) != num_layers)
+      throw UsageError("model '" + name + "': indexer_types has " + std::to_string(index_shared.size()) +
+                       " entries for " + std::to_string(num_layers) + " layers (num_hidden_layers)");
+    if (!index_shared.empty() && index_shared[0])
+      throw UsageError("model '" + name + "': indexer_types makes layer 0 shared, but no layer before it has an "
+                       "indexer whose top-k it could reuse");
   }
   if (rope_scaling == RopeScaling::RopeScaling_yarn) {
     if (!(yarn.factor >= 1.0)) throw UsageError("model '" + name + "': rope_scaling.factor must be >= 1");
@@ -125,6 +132,11 @@ json MlaConfig::to_json() const {
     j["index_topk"] = index_topk;
     j["index_n_heads"] = index_n_heads;
     j["index_head_dim"] = index_head_dim;
+    if (!index_shared.empty()) {
+      json types = json::array();
+      for (bool shared : index_shared) types.push_back(shared ? "shared" : "full");
+      j["indexer_types"] = types;
+    }
   }
   j["derived"] = {{"softmax_scale", softmax_scale}, {"rope_mscale", rope_mscale},
                   {"yarn_low", yarn_low}, {"yarn_high", yarn_high}};
@@ -256,6 +268,50 @@ std::optional<MlaConfig> find_preset(const std::string& name) {
   return std::nullopt;
 }
 
+// GLM-5's per-layer indexer modes as HF derives them (GlmMoeDsaConfig): `indexer_types` ("full" / "shared" per
+// layer), else `index_topk_pattern` ("F" / "S" per layer, or a list of modes), else `index_topk_freq` and
+// `index_skip_topk_offset` (layer i full when max(i − offset + 1, 0) is a multiple of freq; defaults 1 and 2: every
+// layer full). Empty when every layer is full.
+static std::vector<bool> parse_indexer_types(const json& j, int layers, const std::string& origin) {
+  std::vector<std::string> modes;
+  const auto list = [&](const char* field) {
+    if (!j[field].is_array()) throw UsageError(origin + ": " + field + " must be a list of \"full\" and \"shared\"");
+    for (const auto& m : j[field]) {
+      if (!m.is_string()) throw UsageError(origin + ": " + field + " must be a list of \"full\" and \"shared\"");
+      modes.push_back(m.get<std::string>());
+    }
+  };
+  const auto given = [&](const char* field) { return j.contains(field) && !j[field].is_null(); };
+  std::string field = "indexer_types";
+  if (given("indexer_types")) {
+    list("indexer_types");
+  } else if (given("index_topk_pattern")) {
+    field = "index_topk_pattern";
+    if (j[field].is_string()) {
+      for (char ch : j[field].get<std::string>()) {
+        if (ch != 'F' && ch != 'S')
+          throw UsageError(origin + ": index_topk_pattern has '" + std::string(1, ch) + "' (expected F or S)");
+        modes.push_back(ch == 'F' ? "full" : "shared");
+      }
+    } else {
+      list("index_topk_pattern");
+    }
+  } else if (given("index_topk_freq") || given("index_skip_topk_offset")) {
+    const int freq = std::max(get_field<int>(j, "index_topk_freq", origin, 1), 1);
+    const int offset = get_field<int>(j, "index_skip_topk_offset", origin, 2);
+    for (int i = 0; i < layers; ++i) modes.push_back(std::max(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
+  }
+  std::vector<bool> shared;
+  for (size_t k = 0; k < modes.size(); ++k) {
+    if (modes[k] != "full" && modes[k] != "shared")
+      throw UsageError(origin + ": " + field + "[" + std::to_string(k) + "] is '" + modes[k] +
+                       "' (expected full or shared)");
+    shared.push_back(modes[k] == "shared");
+  }
+  if (std::find(shared.begin(), shared.end(), true) == shared.end()) shared.clear();
+  return shared;
+}
+
 MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
   check_json_nesting(text, origin);
   json j;
@@ -323,6 +379,7 @@ MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
     c.index_n_heads = get_field<int>(j, "index_n_heads", origin, v32 ? 64 : 32);
     c.index_head_dim = get_field<int>(j, "index_head_dim", origin, 128);
     c.index_rope_style = v32 ? RopeStyle::RopeStyle_neox : RopeStyle::RopeStyle_interleaved;
+    c.index_shared = parse_indexer_types(j, c.num_layers, origin);
     std::cerr << "notice: " << origin << ": index_topk " << c.index_topk
               << " (DSA sparse attention) is not modelled; attention is dense, which equals DSA while the "
                  "context is at most index_topk tokens\n";

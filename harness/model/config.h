@@ -46,6 +46,9 @@ struct MlaConfig {
   int index_n_heads = 0;
   int index_head_dim = 0;
   RopeStyle index_rope_style = RopeStyle::RopeStyle_interleaved;
+  // Per model layer, true where the layer has no indexer of its own and attends with the top-k of the last layer
+  // before it that has one (GLM-5's "shared" indexer_types); empty when every layer has its own.
+  std::vector<bool> index_shared;
   bool has_dsa() const { return index_topk > 0; }
 
   // Derived by derive(); never set by hand.

@@ -271,6 +271,7 @@ class CudaEngine : public Engine, public EngineTiming {
     for (auto& u : events_used_) u = 0;
   }
   std::vector<StageTiming> take_stage_timings() override;
+  bool holds_probes_of(int64_t rows) const override { return holds_probes() && rows <= kHeldRowsMax; }
   std::vector<DeviceCeiling> measure_ceilings(int repeats) override {
     std::vector<DeviceCeiling> out;
     for (auto& c : cuda::measure_device_ceilings(0, repeats)) out.push_back({c.what, c.flops, c.bytes, c.samples_s});

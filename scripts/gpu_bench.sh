@@ -76,11 +76,13 @@ for shape in sys.argv[2:]:
     if not levels: continue
     wall = j["layer"].get("wall", j["layer"]["time"])["median_s"] * 1e3
     cell = lambda l: f"{(levels[l] - 1) * 100:+.1f}%" if l in levels else "-"
-    rows.append(f"| {shape} | {wall:.3f} ms | {cell('stats')} | {cell('sketch')} |")
+    held = any(p.get("held") for p in j.get("probe_overhead", []))  # launched together after the last stage
+    rows.append(f"| {shape}{' (held)' if held else ''} | {wall:.3f} ms | {cell('stats')} | {cell('sketch')} |")
 if rows:
     print("\nprobe overhead on the layer's wall (targets: sketch <= +10%, <= +5% at prefill T 4096; stats <= +5%)")
     print("| shape | layer wall, no probes | stats | sketch |\n|---|---|---|---|")
     print("\n".join(rows))
+    print("(held: probes held to the end of the layer and launched together, cuda:probe_launch=layer)")
 PY
 fi
 tar -czf "$out/bench_json.tar.gz" -C "$work" $(cd "$work" && ls bench_*.json 2>/dev/null) 2>/dev/null

@@ -140,5 +140,33 @@ TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
   EXPECT_EQ(j["probe_overhead"][1]["after_span"]["stage"], stage_name(stages.back().stage)) << j.dump();
 }
 
+// An engine that holds its probes to the end of the layer (as the CUDA engine at decode): the report says so and
+// leaves out the per-stage gaps, which then say nothing; the JSON marks the level held.
+class HoldingFakeEngine : public FakeDeviceEngine {
+ public:
+  bool holds_probes_of(int64_t rows) const override { return rows <= 8; }
+};
+
+TEST(BenchDevicePath, HeldProbesAreReportedAsTheLayersTail) {
+  BenchOptions o;
+  o.cfg = test::preset("tiny");
+  o.spec.tokens = 8;
+  o.repeats = 2;
+  o.probe_repeats = 1;
+  HoldingFakeEngine held;
+  const BenchResult r = run_bench(o, held);
+  ASSERT_FALSE(r.probes.empty());
+  for (const auto& p : r.probes) EXPECT_TRUE(p.held) << p.level;
+  std::ostringstream os;
+  print_bench(r, os);
+  EXPECT_NE(os.str().find("held to the end of the layer"), std::string::npos) << os.str();
+  EXPECT_EQ(os.str().find("its probes' device time"), std::string::npos) << os.str();
+  EXPECT_TRUE(bench_to_json(r)["probe_overhead"][0]["held"].get<bool>());
+  o.spec.tokens = 9;  // more rows than it holds: launched after their stages, reported as before
+  const BenchResult after = run_bench(o, held);
+  for (const auto& p : after.probes) EXPECT_FALSE(p.held) << p.level;
+  EXPECT_FALSE(bench_to_json(after)["probe_overhead"][0]["held"].get<bool>());
+}
+
 }  // namespace
 }  // namespace mla

@@ -1,6 +1,7 @@
 // What `mla-bisect bench` asks of an engine that queues work on a device (Engine::timing()): the device's own
 // clock around each stage, the host time spent building probe records, and the device's limits measured now.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,12 @@ class EngineTiming {
   virtual ProbeBuildSeconds probe_build_seconds() const = 0;
   // The device's own limits, timed now.
   virtual std::vector<DeviceCeiling> measure_ceilings(int repeats) = 0;
+  // Whether probes of tensors with `rows` token rows are held to the end of the layer and launched together
+  // (Engine::flush_probes) rather than after their stage.
+  virtual bool holds_probes_of(int64_t rows) const {
+    (void)rows;
+    return false;
+  }
 };
 
 }  // namespace mla

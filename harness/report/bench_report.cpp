@@ -85,8 +85,11 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.3f", (p.device_span.min - r.layer_time.median) * 1e3) << "..+"
        << fmt("%.3f", (p.device_span.max - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
        << "the stages; the rest of the wall's overhead is the host's and the last records' copies)\n";
+    if (p.held)
+      os << "  held to the end of the layer (cuda:probe_launch=layer): the probes' kernels run together after the "
+         << "last stage, then one copy and the records: the wall's overhead is that tail\n";
     // Where the span's growth is: the device time after each stage beyond the bare layer's, largest first.
-    if (!p.after_stage.empty()) {
+    if (!p.after_stage.empty() && !p.held) {
       auto order = p.after_stage;
       std::stable_sort(order.begin(), order.end(),
                        [](const auto& a, const auto& b) { return a.extra.median > b.extra.median; });
@@ -235,6 +238,7 @@ nlohmann::json bench_to_json(const BenchResult& r) {
       e["stage_calls"] = timing_json(r.probes[i].stage_calls);
       e["builds"] = timing_json(r.probes[i].builds);
       e["last_build"] = timing_json(r.probes[i].last_build);
+      e["held"] = r.probes[i].held;
       nlohmann::json after = nlohmann::json::array();
       for (const auto& a : r.probes[i].after_stage)
         after.push_back({{"stage", a.stage}, {"probes", a.probes}, {"extra", timing_json(a.extra)}});

@@ -371,6 +371,7 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
     }
     if (!graph.stages.empty())
       r.probes.back().after_span = {stage_name(graph.stages.back().stage), graph.stages.back().outputs, Timing{}};
+    r.probes.back().held = timing.holds_probes_of(inputs.batch.tokens());
   }
   r.bare_stage_calls = over_rounds(bare_host, &WalkHost::stage_calls);
   return r;

@@ -86,6 +86,9 @@ struct ProbeOverhead {
   };
   std::vector<AfterStage> after_stage;
   AfterStage after_span;  // the last stage and its probes (no time)
+  // Device engines: the probes were held to the end of the layer and launched together after its last stage
+  // (EngineTiming::holds_probes_of): no gaps between the stages, their device work on the wall's tail.
+  bool held = false;
 };
 
 struct BenchResult {

@@ -69,7 +69,7 @@ TEST_P(FixtureModels, LoadsExactlyWhatTheProducingLibraryDequantizesTo) {
 
 INSTANTIATE_TEST_SUITE_P(Weights, FixtureModels,
                          ::testing::Values("hf_fp8", "modelopt_nvfp4", "ct_nvfp4", "mxfp4", "hf_bf16_noqlora",
-                                           "gguf_kmix", "gguf_split"));
+                                           "hf_glm_dsa", "gguf_kmix", "gguf_split"));
 
 TEST(WeightsLoader, FormatsDetectedPerFamily) {
   MLA_REQUIRE_WEIGHT_FIXTURES();
@@ -311,6 +311,24 @@ TEST(WeightsCli, InspectDescribesWeightFiles) {
                         "check     layer 1 loads and agrees with the config", "fp8 x5"})
     EXPECT_NE(s.out.find(t), std::string::npos) << t << "\n" << s.out;
   EXPECT_EQ(s.out.find("model.layers.0."), std::string::npos) << s.out;
+  // DSA (GLM-5 style): the indexer's constants and shared layers, and layer 0's indexer weights against them.
+  const Cli d = mla_bisect("inspect '" + fx.at("models/hf_glm_dsa").string() + "'");
+  EXPECT_EQ(d.exit_code, 0) << d.out;
+  for (const char* t : {"dsa       index_topk 8; indexer 2 heads x 32 lanes, rope interleaved on its first 16 lanes; "
+                        "shared layers (the previous full layer's top-k): 1;",
+                        "dsa       layer 0's indexer agrees with the config: wq_b [64, 256], wk [32, 256], "
+                        "k_norm [32], k_norm.bias [32], weights_proj [2, 256]"})
+    EXPECT_NE(d.out.find(t), std::string::npos) << t << "\n" << d.out;
+  const Cli d1 = mla_bisect("inspect '" + fx.at("models/hf_glm_dsa").string() + "' --layer 1");
+  EXPECT_EQ(d1.exit_code, 0) << d1.out;
+  EXPECT_NE(d1.out.find("dsa       layer 1 is shared: no indexer of its own, as expected"), std::string::npos)
+      << d1.out;
+  const Cli di = mla_bisect("inspect '" + fx.at("models/hf_glm_dsa_bad_indexer").string() + "'");
+  EXPECT_EQ(di.exit_code, 2) << di.out;
+  EXPECT_NE(di.out.find("model.layers.0.self_attn.indexer.wq_b.weight is [48, 256], but index_n_heads 2, "
+                        "index_head_dim 32 make it [64, 256]"),
+            std::string::npos)
+      << di.out;
   const Cli bad = mla_bisect("inspect '" + fx.at("gguf_quants.gguf").string() + "'");  // not an MLA model
   EXPECT_EQ(bad.exit_code, 0) << bad.out;
   EXPECT_NE(bad.out.find("0 attention layers"), std::string::npos) << bad.out;

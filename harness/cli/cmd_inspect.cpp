@@ -243,7 +243,8 @@ void setup_inspect(CLI::App& app, int& exit_code) {
   cmd->add_option("file", o->file, "The file to describe: an mla-bisect dump (FILE.h5; a crashed run's "
                                    "FILE.h5.journal is folded into it first), or weights: model.gguf, "
                                    "model.safetensors or a checkpoint directory (tensors, types, shapes, the detected "
-                                   "MLA config)")
+                                   "MLA config, and for DSA models the indexer's constants, shared layers and, in "
+                                   "safetensors, the layer's indexer weights against them)")
       ->required();
   cmd->add_option("--layer", o->layer, "Only list the probes (or a checkpoint's tensors) of this layer")
       ->check(CLI::NonNegativeNumber);

@@ -43,6 +43,8 @@ int layer_of(const std::string& name) {
   return -1;
 }
 
+std::string dsa_lines(const std::string& path, const SafetensorsCheckpoint* ck, std::ostream& os, int layer);
+
 std::string config_lines(const std::string& path, std::ostream& os, int layer) {
   MlaConfig cfg;
   try {
@@ -126,7 +128,70 @@ std::string describe_gguf(const std::string& path, std::ostream& os, int layer, 
   const bool split = g.find("blk." + std::to_string(layers.empty() ? 0 : *layers.begin()) + ".attn_k_b.weight") != nullptr;
   os << (layers.empty() ? "" : split ? ", kv_b_proj as attn_k_b [N, L, P] + attn_v_b [N, V, L]" : ", kv_b_proj as attn_kv_b")
      << "\n";
-  return layers.empty() ? std::string() : config_lines(path, os, layer);
+  if (layers.empty()) return "";
+  const std::string problem = config_lines(path, os, layer);
+  dsa_lines(path, nullptr, os, layer);  // (the indexer's GGUF tensors are not checked)
+  return problem;
+}
+
+// The DSA indexer (configs with index_topk): its constants, the shared layers, and, in a safetensors checkpoint,
+// whether the checked layer's indexer weights (HF's names: self_attn.indexer.wq_b, wk, k_norm, weights_proj) have the
+// shapes the config implies. Returns what disagrees ("" when nothing does).
+std::string dsa_lines(const std::string& path, const SafetensorsCheckpoint* ck, std::ostream& os, int layer) {
+  MlaConfig cfg;
+  try {
+    cfg = checkpoint_config(path);
+  } catch (const UsageError&) {
+    return "";  // config_lines has said why
+  }
+  if (!cfg.has_dsa()) return "";
+  const int64_t Hi = cfg.index_n_heads, Di = cfg.index_head_dim, H = cfg.hidden;
+  const int64_t Lq = cfg.has_q_lora() ? cfg.q_lora_rank : H;
+  std::string shared;
+  for (size_t l = 0; l < cfg.index_shared.size(); ++l)
+    if (cfg.index_shared[l]) shared += (shared.empty() ? "" : ", ") + std::to_string(l);
+  os << "dsa       index_topk " << cfg.index_topk << "; indexer " << Hi << " heads x " << Di << " lanes, rope "
+     << (cfg.index_rope_style == RopeStyle::RopeStyle_neox ? "half-split" : "interleaved") << " on its first "
+     << cfg.qk_rope << " lanes; shared layers (the previous full layer's top-k): "
+     << (shared.empty() ? "none" : shared) << "; runs attend densely (docs/mla.md)\n";
+  if (!ck) return "";
+  const int l = std::max(layer, 0);
+  std::string base;  // "model.layers.L.self_attn."
+  for (const auto& n : ck->names())
+    if (layer_of(n) == l && n.find("self_attn.kv_a_proj_with_mqa.") != std::string::npos)
+      base = n.substr(0, n.find("kv_a_proj_with_mqa."));
+  const bool is_shared = l < static_cast<int>(cfg.index_shared.size()) && cfg.index_shared[l];
+  const struct {
+    const char* name;
+    std::vector<int64_t> shape;
+  } want[] = {{"indexer.wq_b.weight", {Hi * Di, Lq}},
+              {"indexer.wk.weight", {Di, H}},
+              {"indexer.k_norm.weight", {Di}},
+              {"indexer.k_norm.bias", {Di}},
+              {"indexer.weights_proj.weight", {Hi, H}}};
+  std::string found, problem;
+  int present = 0;
+  for (const auto& w : want) {
+    const std::string n = base + w.name;
+    if (base.empty() || !ck->has(n)) continue;
+    ++present;
+    const auto& shape = ck->info(n).shape;
+    std::string shown = std::string(w.name).substr(8);  // "wq_b.weight" -> "wq_b"; the bias keeps its suffix
+    if (shown.size() > 7 && shown.compare(shown.size() - 7, 7, ".weight") == 0) shown.resize(shown.size() - 7);
+    found += (found.empty() ? "" : ", ") + shown + " " + dims_text(shape);
+    if (shape != w.shape && problem.empty())
+      problem = n + " is " + dims_text(shape) + ", but index_n_heads " + std::to_string(Hi) + ", index_head_dim " +
+                std::to_string(Di) + " make it " + dims_text(w.shape);
+  }
+  os << "dsa       layer " << l;
+  if (!problem.empty()) os << ": " << problem << "\n";
+  else if (present == 0)
+    os << (is_shared ? " is shared: no indexer of its own, as expected\n"
+                     : " has no indexer weights (self_attn.indexer.*); runs attend densely and do not read them\n");
+  else
+    os << (is_shared ? " is shared by the config but has indexer weights: " : "'s indexer agrees with the config: ")
+       << found << "\n";
+  return problem;
 }
 
 std::string describe_safetensors(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
@@ -161,7 +226,10 @@ std::string describe_safetensors(const std::string& path, std::ostream& os, int 
   os << "MLA       " << layers.size() << " attention layers";
   if (!layers.empty()) os << " (" << *layers.begin() << ".." << *layers.rbegin() << ")";
   os << "\n";
-  return layers.empty() ? std::string() : config_lines(path, os, layer);
+  if (layers.empty()) return "";
+  const std::string problem = config_lines(path, os, layer);
+  const std::string dsa = dsa_lines(path, &ck, os, layer);
+  return problem.empty() ? dsa : problem;
 }
 
 }  // namespace

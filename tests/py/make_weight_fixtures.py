@@ -321,6 +321,38 @@ def hf_bf16_single():
     record_model("hf_bf16_noqlora", d + "/model.safetensors", [exp], layers=1)
 
 
+DSA = dict(index_topk=8, index_n_heads=2, index_head_dim=32)
+
+
+def hf_glm_dsa(name="hf_glm_dsa", wq_b_rows=None):
+    """GLM-5 style (glm_moe_dsa, BF16): DSA's indexer weights in layer 0 under HF's names; layer 1 "shared" (no
+    indexer of its own, index_topk_pattern "FS"). wq_b_rows: a wrong row count for wq_b (inspect must say so)."""
+    d = f"models/{name}"
+    m = MINI
+    json.dump(hf_config(dict(DSA, model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"],
+                             index_topk_pattern="FS")), open(out(d, "config.json"), "w"))
+    tensors, expected_layers = {}, []
+    Hi, Di = DSA["index_n_heads"], DSA["index_head_dim"]
+    for layer in range(m["layers"]):
+        exp = {}
+        hf_norms(tensors, exp, layer)
+        for field, shape in mla_shapes().items():
+            w = weight(shape).astype(ml_dtypes.bfloat16)
+            tensors[f"model.layers.{layer}.self_attn.{HF_NAMES[field]}.weight"] = w
+            exp[field] = w.astype(np.float32)
+        if layer == 0:
+            a = "model.layers.0.self_attn.indexer."
+            tensors[a + "wq_b.weight"] = weight((wq_b_rows or Hi * Di, m["q_lora"])).astype(ml_dtypes.bfloat16)
+            tensors[a + "wk.weight"] = weight((Di, m["hidden"])).astype(ml_dtypes.bfloat16)
+            tensors[a + "k_norm.weight"] = np.ones(Di, dtype=np.float32)
+            tensors[a + "k_norm.bias"] = np.zeros(Di, dtype=np.float32)
+            tensors[a + "weights_proj.weight"] = weight((Hi, m["hidden"])).astype(ml_dtypes.bfloat16)
+        expected_layers.append(exp)
+    save_file(tensors, out(d, "model.safetensors"))
+    if wq_b_rows is None:
+        record_model(name, d, expected_layers)
+
+
 def gguf_model(name, types, split_kv_b):
     """A deepseek2 GGUF. types: field -> ggml type for the projections (random finite blocks for K-quants)."""
     m = MINI
@@ -407,6 +439,8 @@ def main():
     nvfp4("ct_nvfp4")
     mxfp4()
     hf_bf16_single()
+    hf_glm_dsa()
+    hf_glm_dsa("hf_glm_dsa_bad_indexer", wq_b_rows=48)
     gguf_model("gguf_kmix", {"q_a_proj": QT.Q4_K, "q_b_proj": QT.Q6_K, "kv_a_proj": QT.Q4_K, "kv_b_proj": QT.Q6_K,
                              "o_proj": QT.Q5_K}, split_kv_b=False)
     gguf_model("gguf_split", {"q_a_proj": QT.Q8_0, "q_b_proj": QT.Q4_0, "kv_a_proj": QT.Q5_1, "k_b": QT.F16,

@@ -43,9 +43,11 @@ int layer_of(const std::string& name) {
   return -1;
 }
 
-std::string dsa_lines(const std::string& path, const SafetensorsCheckpoint* ck, std::ostream& os, int layer);
+std::string dsa_lines(const MlaConfig& cfg, const SafetensorsCheckpoint* ck, std::ostream& os, int layer);
 
-std::string config_lines(const std::string& path, std::ostream& os, int layer) {
+// The detected config and whether the checked layer loads with it; then, for DSA models, dsa_lines (ck: the
+// safetensors checkpoint whose indexer weights it checks; nullptr for GGUF, whose indexer tensors it does not).
+std::string config_lines(const std::string& path, std::ostream& os, int layer, const SafetensorsCheckpoint* ck) {
   MlaConfig cfg;
   try {
     cfg = checkpoint_config(path);
@@ -81,9 +83,10 @@ std::string config_lines(const std::string& path, std::ostream& os, int layer) {
     os << "check     layer " << l << " loads and agrees with the config: " << w.description << "\n";
   } catch (const UsageError& e) {
     os << "check     layer " << l << ": " << e.what() << "\n";
+    dsa_lines(cfg, ck, os, layer);
     return e.what();
   }
-  return "";
+  return dsa_lines(cfg, ck, os, layer);
 }
 
 std::string describe_gguf(const std::string& path, std::ostream& os, int layer, size_t max_tensors) {
@@ -128,22 +131,13 @@ std::string describe_gguf(const std::string& path, std::ostream& os, int layer, 
   const bool split = g.find("blk." + std::to_string(layers.empty() ? 0 : *layers.begin()) + ".attn_k_b.weight") != nullptr;
   os << (layers.empty() ? "" : split ? ", kv_b_proj as attn_k_b [N, L, P] + attn_v_b [N, V, L]" : ", kv_b_proj as attn_kv_b")
      << "\n";
-  if (layers.empty()) return "";
-  const std::string problem = config_lines(path, os, layer);
-  dsa_lines(path, nullptr, os, layer);  // (the indexer's GGUF tensors are not checked)
-  return problem;
+  return layers.empty() ? std::string() : config_lines(path, os, layer, nullptr);
 }
 
 // The DSA indexer (configs with index_topk): its constants, the shared layers, and, in a safetensors checkpoint,
 // whether the checked layer's indexer weights (HF's names: self_attn.indexer.wq_b, wk, k_norm, weights_proj) have the
 // shapes the config implies. Returns what disagrees ("" when nothing does).
-std::string dsa_lines(const std::string& path, const SafetensorsCheckpoint* ck, std::ostream& os, int layer) {
-  MlaConfig cfg;
-  try {
-    cfg = checkpoint_config(path);
-  } catch (const UsageError&) {
-    return "";  // config_lines has said why
-  }
+std::string dsa_lines(const MlaConfig& cfg, const SafetensorsCheckpoint* ck, std::ostream& os, int layer) {
   if (!cfg.has_dsa()) return "";
   const int64_t Hi = cfg.index_n_heads, Di = cfg.index_head_dim, H = cfg.hidden;
   const int64_t Lq = cfg.has_q_lora() ? cfg.q_lora_rank : H;
@@ -226,10 +220,7 @@ std::string describe_safetensors(const std::string& path, std::ostream& os, int 
   os << "MLA       " << layers.size() << " attention layers";
   if (!layers.empty()) os << " (" << *layers.begin() << ".." << *layers.rbegin() << ")";
   os << "\n";
-  if (layers.empty()) return "";
-  const std::string problem = config_lines(path, os, layer);
-  const std::string dsa = dsa_lines(path, &ck, os, layer);
-  return problem.empty() ? dsa : problem;
+  return layers.empty() ? std::string() : config_lines(path, os, layer, &ck);
 }
 
 }  // namespace

@@ -49,11 +49,13 @@
 #include "kernels/all_reduce.cuh"
 #include "kernels/attention_mha.cuh"
 #include "kernels/attention_mqa.cuh"
+#include "kernels/attention_sparse.cuh"
 #include "kernels/bench_ceilings.cuh"
 #include "kernels/cache_write.cuh"
 #include "kernels/communicator.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/dequant.cuh"
+#include "kernels/dsa_indexer.cuh"
 #include "kernels/kv_a_proj.cuh"
 #include "kernels/kv_b_proj.cuh"
 #include "kernels/o_proj.cuh"
@@ -97,12 +99,14 @@ bool parse_bool(const std::string& key, const std::string& v) {
 // The weights of one layer as one rank holds them, bf16 on its device.
 struct DeviceLayerWeights {
   DeviceTensor input_norm, q_a_proj, q_a_norm, q_b_proj, kv_a_proj, kv_a_norm, kv_b_proj, o_proj;
+  DeviceTensor idx_wq_b, idx_wk, idx_k_norm, idx_k_norm_bias, idx_weights_proj;  // DSA's indexer (replicated)
 };
 
 struct RankState {
   std::unique_ptr<RankContext> ctx;
   std::map<std::string, DeviceTensor> tensors;  // by probe name, this rank's shard
   std::vector<DeviceTensor> cache;              // per layer [blocks, 64, L+R] (replicated: each rank its own)
+  std::vector<DeviceTensor> index_cache;        // DSA: per layer [blocks, 64, Di]
   std::vector<DeviceLayerWeights> weights;      // per layer, sharded for this rank
   DeviceBuffer inv_freq;                        // double [R/2]
   // Planted bugs only (empty otherwise): rope positions off by one (position-offset), the block table as a
@@ -121,7 +125,8 @@ const std::vector<std::string>& cuda_injections() {
       "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
       "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache", "residual-drop",
       "kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "v-up-head", "kv-norm-weight-wrap", "kv-a-rows-tile",
-      "sliding-window"};
+      "sliding-window", "index-rope-layout", "index-k-norm-skip", "index-weights-skip", "index-causal-leak",
+      "topk-off-by-one"};
   return names;
 }
 
@@ -282,6 +287,8 @@ class CudaEngine : public Engine, public EngineTiming {
   void run_stage_impl(const StageSpec& st, int layer, int rank);
   bool planted(const std::string& name) const { return has_injection(injections_, name); }
   DeviceTensor& out(int rank, const std::string& name, std::vector<int64_t> shape, DType dt = DType::DType_bf16);
+  // DSA: the rank's topk probe (float key numbers) as the int32 keys the sparse attention kernels read.
+  const int* selected_keys(int rank);
   const DeviceTensor& in(int rank, const std::string& name) const;
   DeviceTensor to_device(RankContext& rc, const Tensor& t, DType dt) const;
   std::vector<unsigned char> raw_bytes(int rank, const DeviceTensor& t) const;
@@ -464,9 +471,15 @@ void CudaEngine::prepare(const RunContext& ctx) {
       d.kv_a_norm = up(w.kv_a_norm);
       d.kv_b_proj = proj("kv_b_proj", w.kv_b_proj);
       d.o_proj = proj("o_proj", w.o_proj);
+      d.idx_wq_b = up(w.idx_wq_b);
+      d.idx_wk = up(w.idx_wk);
+      d.idx_k_norm = up(w.idx_k_norm);
+      d.idx_k_norm_bias = up(w.idx_k_norm_bias);
+      d.idx_weights_proj = up(w.idx_weights_proj);
       rs.weights.push_back(std::move(d));
     }
     for (const auto& c : ctx.inputs->kv_cache) rs.cache.push_back(to_device(rc, c, DType::DType_bf16));
+    for (const auto& c : ctx.inputs->index_cache) rs.index_cache.push_back(to_device(rc, c, DType::DType_bf16));
     rs.tensors[graph.stages.front().outputs.front()] = to_device(rc, ctx.inputs->x, DType::DType_bf16);
   }
 
@@ -514,6 +527,14 @@ DeviceTensor& CudaEngine::out(int rank, const std::string& name, std::vector<int
   t.dtype = dt;
   if (poison_ && bytes) CUDA_CHECK(cudaMemsetAsync(t.buf.get(), 0xFF, bytes, rc.stream()));
   return t;
+}
+
+const int* CudaEngine::selected_keys(int rank) {
+  RankContext& rc = *ranks_[rank].ctx;
+  const DeviceTensor& t = in(rank, "topk");
+  int* keys = rc.scratch_as<int>("dsa.topk_i", t.numel());
+  cuda::launch_topk_indices(t.f32(), keys, t.numel(), rc.stream());
+  return keys;
 }
 
 const DeviceTensor& CudaEngine::in(int rank, const std::string& name) const {
@@ -607,6 +628,11 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
   const float q_norm_eps = planted("q-norm-eps") ? 1e-5f : eps;
   const float softmax_scale = static_cast<float>(
       planted("softmax-scale") ? 1.0 / std::sqrt(static_cast<double>(cfg_.qk_head())) : cfg_.softmax_scale);
+  // DSA's indexer: its heads and lanes, and the positions and frequencies its rope uses (the model's own).
+  const int64_t Hi = cfg_.index_n_heads, Di = cfg_.index_head_dim;
+  const int* positions = rs.bug_positions.get() ? static_cast<const int*>(rs.bug_positions.get())
+                                                : rc.batch().i32(rc.batch().positions);
+  const auto* inv_freq = static_cast<const double*>(rs.inv_freq.get());
 
   switch (st.stage) {
     case Stage::Stage_layer_input: {
@@ -705,6 +731,65 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
                                rc.batch().i64(rc.batch().slot_mapping), T, static_cast<int>(L), static_cast<int>(R), s);
       break;
     }
+    case Stage::Stage_indexer_q: {
+      // index-rope-layout: the indexer's rope lanes paired as the other DSA model's (interleaved <-> half-split).
+      const bool neox = (cfg_.index_rope_style == RopeStyle::RopeStyle_neox) != planted("index-rope-layout");
+      DeviceTensor& q = out(rank, "idx_q", {T, Hi, Di});
+      cuda::launch_indexer_q(hb, s, in(rank, "q_c").bf(), Lq, W.idx_wq_b.bf(), q.bf(), T, Lq, static_cast<int>(Hi),
+                             static_cast<int>(Di), static_cast<int>(R), positions, inv_freq, neox);
+      break;
+    }
+    case Stage::Stage_indexer_k: {
+      const bool neox = (cfg_.index_rope_style == RopeStyle::RopeStyle_neox) != planted("index-rope-layout");
+      bf16* k_lin = rc.scratch_as<bf16>("indexer_k.lin", T * Di);
+      cuda::gemm_xwt(hb, in(rank, "x").bf(), H, W.idx_wk.bf(), k_lin, Di, T, H, Di);
+      DeviceTensor& k = out(rank, "idx_k", {T, Di});
+      cuda::launch_indexer_k_finish(k_lin, W.idx_k_norm.bf(), W.idx_k_norm_bias.bf(),
+                                    static_cast<float>(MlaConfig::kIndexNormEps), positions, inv_freq,
+                                    static_cast<int>(R), neox, T, static_cast<int>(Di), k.bf(),
+                                    rs.index_cache.at(layer).bf(), rc.batch().i64(rc.batch().slot_mapping), s,
+                                    /*norm=*/!planted("index-k-norm-skip"));
+      break;
+    }
+    case Stage::Stage_indexer_weights: {
+      DeviceTensor& w = out(rank, "idx_weights", {T, Hi});
+      cuda::launch_indexer_weights(hb, in(rank, "x").bf(), H, W.idx_weights_proj.bf(), w.bf(), T, H,
+                                   static_cast<int>(Hi));
+      break;
+    }
+    case Stage::Stage_index_scores: {
+      const int64_t K = ctx_.graph->find("idx_scores")->shape[1];
+      DeviceTensor& sc = out(rank, "idx_scores", {T, K}, DType::DType_f32);
+      // index-weights-skip: every head weighs 1; index-causal-leak: the scores' causal mask left off.
+      const bf16* w = in(rank, "idx_weights").bf();
+      if (planted("index-weights-skip")) {
+        bf16* ones = rc.scratch_as<bf16>("bug.index_weights_ones", T * Hi);
+        cuda::launch_fill_bf16(ones, T * Hi, 1.0f, s);
+        w = ones;
+      }
+      cuda::launch_index_scores(in(rank, "idx_q").bf(), w, rs.index_cache.at(layer).bf(),
+                                rc.batch(), static_cast<int>(T), static_cast<int>(Hi), static_cast<int>(Di),
+                                static_cast<int>(K), sc.f32(), !planted("index-causal-leak"), s);
+      break;
+    }
+    case Stage::Stage_topk: {
+      const DeviceTensor& sc = in(rank, "idx_scores");
+      const int k = cfg_.index_topk;
+      DeviceTensor& tk = out(rank, "topk", {T, k}, DType::DType_f32);
+      if (planted("topk-off-by-one")) {  // k − 1 keys a token, the last column −1
+        float* fewer = rc.scratch_as<float>("bug.topk_fewer", T * (k - 1));
+        cuda::launch_topk(sc.f32(), rc.batch(), static_cast<int>(T), static_cast<int>(sc.shape[1]), k - 1,
+                          !planted("index-causal-leak"), fewer, nullptr, 0, s);
+        cuda::launch_fill_f32(tk.f32(), T * k, -1.0f, s);
+        if (k > 1)
+          CUDA_CHECK(cudaMemcpy2DAsync(tk.f32(), sizeof(float) * k, fewer, sizeof(float) * (k - 1),
+                                       sizeof(float) * (k - 1), T, cudaMemcpyDeviceToDevice, s));
+        break;
+      }
+      cuda::launch_topk(sc.f32(), rc.batch(), static_cast<int>(T), static_cast<int>(sc.shape[1]), k,
+                        !planted("index-causal-leak"), tk.f32(), nullptr, 0, s);
+      break;
+    }
     case Stage::Stage_kv_b_proj: {
       const DeviceTensor& kv = in(rank, "kv_c_norm");
       DeviceTensor& k_nope = out(rank, "k_nope", {T, Nl, P});
@@ -715,6 +800,29 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       break;
     }
     case Stage::Stage_attention_mha: {
+      if (cfg_.has_dsa()) {  // DSA: each token attends to its selected keys only
+        cuda::SparseMhaArgs a;
+        a.q_nope = in(rank, "q_nope").bf();
+        a.q_pe_rope = in(rank, "q_pe_rope").bf();
+        a.k_nope = in(rank, "k_nope").bf();
+        a.k_pe_rope = in(rank, "k_pe_rope").bf();
+        a.v = in(rank, "v").bf();
+        a.cache = rs.cache.at(layer).bf();
+        a.w_kvb = W.kv_b_proj.bf();
+        a.topk = selected_keys(rank);
+        a.k = cfg_.index_topk;
+        a.T = static_cast<int>(T);
+        a.Nl = static_cast<int>(Nl);
+        a.P = static_cast<int>(P);
+        a.R = static_cast<int>(R);
+        a.V = static_cast<int>(V);
+        a.L = static_cast<int>(L);
+        a.scale = softmax_scale;
+        a.attn_out = out(rank, "attn_out", {T, Nl, V}).bf();
+        a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
+        cuda::launch_attention_mha_sparse(a, rc);
+        break;
+      }
       cuda::MhaArgs a;
       a.q_nope = in(rank, "q_nope").bf();
       a.q_pe_rope = in(rank, "q_pe_rope").bf();
@@ -747,6 +855,23 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       break;
     }
     case Stage::Stage_attention_mqa: {
+      if (cfg_.has_dsa()) {  // DSA: each token attends to its selected cache rows only
+        cuda::SparseMqaArgs a;
+        a.q_latent = in(rank, "q_latent").bf();
+        a.q_pe_rope = in(rank, "q_pe_rope").bf();
+        a.cache = rs.cache.at(layer).bf();
+        a.topk = selected_keys(rank);
+        a.k = cfg_.index_topk;
+        a.T = static_cast<int>(T);
+        a.Nl = static_cast<int>(Nl);
+        a.L = static_cast<int>(L);
+        a.R = static_cast<int>(R);
+        a.scale = softmax_scale;
+        a.attn_latent = out(rank, "attn_latent", {T, Nl, L}).bf();
+        a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
+        cuda::launch_attention_mqa_sparse(a, rc);
+        break;
+      }
       cuda::MqaArgs a;
       a.q_latent = in(rank, "q_latent").bf();
       a.q_pe_rope = in(rank, "q_pe_rope").bf();
@@ -855,6 +980,11 @@ const Tensor* CudaEngine::weight(int layer, int rank, const std::string& name, T
                           : name == "kv_a_layernorm"     ? &w.kv_a_norm
                           : name == "kv_b_proj"          ? &w.kv_b_proj
                           : name == "o_proj"             ? &w.o_proj
+                          : name == "indexer.wq_b"       ? &w.idx_wq_b
+                          : name == "indexer.wk"         ? &w.idx_wk
+                          : name == "indexer.k_norm"     ? &w.idx_k_norm
+                          : name == "indexer.k_norm_bias" ? &w.idx_k_norm_bias
+                          : name == "indexer.weights_proj" ? &w.idx_weights_proj
                                                          : nullptr;
   if (!t || t->bytes() == 0) return nullptr;
   // The bf16 values the kernels read: after this engine's own dequantization and shard cut.
@@ -869,7 +999,9 @@ void CudaEngine::upload(int rank, const std::string& name, const Tensor& t) {
   RankContext& rc = *rs.ctx;
   DeviceGuard g(rc.device());
   auto it = rs.tensors.find(name);
-  const DType dt = it != rs.tensors.end() ? it->second.dtype : (name == "lse" ? DType::DType_f32 : DType::DType_bf16);
+  // fp32 tensors: the softmax lse, DSA's scores and its selected key numbers (exact as floats).
+  const bool f32 = name == "lse" || name == "idx_scores" || name == "topk";
+  const DType dt = it != rs.tensors.end() ? it->second.dtype : (f32 ? DType::DType_f32 : DType::DType_bf16);
   if (held(rank, name)) flush_probes();  // the held probe reads the old contents
   // Synchronous, and after everything queued on the stream: the old contents may still be read.
   CUDA_CHECK(cudaStreamSynchronize(rc.stream()));

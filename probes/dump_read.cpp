@@ -221,10 +221,11 @@ void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const Run
   const h5::Group g = root.open_group("inputs");
   const std::string& w = g.where();
   for (const auto& c : g.children()) {
-    static const char* kNames[] = {"x", "positions", "seq_lens", "context_lens", "block_table", "kv_cache"};
+    static const char* kNames[] = {"x",           "positions", "seq_lens",   "context_lens",
+                                   "block_table", "kv_cache",  "index_cache"};
     if (std::find_if(std::begin(kNames), std::end(kNames), [&](const char* n) { return c == n; }) == std::end(kNames))
       throw UsageError(w + "/" + c + ": not part of /inputs (x, positions, seq_lens, context_lens, block_table, "
-                       "kv_cache)");
+                       "kv_cache, index_cache)");
   }
   Inputs& in = d.inputs;
   auto& b = in.batch;
@@ -302,6 +303,19 @@ void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const Run
     // Nothing cached: an empty cache per layer, so every engine finds the pages its cache_write stage fills.
     in.kv_cache.assign(spec ? spec->layers : 1, Tensor({nb, kPageSize, cfg->cache_row()}));
   }
+  if (g.has("index_cache")) {  // DSA: [layers, blocks, 64, Di]
+    std::vector<int64_t> cs;
+    const auto all = g.read<float>("index_cache", {-1, nb, kPageSize, -1}, &cs);
+    if (cs[0] <= 0 || cs[3] <= 0) throw UsageError(w + "/index_cache: empty " + shape_string(cs));
+    const int64_t per = nb * kPageSize * cs[3];
+    for (int64_t l = 0; l < cs[0]; ++l) {
+      Tensor c;
+      c.shape = {nb, kPageSize, cs[3]};
+      c.data.assign(all.begin() + l * per, all.begin() + (l + 1) * per);
+      in.index_cache.push_back(std::move(c));
+    }
+  }
+  if (cfg) complete_index_cache(in, *cfg, spec ? spec->layers : static_cast<int>(in.kv_cache.size()), w);
   d.has_inputs = true;
 }
 

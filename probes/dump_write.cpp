@@ -56,6 +56,18 @@ void write_inputs(h5::Group& root, const Inputs& in) {
     }
     g.write<float>("kv_cache", shape, all);
   }
+  if (!in.index_cache.empty()) {  // DSA: [layers, blocks, 64, Di]
+    const auto& s0 = in.index_cache.front().shape;
+    std::vector<int64_t> shape = {static_cast<int64_t>(in.index_cache.size())};
+    shape.insert(shape.end(), s0.begin(), s0.end());
+    std::vector<float> all;
+    all.reserve(static_cast<size_t>(shape_numel(shape)));
+    for (const auto& c : in.index_cache) {
+      if (c.shape != s0) throw UsageError("dump inputs: index caches of different shapes per layer");
+      all.insert(all.end(), c.data.begin(), c.data.end());
+    }
+    g.write<float>("index_cache", shape, all);
+  }
 }
 
 void write_probe(h5::Group& layer, const DumpProbe& p, const Dump& d) {

@@ -178,6 +178,8 @@ std::string encode_header(const Header& h) {
     o.i32(b.num_blocks);
     o.u64(in.kv_cache.size());
     for (const auto& c : in.kv_cache) o.tensor(c);
+    o.u64(in.index_cache.size());
+    for (const auto& c : in.index_cache) o.tensor(c);
   }
   return o.take();
 }
@@ -230,6 +232,9 @@ Header decode_header(const std::string& payload) {
     const uint64_t layers = in.u64();
     if (layers > (1u << 20)) throw FormatError("implausible layer count in the header");
     for (uint64_t l = 0; l < layers; ++l) x.kv_cache.push_back(in.tensor());
+    const uint64_t index_layers = in.u64();
+    if (index_layers > (1u << 20)) throw FormatError("implausible index cache layer count in the header");
+    for (uint64_t l = 0; l < index_layers; ++l) x.index_cache.push_back(in.tensor());
   }
   in.done();
   return h;

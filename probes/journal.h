@@ -19,7 +19,7 @@
 namespace mla::journal {
 
 constexpr uint32_t kRecordMagic = 0x4A4C4D41;  // bytes "AMLJ" on disk
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the header's inputs carry the DSA index cache
 constexpr const char* kHeaderMagic = "mla-bisect-journal";
 
 enum class RecordType : uint32_t {

@@ -59,6 +59,14 @@ struct ProbePlan {
   ProbeLevel level_for(const std::string& probe) const {
     return full.count(probe) ? ProbeLevel::ProbeLevel_full : level;
   }
+  // What a run records of a probe of `numel` values: level_for, except DSA's selection, which compare reads as sets
+  // of keys (every index) with near-ties judged on the reference's scores: topk always in full, idx_scores in full
+  // up to kScoresFullMax values (64 MiB). Benchmarks keep level_for.
+  static constexpr int64_t kScoresFullMax = int64_t{1} << 24;
+  ProbeLevel recorded_level(const std::string& probe, int64_t numel) const {
+    if (probe == "topk" || (probe == "idx_scores" && numel <= kScoresFullMax)) return ProbeLevel::ProbeLevel_full;
+    return level_for(probe);
+  }
 };
 
 // Receives every probe a run records, in graph order, and the progress markers.

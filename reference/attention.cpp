@@ -39,6 +39,16 @@ Tensor concat_last(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// a [n, X...] above b [m, X...] -> [n + m, X...].
+Tensor stack_rows(const Tensor& a, const Tensor& b) {
+  auto shape = a.shape;
+  shape[0] += b.dim(0);
+  Tensor out(shape);
+  std::memcpy(out.ptr(), a.ptr(), sizeof(float) * a.numel());
+  std::memcpy(out.ptr() + a.numel(), b.ptr(), sizeof(float) * b.numel());
+  return out;
+}
+
 void copy_rows_into(Attn& dst, const Attn& src, int64_t t0) {
   std::memcpy(dst.out.ptr() + t0 * (src.out.numel() / std::max<int64_t>(src.out.dim(0), 1)), src.out.ptr(),
               sizeof(float) * src.out.numel());
@@ -133,6 +143,33 @@ Attn merge_lse(const Attn& x, const Attn& y, bool base2) {
   return m;
 }
 
+// DSA's prefill form: a sequence's keys are its context (up-projected from the cache) followed by its new tokens,
+// and each token attends to its selected ones.
+static Attn attention_mha_selected(const Tensor& Q, const Tensor& K, const Tensor& v, const Tensor& cache,
+                                   const Batch& batch, const Tensor& w_kvb_local, const MlaConfig& cfg,
+                                   const Selection& keys) {
+  const int64_t T = Q.dim(0), Nl = Q.dim(1), L = cfg.kv_lora_rank, R = cfg.qk_rope;
+  Attn all{Tensor({T, Nl, static_cast<int64_t>(cfg.v_head)}), Tensor({T, Nl})};
+  for (int b = 0; b < batch.num_seqs(); ++b) {
+    const int64_t t0 = batch.first_token(b), n = batch.new_lens[b], ctx = batch.context_lens[b];
+    Tensor seq_k = rows_of(K, t0, n), seq_v = rows_of(v, t0, n);
+    if (ctx > 0) {
+      const Tensor rows = gather_cache_rows(cache, batch, b, static_cast<int>(ctx));  // [ctx, L+R]
+      Tensor c_kv({ctx, L}), c_pe({ctx, R});
+      for (int64_t s = 0; s < ctx; ++s) {
+        std::memcpy(c_kv.ptr() + s * L, rows.ptr() + s * (L + R), sizeof(float) * L);
+        std::memcpy(c_pe.ptr() + s * R, rows.ptr() + s * (L + R) + L, sizeof(float) * R);
+      }
+      const KvB up = kv_b_proj(c_kv, w_kvb_local, cfg);
+      seq_k = stack_rows(concat_last(up.k_nope, c_pe), seq_k);
+      seq_v = stack_rows(up.v, seq_v);
+    }
+    const Selection sel(keys.begin() + t0, keys.begin() + t0 + n);
+    copy_rows_into(all, attend_selected(rows_of(Q, t0, n), seq_k, seq_v, cfg.softmax_scale, sel), t0);
+  }
+  return all;
+}
+
 Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& k_nope, const Tensor& k_pe_rope,
                    const Tensor& v, const Tensor& cache, const Batch& batch, const Tensor& w_kvb_local,
                    const MlaConfig& cfg, const MhaOptions& opt) {
@@ -142,6 +179,7 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
   const Tensor K = concat_last(k_nope, k_pe_rope);  // [T, Nl, P+R], k_pe broadcast over heads
   // One sequence holding every row (a prefill of batch 1): its rows are the tensors themselves, not copies.
   const bool whole = batch.num_seqs() == 1 && batch.first_token(0) == 0 && batch.new_lens[0] == T;
+  if (opt.keys) return attention_mha_selected(Q, K, v, cache, batch, w_kvb_local, cfg, *opt.keys);
   for (int b = 0; b < batch.num_seqs(); ++b) {
     const int64_t t0 = batch.first_token(b), n = batch.new_lens[b], ctx = batch.context_lens[b];
     Attn part = whole ? attend(Q, K, v, cfg.softmax_scale, opt.causal, opt.window)
@@ -167,7 +205,7 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
 }
 
 Attn attention_mqa(const Tensor& q_latent, const Tensor& q_pe_rope, const Tensor& cache, const Batch& batch,
-                   const MlaConfig& cfg) {
+                   const MlaConfig& cfg, const Selection* keys) {
   const int64_t T = q_latent.dim(0), Nl = q_latent.dim(1), L = cfg.kv_lora_rank, W = L + cfg.qk_rope;
   Attn all{Tensor({T, Nl, L}), Tensor({T, Nl})};
   const Tensor Q = concat_last(q_latent, q_pe_rope);  // [T, Nl, L+R]
@@ -177,7 +215,12 @@ Attn attention_mqa(const Tensor& q_latent, const Tensor& q_pe_rope, const Tensor
     const Tensor C = gather_cache_rows(cache, batch, b, rows);  // [rows, L+R]: key = whole row
     Tensor values({rows, L});                                      // value = the first L lanes of the same row
     for (int s = 0; s < rows; ++s) std::memcpy(values.ptr() + s * L, C.ptr() + s * W, sizeof(float) * L);
-    copy_rows_into(all, attend(rows_of(Q, t0, n), C, values, cfg.softmax_scale, true), t0);
+    if (keys) {
+      const Selection sel(keys->begin() + t0, keys->begin() + t0 + n);
+      copy_rows_into(all, attend_selected(rows_of(Q, t0, n), C, values, cfg.softmax_scale, sel), t0);
+    } else {
+      copy_rows_into(all, attend(rows_of(Q, t0, n), C, values, cfg.softmax_scale, true), t0);
+    }
   }
   return all;
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include <cstring>
+
 #include "reference/stages.h"
 
 namespace mla::ref {
@@ -30,10 +32,11 @@ Tensor indexer_q(const Tensor& q_c, const Tensor& wq_b, int64_t heads, const std
 }
 
 Tensor indexer_k(const Tensor& x, const Tensor& wk, const Tensor& norm_w, const Tensor& norm_b, double eps,
-                 const std::vector<int>& positions, const std::vector<double>& inv_freq, RopeStyle style) {
+                 const std::vector<int>& positions, const std::vector<double>& inv_freq, RopeStyle style,
+                 bool norm) {
   Tensor k = linear(x, wk);  // [T, D]
   const int64_t T = k.dim(0), D = k.dim(1);
-  for (int64_t t = 0; t < T; ++t) {  // LayerNorm: mean and (biased) variance over the head, fp32
+  for (int64_t t = 0; norm && t < T; ++t) {  // LayerNorm: mean and (biased) variance over the head, fp32
     float* row = k.ptr() + t * D;
     float mean = 0.f;
     for (int64_t c = 0; c < D; ++c) mean += row[c];
@@ -60,6 +63,7 @@ Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w) {
   const int64_t offset = Tk - Tq;  // bottom-right causal alignment: query t sees keys s <= t + offset
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Tensor scores({Tq, Tk}, -std::numeric_limits<float>::infinity());
+#pragma omp parallel for schedule(dynamic, 4) if (Tq * Tk * Hi * D > (1 << 22))
   for (int64_t t = 0; t < Tq; ++t)
     for (int64_t s = 0; s <= std::min(Tk - 1, t + offset); ++s) {
       double total = 0;
@@ -113,6 +117,78 @@ Attn attend_selected(const Tensor& q, const Tensor& k, const Tensor& v, double s
     std::copy_n(one.lse.ptr(), Nl, a.lse.ptr() + t * Nl);
   }
   return a;
+}
+
+void index_cache_write(Tensor& index_cache, const Batch& batch, const Tensor& idx_k) {
+  const int64_t D = idx_k.dim(1);
+  for (int b = 0; b < batch.num_seqs(); ++b)
+    for (int i = 0; i < batch.new_lens[b]; ++i) {
+      const int pos = batch.context_lens[b] + i;  // the token's slot in its sequence's pages
+      std::memcpy(index_cache.ptr() + (static_cast<int64_t>(batch.page(b, pos)) * kPageSize + pos % kPageSize) * D,
+                  idx_k.ptr() + (batch.first_token(b) + i) * D, sizeof(float) * D);
+    }
+}
+
+Tensor index_scores(const Tensor& idx_q, const Tensor& idx_weights, const Tensor& index_cache, const Batch& batch,
+                    int64_t K, const ScoreOptions& opt) {
+  const int64_t T = idx_q.dim(0), Hi = idx_q.dim(1), D = idx_q.dim(2);
+  Tensor out({T, K});
+  Tensor w = idx_weights;
+  if (!opt.weights) std::fill(w.data.begin(), w.data.end(), 1.0f);
+  for (int b = 0; b < batch.num_seqs(); ++b) {
+    const int64_t t0 = batch.first_token(b), n = batch.new_lens[b];
+    const int keys = batch.context_lens[b] + batch.new_lens[b];
+    const Tensor k = gather_cache_rows(index_cache, batch, b, keys);  // [keys, D]
+    Tensor q({n, Hi, D}), wb({n, Hi});
+    std::copy_n(idx_q.ptr() + t0 * Hi * D, n * Hi * D, q.ptr());
+    std::copy_n(w.ptr() + t0 * Hi, n * Hi, wb.ptr());
+    Tensor s = indexer_scores(q, k, wb);  // [n, keys], −inf where the token does not see the key
+    if (!opt.causal)  // each token scored alone against every key, as if it were the sequence's last
+      for (int64_t i = 0; i < n; ++i) {
+        Tensor qi({1, Hi, D}), wi({1, Hi});
+        std::copy_n(q.ptr() + i * Hi * D, Hi * D, qi.ptr());
+        std::copy_n(wb.ptr() + i * Hi, Hi, wi.ptr());
+        std::copy_n(indexer_scores(qi, k, wi).ptr(), keys, s.ptr() + i * keys);
+      }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < std::min<int64_t>(keys, K); ++c) {
+        const float v = s.data[i * keys + c];
+        out.data[(t0 + i) * K + c] = v == -std::numeric_limits<float>::infinity() ? 0.0f : v;
+      }
+  }
+  return out;
+}
+
+Selection select_keys(const Tensor& idx_scores, const Batch& batch, int k, bool causal) {
+  const int64_t T = idx_scores.dim(0), K = idx_scores.dim(1);
+  Selection out(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const int b = batch.token_seq[t];
+    const int keys = causal ? batch.keys_seen(static_cast<int>(t)) : batch.context_lens[b] + batch.new_lens[b];
+    const int seen = std::min<int>(keys, static_cast<int>(K));
+    Tensor row({1, seen});
+    std::copy_n(idx_scores.ptr() + t * K, seen, row.ptr());
+    out[t] = topk_keys(row, k)[0];
+    std::sort(out[t].begin(), out[t].end());
+  }
+  return out;
+}
+
+Tensor selection_tensor(const Selection& keys, int k) {
+  Tensor out({static_cast<int64_t>(keys.size()), static_cast<int64_t>(k)}, -1.0f);
+  for (size_t t = 0; t < keys.size(); ++t)
+    for (size_t j = 0; j < keys[t].size() && j < static_cast<size_t>(k); ++j)
+      out.data[t * k + j] = static_cast<float>(keys[t][j]);
+  return out;
+}
+
+Selection selection_of(const Tensor& topk) {
+  const int64_t T = topk.dim(0), k = topk.dim(1);
+  Selection out(T);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      if (const float v = topk.data[t * k + j]; v >= 0) out[t].push_back(static_cast<int>(v));
+  return out;
 }
 
 }  // namespace mla::ref

@@ -2,6 +2,7 @@
 #include "reference/reference_engine.h"
 
 #include <cmath>
+#include <optional>
 
 #include "harness/model/errors.h"
 #include "reference/cpu_threads.h"
@@ -25,8 +26,7 @@ namespace {
 // Every weight already holds values of precision `p` (bf16 checkpoints, synthetic weights): nothing to round.
 bool exact_at(const std::vector<LayerWeights>& weights, Precision p) {
   for (const auto& w : weights)
-    for (const Tensor* t : {&w.input_norm, &w.q_a_proj, &w.q_a_norm, &w.q_b_proj, &w.kv_a_proj, &w.kv_a_norm,
-                            &w.kv_b_proj, &w.o_proj}) {
+    for (const Tensor* t : w.tensors()) {
       const float* v = t->ptr();
       const int64_t n = t->numel();
       int64_t off = 0;
@@ -51,9 +51,7 @@ void ReferenceEngine::prepare(const RunContext& ctx) {
   if (precision_ != Precision::Precision_fp32 && !exact_at(*ctx.weights, precision_)) {
     rounded_ = *ctx.weights;
     for (auto& w : rounded_)
-      for (Tensor* t : {&w.input_norm, &w.q_a_proj, &w.q_a_norm, &w.q_b_proj, &w.kv_a_proj, &w.kv_a_norm,
-                        &w.kv_b_proj, &w.o_proj})
-        round_in_place(*t, precision_);
+      for (Tensor* t : w.tensors()) round_in_place(*t, precision_);
     weights_ = &rounded_;
   }
   ranks_.assign(tp, {});
@@ -61,6 +59,8 @@ void ReferenceEngine::prepare(const RunContext& ctx) {
     auto& rs = ranks_[r];
     rs.cache = ctx.inputs->kv_cache;
     for (auto& c : rs.cache) round_in_place(c, precision_);
+    rs.index_cache = ctx.inputs->index_cache;
+    for (auto& c : rs.index_cache) round_in_place(c, precision_);
     if (tp > 1)
       for (const auto& w : *weights_) {
         LayerWeights s;
@@ -92,6 +92,10 @@ void ReferenceEngine::put(int rank, const std::string& name, Tensor t) {
   ranks_.at(rank).tensors[name] = std::move(t);
 }
 
+void ReferenceEngine::put_exact(int rank, const std::string& name, Tensor t) {
+  ranks_.at(rank).tensors[name] = std::move(t);
+}
+
 Tensor ReferenceEngine::download(int rank, const std::string& name) { return get(rank, name); }
 
 const Tensor* ReferenceEngine::weight(int layer, int rank, const std::string& name, Tensor& scratch) {
@@ -118,7 +122,10 @@ void ReferenceEngine::set_injections(const std::vector<Injection>& list) {
   injections_ = list;
 }
 
-void ReferenceEngine::upload(int rank, const std::string& name, const Tensor& t) { put(rank, name, t); }
+void ReferenceEngine::upload(int rank, const std::string& name, const Tensor& t) {
+  if (name == "idx_scores" || name == "topk") put_exact(rank, name, t);
+  else put(rank, name, t);
+}
 
 void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
   // Planted bugs act through a wrong copy of a constant, an option of the stage function, or a wrong variant.
@@ -136,6 +143,10 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
     for (auto& p : positions) p += 1;
   const auto& W = global(layer);
   auto& cache = ranks_[rank].cache[layer];
+  // DSA: the keys each token attends to, from the topk stage (attention's input).
+  std::optional<ref::Selection> selection;
+  if (cfg.has_dsa() && (st.stage == Stage::Stage_attention_mha || st.stage == Stage::Stage_attention_mqa))
+    selection = ref::selection_of(get(rank, "topk"));
   switch (st.stage) {
     case Stage::Stage_layer_input:
       if (layer > 0) put(rank, st.outputs[0], get(rank, "h_out"));
@@ -183,6 +194,37 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       put(rank, "kv_cache", ref::cache_write(cache, batch, get(rank, "kv_c_norm"), get(rank, "k_pe_rope")));
       round_in_place(cache, precision_);
       break;
+    case Stage::Stage_indexer_q: {
+      // index-rope-layout: the indexer's rope lanes paired as the other model's (interleaved <-> half-split).
+      const RopeStyle style = planted("index-rope-layout") ? other_rope_style(cfg.index_rope_style) : cfg.index_rope_style;
+      put(rank, "idx_q", ref::indexer_q(get(rank, "q_c"), W.idx_wq_b, cfg.index_n_heads, positions, cfg.inv_freq, style));
+      break;
+    }
+    case Stage::Stage_indexer_k: {
+      const RopeStyle style = planted("index-rope-layout") ? other_rope_style(cfg.index_rope_style) : cfg.index_rope_style;
+      put(rank, "idx_k", ref::indexer_k(get(rank, "x"), W.idx_wk, W.idx_k_norm, W.idx_k_norm_bias,
+                                        MlaConfig::kIndexNormEps, positions, cfg.inv_freq, style,
+                                        /*norm=*/!planted("index-k-norm-skip")));
+      ref::index_cache_write(ranks_[rank].index_cache.at(layer), batch, get(rank, "idx_k"));
+      break;
+    }
+    case Stage::Stage_indexer_weights:
+      put(rank, "idx_weights", ref::indexer_weights(get(rank, "x"), W.idx_weights_proj));
+      break;
+    case Stage::Stage_index_scores:
+      put_exact(rank, "idx_scores",
+                ref::index_scores(get(rank, "idx_q"), get(rank, "idx_weights"), ranks_[rank].index_cache.at(layer),
+                                  batch, ctx_.graph->find("idx_scores")->shape[1],
+                                  {.weights = !planted("index-weights-skip"), .causal = !planted("index-causal-leak")}));
+      break;
+    case Stage::Stage_topk: {
+      // topk-off-by-one: one key fewer than index_topk.
+      const int k = cfg.index_topk - (planted("topk-off-by-one") ? 1 : 0);
+      put_exact(rank, "topk", ref::selection_tensor(ref::select_keys(get(rank, "idx_scores"), batch, k,
+                                                                     !planted("index-causal-leak")),
+                                                    cfg.index_topk));
+      break;
+    }
     case Stage::Stage_kv_b_proj: {
       const Tensor& w_kvb = sharded(layer, rank, &LayerWeights::kv_b_proj);
       auto kv = planted("kv-b-split") ? ref::bug::kv_b_proj_split_by_block(get(rank, "kv_c_norm"), w_kvb, cfg)
@@ -195,7 +237,8 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       auto a = ref::attention_mha(get(rank, "q_nope"), get(rank, "q_pe_rope"), get(rank, "k_nope"), get(rank, "k_pe_rope"),
                                   get(rank, "v"), cache, batch, sharded(layer, rank, &LayerWeights::kv_b_proj), cfg,
                                   {.causal = !planted("causal-off"), .lse_base2 = planted("lse-base2"),
-                                   .window = planted("sliding-window") ? kSlidingWindowBug : 0});
+                                   .window = planted("sliding-window") ? kSlidingWindowBug : 0,
+                                   .keys = selection ? &*selection : nullptr});
       put(rank, "attn_out", std::move(a.out));
       put(rank, "lse", std::move(a.lse));
       break;
@@ -209,7 +252,8 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
     case Stage::Stage_attention_mqa: {
       const Batch shifted = planted("page-off-by-one") ? ref::bug::shift_block_table(batch) : batch;
       const Tensor& seen = planted("decode-empty-cache") ? ranks_[rank].cache_before_write : cache;
-      auto a = ref::attention_mqa(get(rank, "q_latent"), get(rank, "q_pe_rope"), seen, shifted, cfg);
+      auto a = ref::attention_mqa(get(rank, "q_latent"), get(rank, "q_pe_rope"), seen, shifted, cfg,
+                                  selection ? &*selection : nullptr);
       put(rank, "attn_latent", std::move(a.out));
       put(rank, "lse", std::move(a.lse));
       break;

@@ -28,6 +28,7 @@ class ReferenceEngine : public Engine {
   struct RankState {
     std::map<std::string, Tensor> tensors;  // by probe name, this rank's shard
     std::vector<Tensor> cache;               // per layer [blocks, 64, L+R] (replicated: each rank its own)
+    std::vector<Tensor> index_cache;         // DSA: per layer [blocks, 64, Di]
     std::vector<LayerWeights> shards;        // per layer; only the head-sharded weights are filled when tp > 1
     Tensor cache_before_write;               // decode-empty-cache: the cache as attention wrongly sees it
   };
@@ -36,6 +37,7 @@ class ReferenceEngine : public Engine {
   const Tensor& sharded(int layer, int rank, const Tensor LayerWeights::*w) const;
   Tensor& get(int rank, const std::string& name);
   void put(int rank, const std::string& name, Tensor t);
+  void put_exact(int rank, const std::string& name, Tensor t);  // not rounded: DSA's scores (fp32) and indices
 
   Precision precision_ = Precision::Precision_fp32;
   RunContext ctx_;

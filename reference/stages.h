@@ -74,10 +74,14 @@ Attn merge_lse(const Attn& a, const Attn& b, bool base2 = false);
 // Prefill form: Q = [q_nope | q_pe_rope], K = [k_nope | k_pe_rope broadcast], V = v.
 // New tokens attend causally among themselves; a sequence's cached context (from `cache`) is up-projected
 // through W_kvb and attended non-causally, then merged by LSE. -> attn_out [T, Nl, V], lse [T, Nl].
+// DSA's selection (the topk probe): per new token of the step, the keys it attends to, numbered within its sequence
+// (key s: cached token s, or new token s − context); empty for a dense model.
+using Selection = std::vector<std::vector<int>>;
 struct MhaOptions {
   bool causal = true;      // false plants causal-off
   bool lse_base2 = false;  // true plants lse-base2 in the context merge
   int window = 0;          // > 0 plants sliding-window: each new token sees its last `window` new-token keys
+  const Selection* keys = nullptr;  // DSA: each token attends to these keys only (softmax over them, no mask)
 };
 Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& k_nope, const Tensor& k_pe_rope,
                    const Tensor& v, const Tensor& cache, const Batch& batch, const Tensor& w_kvb_local,
@@ -88,8 +92,9 @@ Tensor q_absorb(const Tensor& q_nope, const Tensor& w_kvb_local, const MlaConfig
 
 // Absorbed (MQA) form over the paged cache: query [q_latent | q_pe_rope] (L+R), one key/value row per
 // cached token, value = its first L lanes; causal bottom-right. -> attn_latent [T, Nl, L], lse [T, Nl].
+// keys (DSA): each token attends to its selected cache rows only.
 Attn attention_mqa(const Tensor& q_latent, const Tensor& q_pe_rope, const Tensor& cache, const Batch& batch,
-                   const MlaConfig& cfg);
+                   const MlaConfig& cfg, const Selection* keys = nullptr);
 
 // attn_out_h = W_UV_h·attn_latent_h. [T, Nl, L] -> [T, Nl, V].
 Tensor v_up(const Tensor& attn_latent, const Tensor& w_kvb_local, const MlaConfig& cfg);
@@ -110,8 +115,10 @@ Tensor residual(const Tensor& h, const Tensor& o);
 Tensor indexer_q(const Tensor& q_c, const Tensor& wq_b, int64_t heads, const std::vector<int>& positions,
                  const std::vector<double>& inv_freq, RopeStyle style);
 // idx_k = LayerNorm(x·W_kᵀ) [T, Di] (weight, bias, `eps`; biased variance), RoPE on its first R lanes.
+// norm = false plants index-k-norm-skip (docs/bugs.md): the LayerNorm left out.
 Tensor indexer_k(const Tensor& x, const Tensor& wk, const Tensor& norm_w, const Tensor& norm_b, double eps,
-                 const std::vector<int>& positions, const std::vector<double>& inv_freq, RopeStyle style);
+                 const std::vector<int>& positions, const std::vector<double>& inv_freq, RopeStyle style,
+                 bool norm = true);
 // idx_weights = x·W_wᵀ · Hi^-1/2 [T, Hi] (W_w: weights_proj [Hi, H]).
 Tensor indexer_weights(const Tensor& x, const Tensor& weights_proj);
 // scores [Tq, Tk]: Σ_h w[t,h] · ReLU(q[t,h]·k[s] · Di^-1/2) for every key s that query t sees (s ≤ t + Tk − Tq,
@@ -120,6 +127,24 @@ Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w);
 // Per query row of `scores`: its `k` visible keys of highest score, highest first, a tie to the lower key index;
 // every visible key when it sees fewer (then DSA is dense attention).
 std::vector<std::vector<int>> topk_keys(const Tensor& scores, int k);
+
+// The indexer over a step's batch (the graph's stages; keys numbered within a sequence as in Selection):
+// index_cache_write puts each new token's idx_k row [T, Di] into the paged index cache [blocks, 64, Di].
+void index_cache_write(Tensor& index_cache, const Batch& batch, const Tensor& idx_k);
+// idx_scores [T, K]: row t holds indexer_scores of token t against its sequence's keys (read from the index cache,
+// this step's rows written), 0 for a key it does not see and past its sequence's last key.
+struct ScoreOptions {
+  bool weights = true;  // false plants index-weights-skip: every head weighs 1
+  bool causal = true;   // false plants index-causal-leak: a token scores every key of its sequence
+};
+Tensor index_scores(const Tensor& idx_q, const Tensor& idx_weights, const Tensor& index_cache, const Batch& batch,
+                    int64_t K, const ScoreOptions& opt = {});
+// Per token, topk_keys over the keys it sees (Batch::keys_seen; every key of its sequence when `causal` is false) of
+// its row of idx_scores, ascending.
+Selection select_keys(const Tensor& idx_scores, const Batch& batch, int k, bool causal = true);
+// The topk probe [T, k]: each token's keys ascending, −1 past the last. selection_of reads it back.
+Tensor selection_tensor(const Selection& keys, int k);
+Selection selection_of(const Tensor& topk);
 // Softmax attention of each query over its selected keys only (keys[t]: indices into k's and v's first axis, any
 // order): attend() over those rows; no selected key gives out 0 and lse −inf.
 Attn attend_selected(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

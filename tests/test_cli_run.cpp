@@ -148,8 +148,8 @@ TEST(CliRun, TableGathersEveryHeadsProbeAtAnyTp) {
   for (const auto& [name, v] : tp1) EXPECT_NEAR(tp2.at(name), v, 1e-4 * v) << name;
 }
 
-// A config.json path as --model: a small GLM-5-style (glm_moe_dsa) config, so DSA's index_topk is announced
-// as not modelled and the scale is 1/sqrt(192 + 64) = 1/16, without GLM-5's 6 s of weight generation.
+// A config.json path as --model: a small GLM-5-style (glm_moe_dsa) config, so the run has DSA's indexer stages and
+// the scale is 1/sqrt(192 + 64) = 1/16, without GLM-5's 6 s of weight generation.
 TEST(CliRun, ConfigJsonAsModel) {
   const test::ScratchDir dir("cli_glm_dsa");
   const auto path = dir.dir() / "small_glm_dsa_config.json";
@@ -160,10 +160,12 @@ TEST(CliRun, ConfigJsonAsModel) {
   const std::string args = "run --model '" + path.string() + "' --tokens 3 --tp 2";
   const auto r = run_cli(args);
   ASSERT_EQ(r.exit_code, 0) << describe(args, r);
-  EXPECT_CONTAINS(r.err, "index_topk");  // DSA is announced as not modelled
   EXPECT_CONTAINS(r.out, "softmax scale 0.0625");
   EXPECT_CONTAINS(r.out, "tp 2");
-  EXPECT_EQ(table_rows(r.out).size(), 17u);  // x, q_a, q_c, q_nope, q_pe, kv_c, k_pe, kv_c_norm, ropes, cache, k_nope, v, attn_out, lse, o_partial, o
+  // x, q_a, q_c, q_nope, q_pe, kv_c, k_pe, kv_c_norm, ropes, cache, the indexer's idx_q, idx_k, idx_weights,
+  // idx_scores, topk, then k_nope, v, attn_out, lse, o_partial, o
+  EXPECT_EQ(table_rows(r.out).size(), 22u);
+  EXPECT_CONTAINS(r.out, "topk");
 }
 
 TEST(CliRun, HelpOfRunMentionsModel) {

@@ -145,7 +145,7 @@ TEST(ConfigConstants, PresetsHaveTheDimensionsOfMlaMd) {
   EXPECT_EQ(preset("glm-5").index_topk, 2048);
   // The names the CLI advertises are exactly the presets.
   const std::vector<std::string> names = {"deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2",
-                                          "glm-4.7-flash",    "glm-5",       "tiny"};
+                                          "glm-4.7-flash",    "glm-5",       "tiny",        "tiny-dsa"};
   EXPECT_EQ(preset_names(), names);
   EXPECT_FALSE(find_preset("deepseek-v4").has_value());
 }

@@ -253,8 +253,10 @@ void print_bisect(std::ostream& os, const BisectReport& r) {
     os << "\nwhere     layer " << f.layer << ", probe " << f.name << ", stage " << f.stage << "\n";
     // The dumps' numbers come from sketches when they hold no full tensors; the drill-down and diagnosis below
     // read the full tensors recomputed in this process. Both are printed, each with what it rests on.
-    os << "error     " << f.why << (f.m.basis == "full" ? "" : "  [estimate (from sketches/norms)]") << "\n";
-    if (f.m.basis != "full" && !r.full.basis.empty())
+    // DSA's topk is compared as sets of keys from its full indices: exact, with nothing to recompute.
+    const bool exact = f.m.basis == "full" || f.m.basis == "sets";
+    os << "error     " << f.why << (exact ? "" : "  [estimate (from sketches/norms)]") << "\n";
+    if (!exact && !r.full.basis.empty())
       os << "          rel_l2 " << fmt_num(r.full.rel_l2) << ", worst token " << fmt_num(r.full.max_token_rel)
          << " on full tensors (recomputed in process): drill-down and diagnosis below use these\n";
     os << "tolerance " << f.tol.origin << "\n";

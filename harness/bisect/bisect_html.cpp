@@ -320,11 +320,12 @@ std::string bisect_to_html(const BisectReport& r) {
        << (have_full ? ", on full tensors recomputed in process" : f.m.basis == "full" ? "" : ", on estimates from sketches/norms")
        << ")</h2><p>"
        << xml_escape(r.diagnosis.pattern) << "</p><ul>";
+    const bool exact = f.m.basis == "full" || f.m.basis == "sets";  // sets: DSA's topk, from its full indices
     for (auto& e : r.diagnosis.evidence) os << "<li>" << xml_escape(e) << "</li>";
     os << "</ul><p>where: layer " << f.layer << ", probe <b>" << xml_escape(f.name) << "</b>, stage " << xml_escape(f.stage)
        << "<br>error: " << xml_escape(f.why)
-       << (f.m.basis == "full" ? "" : " <span class='est'>[estimate (from sketches/norms)]</span>");
-    if (f.m.basis != "full" && have_full)
+       << (exact ? "" : " <span class='est'>[estimate (from sketches/norms)]</span>");
+    if (!exact && have_full)
       os << "<br>on full tensors (recomputed in process): rel_l2 " << fmt_num(r.full.rel_l2) << ", worst token "
          << fmt_num(r.full.max_token_rel) << " &mdash; the drill-down, diagnosis and pictures below use these";
     os << "<br>tolerance: " << xml_escape(f.tol.origin) << "<br>isolation: "

@@ -37,6 +37,11 @@ std::string zoo_pattern_words(const std::string& inject) {
       {"fp8-scale-transpose", "block-shaped"},
       {"nvfp4-nibble-swap", "layout"},
       {"nvfp4-global-recip", "pure scale"},
+      {"index-rope-layout", "RoPE layout or frequency"},
+      {"index-k-norm-skip", "normalization missing"},
+      {"index-weights-skip", "per-head weights"},
+      {"index-causal-leak", "cannot see"},
+      {"topk-off-by-one", "top-k off by one"},
       {"nan-at", "NaN/Inf originates here"},
   };
   const std::string name = inject.substr(0, inject.find(':'));

@@ -152,6 +152,8 @@ Inputs inputs_from_dump(const std::string& path, const MlaConfig& cfg, const CLI
     in.kv_cache.assign(spec.layers, Tensor({b.num_blocks, kPageSize, cfg.cache_row()}));
   }
   in.kv_cache.resize(spec.layers);
+  complete_index_cache(in, cfg, spec.layers, who);
+  if (!in.index_cache.empty()) in.index_cache.resize(spec.layers);
   return in;
 }
 

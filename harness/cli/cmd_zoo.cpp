@@ -40,7 +40,8 @@ struct ZooCmdOptions {
 };
 
 int run_zoo(ZooCmdOptions o) {
-  const MlaConfig cfg = o.run.load_config();
+  const MlaConfig zoo_cfg = o.run.load_config();
+  const MlaConfig& cfg = zoo_cfg;
   {
     // The cases run in several modes and forms: a --full-probes name must be a probe of one of them.
     std::vector<StageGraph> graphs;
@@ -57,6 +58,7 @@ int run_zoo(ZooCmdOptions o) {
   const auto only = split_list(o.only);
   auto selected = [&](const std::string& n) { return only.empty() || std::find(only.begin(), only.end(), n) != only.end(); };
   auto make_case = [&](const std::string& inject, RunOptions ro, std::vector<std::string> expected, std::string pattern) {
+    const MlaConfig cfg = ro.model == o.run.model ? zoo_cfg : ro.load_config();
     ZooCase c;
     c.inject = inject;
     c.expected = std::move(expected);
@@ -81,6 +83,11 @@ int run_zoo(ZooCmdOptions o) {
   for (const auto& e : bug_zoo()) {
     if (!selected(e.name)) continue;
     RunOptions ro = o.run;
+    // DSA's bugs need an indexer: the default tiny model lends them its DSA twin; other models without one skip them.
+    if (e.needs_dsa && !cfg.has_dsa()) {
+      if (o.run.model != "tiny") continue;
+      ro.model = "tiny-dsa";
+    }
     if (e.needs_quantized) ro.weight_format = zoo_weight_format(e.name, cfg);
     if (!e.mode.empty()) ro.mode = e.mode;
     if (!e.form.empty()) ro.attention = e.form;

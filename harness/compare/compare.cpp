@@ -1,5 +1,6 @@
 // Metrics, tolerances, verdicts, the first divergence, and what is comparable and expected.
 #include "harness/compare/compare.h"
+#include "harness/compare/selection.h"
 #include "harness/compare/weight_diff.h"
 
 #include <algorithm>
@@ -520,6 +521,78 @@ void judge(ProbeResult& r, const Gathered& candidate, const char* row) {
   r.why = os.str();
 }
 
+namespace {
+
+// DSA's topk as sets of keys per token (harness/compare/selection.h). The near-tie bound comes from the candidate's
+// own index scores: where both dumps hold idx_scores in full, twice the largest difference between them (a swap
+// between keys whose reference scores lie closer than that is what the candidate's scores imply); otherwise twice
+// idx_scores' tolerance times the reference scores' RMS. Keys a token does not see are those past Batch::keys_seen
+// (the reference's inputs); without inputs every column counts as seen.
+void judge_selection(ProbeResult& r, const Gathered& ga, const Gathered& gb, const Dump& a, const Dump& b,
+                     const ToleranceModel& tol) {
+  const int64_t T = gb.shape[0], k = gb.shape[1];
+  const auto sets = [&](const Tensor& t) {
+    std::vector<std::vector<int>> out(T);
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        if (const float v = t.data[i * k + j]; v >= 0) out[i].push_back(static_cast<int>(v));
+    return out;
+  };
+  const DumpProbe* sb = b.find(r.layer, "idx_scores");
+  const DumpProbe* sa = a.find(r.layer, "idx_scores");
+  const Gathered scores_b = sb ? gather(*sb) : Gathered{}, scores_a = sa ? gather(*sa) : Gathered{};
+  const auto ref_sets = sets(gb.data), cand_sets = sets(ga.data);
+  const bool have_scores = scores_b.full && scores_b.data.rank() == 2 && scores_b.data.dim(0) == T;
+  Tensor ref_scores;
+  if (have_scores) {
+    ref_scores = scores_b.data;
+  } else {  // distinct stand-in scores (−s): visibility only, no two keys tie
+    int64_t K = 1;
+    for (const auto* v : {&ref_sets, &cand_sets})
+      for (const auto& row : *v)
+        for (int s : row) K = std::max<int64_t>(K, s + 1);
+    ref_scores = Tensor({T, K});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t s = 0; s < K; ++s) ref_scores.data[t * K + s] = -static_cast<float>(s);
+  }
+  const int64_t K = ref_scores.dim(1);
+  for (int64_t t = 0; t < T && b.has_inputs && b.inputs.batch.tokens() == T; ++t)
+    for (int64_t s = b.inputs.batch.keys_seen(static_cast<int>(t)); s < K; ++s)
+      ref_scores.data[t * K + s] = -std::numeric_limits<float>::infinity();
+  std::string bound = "no near-ties excused: the reference holds no full idx_scores";
+  double tie_tol = 0;
+  if (have_scores) {
+    if (scores_a.full && scores_a.data.shape == scores_b.data.shape) {
+      double worst = 0;
+      for (int64_t i = 0; i < scores_b.data.numel(); ++i)
+        worst = std::max(worst, std::fabs(static_cast<double>(scores_a.data.data[i]) - scores_b.data.data[i]));
+      tie_tol = 2 * worst;
+      bound = "twice the largest difference of the two runs' idx_scores";
+    } else {
+      double sum2 = 0;
+      for (float v : scores_b.data.data) sum2 += static_cast<double>(v) * v;
+      tie_tol = 2 * tol.for_probe("idx_scores", r.layer).rel_l2 * std::sqrt(sum2 / std::max<int64_t>(1, scores_b.data.numel()));
+      bound = "twice idx_scores' tolerance times the scores' RMS";
+    }
+  }
+  const SelectionDiff d = compare_selection(ref_sets, cand_sets, ref_scores, tie_tol);
+  r.m = Metrics{};
+  r.m.basis = "sets";
+  r.m.rel_l2 = 1.0 - d.mean_overlap;
+  r.m.mismatch = d.tokens > 0 ? static_cast<double>(d.differing) / static_cast<double>(d.tokens) : 0.0;
+  r.tol = Tolerance{0, 0, "sets of keys per token; swaps within " + std::to_string(tie_tol) + " (" + bound +
+                              ") are near-ties, not divergences"};
+  r.selection = true;
+  r.selection_pattern = d.pattern;
+  r.selection_shift = d.shift;
+  r.near_tie_swaps = d.near_tie_swaps;
+  r.verdict = d.diverges() ? Verdict::Verdict_diverge : Verdict::Verdict_pass;
+  r.why = d.explain();
+  if (d.diverges() && d.first_token >= 0) r.m.max_at = Coord{r.layer, -1, d.first_token, -1, -1};
+}
+
+}  // namespace
+
 int CompareReport::divergent_weights() const {
   int n = 0;
   for (const auto& r : weights) n += r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite;
@@ -670,7 +743,8 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
         }
       }
     }
-    judge(r, ga);
+    if (e.name == "topk" && ga.full && gb.full && gb.shape.size() == 2) judge_selection(r, ga, gb, a, b, tol);
+    else judge(r, ga);
     rep.results.push_back(std::move(r));
   }
   // Probes outside the expected set are not compared; say so unless the user narrowed the set.

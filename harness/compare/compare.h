@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/compare/selection.h"
 #include "probes/dump.h"
 
 namespace mla {
@@ -115,6 +116,12 @@ struct ProbeResult {
   std::vector<std::string> problems;
   bool missing_allowed = false;  // Verdict_missing that the user allowed (--allow-missing): reported, not failed
   bool weight = false;           // a layer weight (CompareReport::weights), not an activation probe
+  // DSA's topk, compared as sets of keys (harness/compare/selection.h): the pattern over the tokens that differ;
+  // `why` holds SelectionDiff::explain().
+  bool selection = false;
+  SelectionPattern selection_pattern = SelectionPattern::SelectionPattern_none;
+  int selection_shift = 0;  // SelectionPattern_shifted's offset
+  int64_t near_tie_swaps = 0;
   // A weight beyond tolerance, described (describe_weight): the pattern in plain words and the numbers behind it.
   std::string pattern;
   std::vector<std::string> evidence;

@@ -1064,6 +1064,56 @@ Found rule_channel_scale(const Ctx& c) {
                  "misindexed", "high", ev};
 }
 
+// A normalizing stage whose tokens are each off by a factor of their own, far beyond a norm's weight, with the
+// direction only roughly kept: the normalization was not applied (a LayerNorm also subtracts the mean and adds a
+// bias, so the direction moves too; rule_token_scale covers the RMSNorm case, direction kept).
+Found rule_norm_missing(const Ctx& c) {
+  const Metrics& m = c.m;
+  if (!c.norm_stage || !c.per_token || c.T < 2) return std::nullopt;
+  double min_cos = 1, rmin = 1e300, rmax = 0;
+  for (int64_t t = 0; t < c.T; ++t) {
+    min_cos = std::min(min_cos, m.token_cos[t]);
+    rmin = std::min(rmin, m.token_norm_ratio[t]);
+    rmax = std::max(rmax, m.token_norm_ratio[t]);
+  }
+  if (!(min_cos > 0.5 && rmax / rmin > 2 && (rmin > 2 || rmax < 0.5))) return std::nullopt;
+  return Finding{"every token off by its own factor (norm ratio " + fmt_num(rmin, 3) + " to " + fmt_num(rmax, 3) +
+                     "), its direction roughly kept: the normalization missing (mean and variance per token not "
+                     "applied)",
+                 "medium",
+                 {"per-token norm ratios " + fmt_num(rmin, 4) + " to " + fmt_num(rmax, 4) +
+                  " (a missing norm: the unnormalized rows' own scale); lowest per-token cosine " + fmt_num(min_cos, 4)}};
+}
+
+// DSA's idx_scores: the candidate scores keys its token does not see (the reference holds 0 there), and the largest
+// errors all sit there: the scores' causal mask is missing or offset.
+Found rule_index_mask(const Ctx& c) {
+  if (c.r.name != "idx_scores" || !c.positions || c.m.worst.empty()) return std::nullopt;
+  int64_t unseen = 0;
+  for (const auto& w : c.m.worst)
+    if (w.at.token >= 0 && w.at.channel >= c.batch.keys_seen(static_cast<int>(w.at.token)) && w.b == 0) ++unseen;
+  if (unseen != static_cast<int64_t>(c.m.worst.size())) return std::nullopt;
+  const auto& w = c.m.worst.front();
+  return Finding{"scores for keys the token cannot see: the causal mask of the index scores is missing or offset",
+                 "high",
+                 {"the " + std::to_string(unseen) + " largest differences are all at keys past what their token sees, "
+                  "where the reference holds 0 (e.g. token " + std::to_string(w.at.token) + ", key " +
+                  std::to_string(w.at.channel) + ": " + fmt_num(w.a) + ")"}};
+}
+
+// DSA's idx_scores wrong while the three tensors it is made of agree: how they are combined is wrong.
+Found rule_index_combine(const Ctx& c) {
+  if (c.r.name != "idx_scores") return std::nullopt;
+  int agree = 0;
+  for (const auto& p : c.all.results)
+    if (p.layer == c.r.layer && (p.name == "idx_q" || p.name == "idx_k" || p.name == "idx_weights"))
+      agree += p.verdict == Verdict::Verdict_pass;
+  if (agree != 3) return std::nullopt;
+  return Finding{"idx_q, idx_k and idx_weights agree, the scores made of them do not: the combination is wrong (the "
+                 "per-head weights, the ReLU, the Di^-1/2 scale or the sum over heads)",
+                 "medium", {"idx_q, idx_k and idx_weights within tolerance in this layer"}};
+}
+
 // Each token the reference times its own factor (direction kept per token): a normalization.
 Found rule_token_scale(const Ctx& c) {
   const Metrics& m = c.m;
@@ -1329,6 +1379,14 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
       dg.confidence = "high";
       return dg;
     }
+  if (r.selection) {  // DSA's topk: compared as sets of keys; the pattern is over the tokens that differ
+    ev.push_back(r.why);
+    if (r.near_tie_swaps > 0)
+      ev.push_back(std::to_string(r.near_tie_swaps) + " swaps between near-tied keys besides (not divergences)");
+    dg.pattern = "the selection differs: " + selection_pattern_meaning(r.selection_pattern, r.selection_shift);
+    dg.confidence = r.selection_pattern == SelectionPattern::SelectionPattern_scattered ? "medium" : "high";
+    return dg;
+  }
   if (!m.nonfinite_agree) {
     ev.push_back(m.first_nonfinite);
     dg.pattern = "NaN/Inf originates here (" + m.first_nonfinite + "); everything downstream inherits it";
@@ -1349,8 +1407,9 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
   c.channel_factors = c.channels && m.channel_cand2.size() == m.channel_err2.size() &&
                       m.channel_dot.size() == m.channel_err2.size();
   c.attention = r.stage.rfind("attention", 0) == 0 || r.name == "lse" || r.name == "attn_latent";
-  c.rope_stage = r.stage == "rope";
-  c.norm_stage = r.stage.size() > 5 && r.stage.compare(r.stage.size() - 5, 5, "_norm") == 0;
+  // DSA's indexer_q and indexer_k rotate their heads' leading lanes, and indexer_k normalizes its rows first.
+  c.rope_stage = r.stage == "rope" || r.stage == "indexer_q" || r.stage == "indexer_k";
+  c.norm_stage = (r.stage.size() > 5 && r.stage.compare(r.stage.size() - 5, 5, "_norm") == 0) || r.stage == "indexer_k";
   c.projection = r.stage.size() > 5 && r.stage.compare(r.stage.size() - 5, 5, "_proj") == 0;
   for (int64_t h = 0; h < c.N; ++h)
     if (m.head_rel[h] > tol.rel_l2) c.heads_off.push_back(h);
@@ -1376,8 +1435,8 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
   }
   // Most specific first: a rule that names the rows, ranks or channels before one that names a shape of the whole.
   static Found (*const rules[])(const Ctx&) = {
-      rule_unwritten, rule_sequences, rule_ranks,         rule_all_reduce,  rule_blocks,
-      rule_rope,      rule_channels,  rule_scale,         rule_channel_scale, rule_token_scale,
+      rule_unwritten, rule_index_mask, rule_index_combine, rule_sequences, rule_ranks, rule_all_reduce, rule_blocks,
+      rule_rope,      rule_channels,  rule_scale,         rule_channel_scale, rule_token_scale, rule_norm_missing,
       rule_softmax,   rule_positions, rule_heads,         rule_neighbour_part, rule_scattered,
       rule_sum_part,  rule_layout,
   };

@@ -22,6 +22,24 @@ const char* selection_pattern_name(SelectionPattern p) {
   return "?";
 }
 
+std::string selection_pattern_meaning(SelectionPattern p, int shift) {
+  switch (p) {
+    case SelectionPattern::SelectionPattern_future:
+      return "it selects keys its query cannot see: a causal leak in the index scores";
+    case SelectionPattern::SelectionPattern_shifted:
+      return std::string("every differing key is the reference's moved by ") + (shift > 0 ? "+" : "") +
+             std::to_string(shift) + ": an off-by-one in the selected indices or the gather";
+    case SelectionPattern::SelectionPattern_recent:
+      return "the missing keys are the newest each query sees: a causal offset in the scores' mask";
+    case SelectionPattern::SelectionPattern_count:
+      return "it selects a different number of keys: top-k off by one";
+    case SelectionPattern::SelectionPattern_scattered:
+      return "the differences follow no index pattern: the index scores differ (indexer q/k, rope, norm, weights)";
+    case SelectionPattern::SelectionPattern_none: break;
+  }
+  return "";
+}
+
 namespace {
 std::string key_list(const std::vector<int>& keys) {
   std::ostringstream os;
@@ -40,27 +58,12 @@ std::string SelectionDiff::explain() const {
     return os.str();
   }
   os << differing << " of " << tokens << " tokens select other keys than the reference (mean overlap "
-     << std::lround(mean_overlap * 100) << "%); first token " << first_token << ": " << first_extra.size() << " of "
-     << first_size << " keys differ (lacks " << key_list(first_missing) << "; adds " << key_list(first_extra) << ")";
-  switch (pattern) {
-    case SelectionPattern::SelectionPattern_future:
-      os << "; it selects keys its query cannot see: a causal leak in the index scores";
-      break;
-    case SelectionPattern::SelectionPattern_shifted:
-      os << "; every differing key is the reference's moved by " << (shift > 0 ? "+" : "") << shift
-         << ": an off-by-one in the selected indices or the gather";
-      break;
-    case SelectionPattern::SelectionPattern_recent:
-      os << "; the missing keys are the newest each query sees: a causal offset in the scores' mask";
-      break;
-    case SelectionPattern::SelectionPattern_count:
-      os << "; it selects a different number of keys: top-k off by one";
-      break;
-    case SelectionPattern::SelectionPattern_scattered:
-      os << "; the differences follow no index pattern: the index scores differ (indexer q/k, rope, norm, weights)";
-      break;
-    case SelectionPattern::SelectionPattern_none: break;
-  }
+     << std::lround(mean_overlap * 100) << "%); first token " << first_token << " (" << first_size
+     << " keys in the reference) lacks " << first_missing.size();
+  if (!first_missing.empty()) os << " (" << key_list(first_missing) << ")";
+  os << " and adds " << first_extra.size();
+  if (!first_extra.empty()) os << " (" << key_list(first_extra) << ")";
+  if (pattern != SelectionPattern::SelectionPattern_none) os << "; " << selection_pattern_meaning(pattern, shift);
   return os.str();
 }
 

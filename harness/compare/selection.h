@@ -22,6 +22,8 @@ enum class SelectionPattern {
   SelectionPattern_scattered,   // none of those: the scores themselves differ (indexer q/k, rope, norm, weights)
 };
 const char* selection_pattern_name(SelectionPattern p);
+// What the pattern points at, in words ("a causal leak in the index scores", ...); "" for none.
+std::string selection_pattern_meaning(SelectionPattern p, int shift = 0);
 
 struct SelectionDiff {
   int64_t tokens = 0;          // query tokens compared

@@ -23,6 +23,8 @@ GraphShape RunSpec::graph_shape() const {
   g.mode = mode;
   g.form = form;
   g.input_norm = input_norm || layers > 1;
+  const int longest_context = context.empty() ? 0 : *std::max_element(context.begin(), context.end());
+  g.keys = static_cast<int64_t>(longest_context) + tokens;
   return g;
 }
 

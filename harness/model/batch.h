@@ -29,6 +29,9 @@ struct Batch {
   int first_token(int b) const;  // index of sequence b's first new token
   // Row of the cache holding sequence b's token at `pos`: {page, slot}.
   int page(int b, int pos) const { return block_table[b * max_blocks + pos / kPageSize]; }
+  // The keys new token t sees (causal): its sequence's cached tokens and its new tokens up to t itself, numbered
+  // 0 .. keys_seen(t) − 1 in cache order.
+  int keys_seen(int t) const { return context_lens[token_seq[t]] + (t - first_token(token_seq[t])) + 1; }
 };
 
 // What a run is: mode, form, sizes. `tokens` is new tokens per sequence.

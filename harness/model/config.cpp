@@ -73,6 +73,9 @@ void MlaConfig::validate() const {
   if (!(rms_eps > 0.0) || rms_eps > 1.0) throw UsageError("model '" + name + "': rms_norm_eps must be in (0, 1]");
   if (index_topk < 0) throw UsageError("model '" + name + "': index_topk must be positive or absent");
   if (has_dsa()) {
+    if (!has_q_lora())
+      throw UsageError("model '" + name + "': index_topk (DSA) needs q_lora_rank: the indexer's query is made from "
+                       "the q LoRA's q_c");
     if (index_n_heads <= 0)
       throw UsageError("model '" + name + "': index_n_heads must be positive, got " + std::to_string(index_n_heads));
     if (index_head_dim < qk_rope || index_head_dim % 2 != 0)
@@ -202,6 +205,14 @@ std::vector<MlaConfig> all_presets() {
   tiny.yarn.original_max_position = 64;
   tiny.num_layers = 4;
   v.push_back(tiny);
+  // tiny with GLM-5's DSA: 4 indexer heads of 16 lanes, 12 keys a query, so that tests select from longer contexts.
+  MlaConfig tiny_dsa = tiny;
+  tiny_dsa.name = "tiny-dsa";
+  tiny_dsa.model_type = "glm_moe_dsa";
+  tiny_dsa.index_topk = 12;
+  tiny_dsa.index_n_heads = 4;
+  tiny_dsa.index_head_dim = 16;
+  v.push_back(tiny_dsa);
   for (auto& c : v) c.derive();
   return v;
 }
@@ -380,9 +391,6 @@ MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
     c.index_head_dim = get_field<int>(j, "index_head_dim", origin, 128);
     c.index_rope_style = v32 ? RopeStyle::RopeStyle_neox : RopeStyle::RopeStyle_interleaved;
     c.index_shared = parse_indexer_types(j, c.num_layers, origin);
-    std::cerr << "notice: " << origin << ": index_topk " << c.index_topk
-              << " (DSA sparse attention) is not modelled; attention is dense, which equals DSA while the "
-                 "context is at most index_topk tokens\n";
   }
   c.validate();
   c.derive();

@@ -13,6 +13,9 @@ enum class RopeScaling { RopeScaling_none, RopeScaling_yarn };
 // How the R rope lanes are paired: (2i, 2i+1) in checkpoints (DeepSeek, vLLM is_neox_style=False),
 // or (i, i+R/2) "rotate half" (neox).
 enum class RopeStyle { RopeStyle_interleaved, RopeStyle_neox };
+inline RopeStyle other_rope_style(RopeStyle s) {
+  return s == RopeStyle::RopeStyle_interleaved ? RopeStyle::RopeStyle_neox : RopeStyle::RopeStyle_interleaved;
+}
 
 struct YarnParams {
   double factor = 1.0;            // s
@@ -41,7 +44,6 @@ struct MlaConfig {
   RopeStyle rope_style = RopeStyle::RopeStyle_interleaved;
   // DSA (GLM-5, DeepSeek-V3.2; docs/mla.md): keys per query (0: dense attention), the indexer's heads (Hi), head
   // lanes (Di) and the RoPE layout of its rope lanes (interleaved for glm_moe_dsa, half-split for deepseek_v32).
-  // Read and kept; a run's attention is dense (the reference's indexer: reference/stages.h).
   int index_topk = 0;
   int index_n_heads = 0;
   int index_head_dim = 0;
@@ -50,6 +52,7 @@ struct MlaConfig {
   // before it that has one (GLM-5's "shared" indexer_types); empty when every layer has its own.
   std::vector<bool> index_shared;
   bool has_dsa() const { return index_topk > 0; }
+  static constexpr double kIndexNormEps = 1e-6;  // the indexer's k LayerNorm (HF's glm_moe_dsa and deepseek_v32)
 
   // Derived by derive(); never set by hand.
   std::vector<double> inv_freq;  // [R/2] after YaRN

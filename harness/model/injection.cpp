@@ -39,6 +39,14 @@ const std::vector<ZooEntry>& bug_zoo() {
       {"fp8-scale-transpose", {"q_a", "q_nope", "q_pe"}, "blocks off, block-shaped error (128x128)", "", "", 1, true},
       {"nvfp4-nibble-swap", {"q_a", "q_nope", "q_pe"}, "content off, norms similar", "", "", 1, true},
       {"nvfp4-global-recip", {"q_a", "q_nope", "q_pe"}, "pure scale", "", "", 1, true},
+      // DSA's indexer and selection (models with index_topk).
+      {"index-rope-layout", {"idx_q"}, "the indexer's rope lanes paired as the other DSA model's; token 0 exact", "",
+       "", 1, false, true},
+      {"index-k-norm-skip", {"idx_k"}, "the indexer's keys without their LayerNorm", "", "", 1, false, true},
+      {"index-weights-skip", {"idx_scores"}, "scores summed over heads without their weights", "", "", 1, false, true},
+      {"index-causal-leak", {"idx_scores"}, "scores of keys a token cannot see; selects future keys", "prefill", "", 1,
+       false, true},
+      {"topk-off-by-one", {"topk"}, "one key fewer than index_topk selected; scores right", "", "", 1, false, true},
   };
   return zoo;
 }

@@ -33,6 +33,7 @@ struct ZooEntry {
   std::string form;                   // "" any, or the attention form it needs
   int min_tp = 1;                     // 2 for sharding bugs
   bool needs_quantized = false;       // needs --weight-format (a weight injection)
+  bool needs_dsa = false;             // a bug of DSA's indexer: needs a model with index_topk (the zoo: tiny-dsa)
 };
 const std::vector<ZooEntry>& bug_zoo();
 

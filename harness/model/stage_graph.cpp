@@ -1,6 +1,8 @@
 // Builds the per-layer stage list and probe table from the config and the run's shape.
 #include "harness/model/stage_graph.h"
 
+#include <algorithm>
+
 #include "harness/model/errors.h"
 
 namespace mla {
@@ -16,6 +18,9 @@ constexpr StageName kStageNames[] = {
     {Stage::Stage_q_b_proj, "q_b_proj"},       {Stage::Stage_q_proj, "q_proj"},
     {Stage::Stage_kv_a_proj, "kv_a_proj"},     {Stage::Stage_kv_a_norm, "kv_a_norm"},
     {Stage::Stage_rope, "rope"},               {Stage::Stage_cache_write, "cache_write"},
+    {Stage::Stage_indexer_q, "indexer_q"},     {Stage::Stage_indexer_k, "indexer_k"},
+    {Stage::Stage_indexer_weights, "indexer_weights"}, {Stage::Stage_index_scores, "index_scores"},
+    {Stage::Stage_topk, "topk"},
     {Stage::Stage_kv_b_proj, "kv_b_proj"},     {Stage::Stage_attention_mha, "attention_mha"},
     {Stage::Stage_q_absorb, "q_absorb"},       {Stage::Stage_attention_mqa, "attention_mqa"},
     {Stage::Stage_v_up, "v_up"},               {Stage::Stage_o_proj, "o_proj"},
@@ -133,17 +138,40 @@ StageGraph build_graph(const MlaConfig& c, const GraphShape& g) {
   probe("k_pe_rope", S::Stage_rope, rep, {T, R}, -1, 0);
   stage(S::Stage_cache_write, {"kv_c_norm", "k_pe_rope"}, {"kv_cache"});
   probe("kv_cache", S::Stage_cache_write, rep, {T, L + R}, -1, static_cast<int>(L));
+  // DSA: every rank runs the whole indexer (its weights are replicated). Key s of a token's sequence is its cached
+  // token s, or new token s − context; idx_scores holds 0 for the keys a token does not see, topk the selected keys
+  // in ascending order, −1 past the last when a token sees fewer than index_topk.
+  std::vector<std::string> selected;
+  if (c.has_dsa()) {
+    const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
+    stage(S::Stage_indexer_q, {"q_c"}, {"idx_q"});
+    probe("idx_q", S::Stage_indexer_q, rep, {T, Hi, Di}, 1);
+    stage(S::Stage_indexer_k, {"x"}, {"idx_k"});
+    probe("idx_k", S::Stage_indexer_k, rep, {T, Di});
+    stage(S::Stage_indexer_weights, {"x"}, {"idx_weights"});
+    probe("idx_weights", S::Stage_indexer_weights, rep, {T, Hi}, 1);
+    stage(S::Stage_index_scores, {"idx_q", "idx_k", "idx_weights"}, {"idx_scores"});
+    probe("idx_scores", S::Stage_index_scores, rep, {T, std::max<int64_t>(g.keys, 1)});
+    stage(S::Stage_topk, {"idx_scores"}, {"topk"});
+    probe("topk", S::Stage_topk, rep, {T, c.index_topk});
+    selected = {"topk"};
+  }
+  auto with_selection = [&](std::vector<std::string> in) {
+    in.insert(in.end(), selected.begin(), selected.end());
+    return in;
+  };
   if (g.form == AttentionForm::AttentionForm_mha) {
     stage(S::Stage_kv_b_proj, {"kv_c_norm"}, {"k_nope", "v"});
     probe("k_nope", S::Stage_kv_b_proj, hd, {T, N, P}, 1);
     probe("v", S::Stage_kv_b_proj, hd, {T, N, V}, 1);
-    stage(S::Stage_attention_mha, {"q_nope", "q_pe_rope", "k_nope", "k_pe_rope", "v"}, {"attn_out", "lse"});
+    stage(S::Stage_attention_mha, with_selection({"q_nope", "q_pe_rope", "k_nope", "k_pe_rope", "v"}),
+          {"attn_out", "lse"});
     probe("attn_out", S::Stage_attention_mha, hd, {T, N, V}, 1);
     probe("lse", S::Stage_attention_mha, hd, {T, N}, 1);
   } else {
     stage(S::Stage_q_absorb, {"q_nope"}, {"q_latent"});
     probe("q_latent", S::Stage_q_absorb, hd, {T, N, L}, 1);
-    stage(S::Stage_attention_mqa, {"q_latent", "q_pe_rope"}, {"attn_latent", "lse"});
+    stage(S::Stage_attention_mqa, with_selection({"q_latent", "q_pe_rope"}), {"attn_latent", "lse"});
     probe("attn_latent", S::Stage_attention_mqa, hd, {T, N, L}, 1);
     probe("lse", S::Stage_attention_mqa, hd, {T, N}, 1);
     stage(S::Stage_v_up, {"attn_latent"}, {"attn_out"});
@@ -182,6 +210,14 @@ std::vector<ProbeSpec> build_weights(const MlaConfig& c, const GraphShape& g) {
   weight("kv_b_proj", g.form == AttentionForm::AttentionForm_mha ? S::Stage_kv_b_proj : S::Stage_q_absorb,
          Contract::Contract_rows, {N * (P + V), L});
   weight("o_proj", S::Stage_o_proj, Contract::Contract_columns, {H, N * V});
+  if (c.has_dsa()) {
+    const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
+    weight("indexer.wq_b", S::Stage_indexer_q, rep, {Hi * Di, Lq});
+    weight("indexer.wk", S::Stage_indexer_k, rep, {Di, H});
+    weight("indexer.k_norm", S::Stage_indexer_k, rep, {1, Di});
+    weight("indexer.k_norm_bias", S::Stage_indexer_k, rep, {1, Di});
+    weight("indexer.weights_proj", S::Stage_indexer_weights, rep, {Hi, H});
+  }
   return w;
 }
 

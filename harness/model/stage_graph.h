@@ -27,6 +27,12 @@ enum class Stage {
   Stage_kv_a_norm,
   Stage_rope,
   Stage_cache_write,  // [kv_c_norm | k_pe_rope] rows into the paged latent cache
+  // DSA (configs with index_topk): the lightning indexer, its scores and the keys it selects (docs/mla.md)
+  Stage_indexer_q,        // idx_q from q_c
+  Stage_indexer_k,        // idx_k from x, its rows written into the paged index cache
+  Stage_indexer_weights,  // idx_weights from x
+  Stage_index_scores,     // idx_scores of every key each token sees
+  Stage_topk,             // the index_topk keys of highest score; attention then reads only those
   Stage_kv_b_proj,    // MHA form
   Stage_attention_mha,
   Stage_q_absorb,  // absorbed form
@@ -67,6 +73,7 @@ struct GraphShape {
   Mode mode = Mode::Mode_prefill;
   AttentionForm form = AttentionForm::AttentionForm_mha;
   bool input_norm = false;    // the layer starts at h (stacked layers, real checkpoints)
+  int64_t keys = 0;           // DSA: the most keys one token's sequence holds (its context + new tokens)
 };
 
 struct StageGraph {

@@ -126,7 +126,22 @@ Tensor LayerWeights::*weight_field(const std::string& name) {
   if (name == "kv_a_layernorm") return &LayerWeights::kv_a_norm;
   if (name == "kv_b_proj") return &LayerWeights::kv_b_proj;
   if (name == "o_proj") return &LayerWeights::o_proj;
+  if (name == "indexer.wq_b") return &LayerWeights::idx_wq_b;
+  if (name == "indexer.wk") return &LayerWeights::idx_wk;
+  if (name == "indexer.k_norm") return &LayerWeights::idx_k_norm;
+  if (name == "indexer.k_norm_bias") return &LayerWeights::idx_k_norm_bias;
+  if (name == "indexer.weights_proj") return &LayerWeights::idx_weights_proj;
   return nullptr;
+}
+
+std::vector<Tensor*> LayerWeights::tensors() {
+  return {&input_norm, &q_a_proj, &q_a_norm, &q_b_proj, &kv_a_proj, &kv_a_norm, &kv_b_proj, &o_proj,
+          &idx_wq_b,   &idx_wk,   &idx_k_norm, &idx_k_norm_bias, &idx_weights_proj};
+}
+
+std::vector<const Tensor*> LayerWeights::tensors() const {
+  const auto all = const_cast<LayerWeights*>(this)->tensors();
+  return {all.begin(), all.end()};
 }
 
 LayerWeights shard_layer(const LayerWeights& w, const MlaConfig& c, int tp, int rank) {
@@ -171,6 +186,15 @@ std::vector<LayerWeights> synthetic_weights(const MlaConfig& c, int layers, bool
     w.kv_a_norm = norm(L);
     w.kv_b_proj = proj(N * PV, L);
     w.o_proj = proj(H, N * V);
+    if (c.has_dsa()) {  // the indexer: projections like the others; the LayerNorm's bias N(0, 0.1)
+      const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
+      w.idx_wq_b = proj(Hi * Di, Lq);
+      w.idx_wk = proj(Di, H);
+      w.idx_k_norm = norm(Di);
+      w.idx_k_norm_bias = Tensor({Di});
+      fill_normal_bf16(w.idx_k_norm_bias.ptr(), Di, seed, stream++, 0.1f);
+      w.idx_weights_proj = proj(Hi, H);
+    }
   }
   return out;
 }

@@ -18,6 +18,17 @@ struct LayerWeights {
   Tensor kv_a_norm;   // [L]
   Tensor kv_b_proj;   // [N*(P+V), L]; per head P k_nope rows then V v rows
   Tensor o_proj;      // [H, N*V]
+  // DSA's lightning indexer (configs with index_topk; empty otherwise), replicated on every rank. Hi heads of Di
+  // lanes; checkpoints name them self_attn.indexer.{wq_b, wk, k_norm, weights_proj}.
+  Tensor idx_wq_b;          // [Hi*Di, Lq]  indexer.wq_b
+  Tensor idx_wk;            // [Di, H]      indexer.wk
+  Tensor idx_k_norm;        // [Di]         indexer.k_norm.weight (a LayerNorm)
+  Tensor idx_k_norm_bias;   // [Di]         indexer.k_norm.bias
+  Tensor idx_weights_proj;  // [Hi, H]      indexer.weights_proj
+
+  // Every field, in declaration order (empty ones included).
+  std::vector<Tensor*> tensors();
+  std::vector<const Tensor*> tensors() const;
 };
 
 // The field of LayerWeights that holds the weight a checkpoint names `name` (build_weights' names: q_proj is the

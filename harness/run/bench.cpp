@@ -133,6 +133,12 @@ Inputs bench_inputs(const MlaConfig& cfg, const RunSpec& spec, const std::vector
     fill_normal(cache.ptr(), cache.numel(), spec.seed, 3000 + l, 1.0f);
     round_in_place(cache, Precision::Precision_bf16);
     in.kv_cache.push_back(std::move(cache));
+    if (cfg.has_dsa()) {
+      Tensor index({batch.num_blocks, kPageSize, cfg.index_head_dim});
+      fill_normal(index.ptr(), index.numel(), spec.seed, 4000 + l, 1.0f);
+      round_in_place(index, Precision::Precision_bf16);
+      in.index_cache.push_back(std::move(index));
+    }
   }
   in.batch = std::move(batch);
   return in;

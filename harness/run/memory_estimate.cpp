@@ -84,7 +84,7 @@ void probe_floats(const MlaConfig& c, const RunSpec& s, const ProbePlan& plan, d
       for (int64_t d : shape) numel *= static_cast<double>(d);
       const double T = shape.empty() ? 1 : static_cast<double>(shape[0]);
       const double heads = p->heads_axis >= 0 ? static_cast<double>(shape[p->heads_axis]) : 0.0;
-      const ProbeLevel level = plan.level_for(name);
+      const ProbeLevel level = plan.recorded_level(name, static_cast<int64_t>(numel));
       double f = T * (1 + heads);
       if (level >= ProbeLevel::ProbeLevel_sketch) f += T * kSketchDim;
       if (level >= ProbeLevel::ProbeLevel_full) f += numel;

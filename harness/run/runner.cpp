@@ -95,6 +95,12 @@ void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, Pr
 
 void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const Inputs& inputs,
                  const ProbePlan& plan, ProbeSink& sink, const BeforeStage& before) const {
+  if (cfg_.has_dsa())
+    for (size_t l = 0; l < weights.size(); ++l)
+      if (weights[l].idx_wq_b.empty())
+        throw UsageError("layer " + std::to_string(l) + " of the run has no indexer weights: model '" + cfg_.name +
+                         "' selects keys with DSA's indexer, and a shared indexer layer (indexer_types 'shared': the "
+                         "previous layer's top-k reused) is not modelled; run layers that have their own indexer");
   RunContext ctx{&cfg_, &spec_, &graph_, &weights, &inputs};
   ctx.packed = packed_;
   ctx.dequant_bugs = dequant_bugs_;
@@ -182,7 +188,8 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
             if (!mine(rank) || !engine.owns_rank(rank)) continue;
             for (const auto& name : st.outputs) {
               const ProbeSpec& p = *graph_.find(name);
-              engine.probe_async(rank, p, make_probe_request(p, spec_.tp, rank, plan.level_for(name)));
+              const ProbeLevel level = plan.recorded_level(name, shape_numel(local_shape(p, spec_.tp)));
+              engine.probe_async(rank, p, make_probe_request(p, spec_.tp, rank, level));
               started.push_back({layer, &p, rank});
             }
           }

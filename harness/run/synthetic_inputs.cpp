@@ -36,9 +36,22 @@ Inputs synthetic_inputs(const MlaConfig& cfg, const RunSpec& spec, const std::ve
           std::memcpy(row + L, k_pe_rope.ptr() + t * cfg.qk_rope, sizeof(float) * cfg.qk_rope);
         }
       round_in_place(cache, Precision::Precision_bf16);  // caches are bf16 in every real engine
+      if (cfg.has_dsa()) {  // the indexer's keys of the same context tokens
+        const int64_t Di = cfg.index_head_dim;
+        const Tensor k = ref::indexer_k(x, w.idx_wk, w.idx_k_norm, w.idx_k_norm_bias, MlaConfig::kIndexNormEps, pos,
+                                        cfg.inv_freq, cfg.index_rope_style);
+        Tensor index({b.num_blocks, kPageSize, Di});
+        for (int s = 0, t = 0; s < b.num_seqs(); ++s)
+          for (int p = 0; p < b.context_lens[s]; ++p, ++t)
+            std::memcpy(index.ptr() + (static_cast<int64_t>(b.page(s, p)) * kPageSize + p % kPageSize) * Di,
+                        k.ptr() + t * Di, sizeof(float) * Di);
+        round_in_place(index, Precision::Precision_bf16);
+        in.index_cache.push_back(std::move(index));
+      }
     }
     in.kv_cache.push_back(std::move(cache));
   }
+  complete_index_cache(in, cfg, spec.layers, "synthetic inputs");
   return in;
 }
 

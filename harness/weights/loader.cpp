@@ -68,6 +68,14 @@ Expected expected_shape(const MlaConfig& c, const std::string& field) {
                                   "+" + v + "), " + l + "]"};
   if (field == "o_proj")
     return {{H, N * V}, "[hidden_size, num_attention_heads*v_head_dim] = [" + h + ", " + n + "*" + v + "]"};
+  const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
+  const std::string hi = std::to_string(Hi), di = std::to_string(Di);
+  if (field == "indexer.wq_b")
+    return {{Hi * Di, Lq}, "[index_n_heads*index_head_dim, q_lora_rank] = [" + hi + "*" + di + ", " + lq + "]"};
+  if (field == "indexer.wk") return {{Di, H}, "[index_head_dim, hidden_size] = [" + di + ", " + h + "]"};
+  if (field == "indexer.k_norm" || field == "indexer.k_norm_bias") return {{Di}, "[index_head_dim] = [" + di + "]"};
+  if (field == "indexer.weights_proj")
+    return {{Hi, H}, "[index_n_heads, hidden_size] = [" + hi + ", " + h + "]"};
   return {};
 }
 
@@ -84,6 +92,7 @@ void check_shape(const MlaConfig& c, const std::string& field, const std::string
 struct LayerSource {
   std::map<std::string, PackedWeight> linear;  // by field; kv_b absent when split into k_b/v_b
   std::map<std::string, Tensor> norms;         // input_norm, q_a_norm, kv_a_norm
+  std::map<std::string, Tensor> indexer;       // DSA: by build_weights' name (indexer.wq_b, ...), FP32, as read
   // GGUF attn_k_b [N, L, P] and attn_v_b [N, V, L] (llama.cpp's split of kv_b_proj).
   bool split_kv_b = false;
   PackedWeight k_b, v_b;
@@ -247,6 +256,20 @@ LayerSource st_layer(const SafetensorsCheckpoint& ck, const std::string& prefix,
   s.norms["kv_a_norm"] = st_norm(ck, a + "kv_a_layernorm.weight", "kv_a_norm", cfg);
   s.linear["kv_b_proj"] = st_linear(ck, a + "kv_b_proj", "kv_b_proj", cfg, qi);
   s.linear["o_proj"] = st_linear(ck, a + "o_proj", "o_proj", cfg, qi);
+  if (cfg.has_dsa()) {  // the indexer: HF's names under self_attn.indexer
+    const bool shared = layer < static_cast<int>(cfg.index_shared.size()) && cfg.index_shared[layer];
+    if (shared) return s;  // no indexer of its own (the Runner refuses to run it)
+    if (!ck.has(a + "indexer.wq_b.weight") && !ck.has(a + "indexer.wq_b.weight_packed"))
+      throw UsageError(ck.path() + ": the model config '" + cfg.name + "' has DSA (index_topk " +
+                       std::to_string(cfg.index_topk) + ") but layer " + std::to_string(layer) + " has no " + a +
+                       "indexer.wq_b.weight");
+    for (const char* w : {"wq_b", "wk", "weights_proj"}) {
+      const std::string field = std::string("indexer.") + w;
+      s.indexer[field] = dequantize(st_linear(ck, a + field, field, cfg, qi));
+    }
+    s.indexer["indexer.k_norm"] = st_norm(ck, a + "indexer.k_norm.weight", "indexer.k_norm", cfg);
+    s.indexer["indexer.k_norm_bias"] = st_norm(ck, a + "indexer.k_norm.bias", "indexer.k_norm_bias", cfg);
+  }
   return s;
 }
 
@@ -529,6 +552,11 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
       else if (field == "q_a_norm") w.q_a_norm = std::move(t);
       else if (field == "kv_a_norm") w.kv_a_norm = std::move(t);
     }
+    for (auto& [name, t] : src.indexer) w.*weight_field(name) = std::move(t);
+    const bool shared = layer < static_cast<int>(cfg.index_shared.size()) && cfg.index_shared[layer];
+    if (cfg.has_dsa() && w.idx_wq_b.empty() && !shared)
+      throw UsageError(ws.source + ": layer " + std::to_string(layer) + ": the model config '" + cfg.name +
+                       "' has DSA's indexer, and this checkpoint format gives no indexer weights");
     if (keep_packed) out.packed.push_back(std::move(kept));
   };
 
@@ -562,6 +590,9 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
       ls.norms["q_a_norm"] = std::move(src.q_a_norm);
       ls.norms["kv_a_norm"] = std::move(src.kv_a_norm);
       ls.norms["input_norm"] = std::move(src.input_norm);
+      for (const char* name : {"indexer.wq_b", "indexer.wk", "indexer.k_norm", "indexer.k_norm_bias",
+                               "indexer.weights_proj"})
+        if (!(src.*weight_field(name)).empty()) ls.indexer[name] = std::move(src.*weight_field(name));
       finish_layer(std::move(ls), out.layers[l], range.begin + l);
     }
     out.description = "synthetic (seed " + std::to_string(seed) + ")" +

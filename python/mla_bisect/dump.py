@@ -396,9 +396,10 @@ class DumpWriter:
         self.tp, self.batch, self.layers, self.tokens = int(tp), int(batch), int(layers), int(tokens)
         self.mode = mode
         self.input_norm = bool(input_norm) or self.layers > 1
-        self.graph = build_graph(self.dims, self.tokens * self.batch, mode, form, self.input_norm)
         self.form = default_form(mode) if form is None else ("absorbed" if form == "mqa" else form)
         self.context = self._check_context(context)
+        self.graph = build_graph(self.dims, self.tokens * self.batch, mode, form, self.input_norm,
+                                 keys=max(self.context, default=0) + self.tokens)
         self.position_offset = int(position_offset)
         self.probe_level = probe_level
         self.process_rank = _resolve_process_rank(process_rank, self.tp)

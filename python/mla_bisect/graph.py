@@ -25,6 +25,13 @@ class MlaDims:
     qk_nope: int       # P
     qk_rope: int       # R
     v_head: int        # V
+    index_topk: int = 0      # DSA (glm_moe_dsa, deepseek_v32): keys a token attends to; 0: dense
+    index_n_heads: int = 0   # Hi, the indexer's heads
+    index_head_dim: int = 0  # Di, its lanes per head
+
+    @property
+    def has_dsa(self) -> bool:
+        return self.index_topk > 0
 
     @property
     def has_q_lora(self) -> bool:
@@ -98,6 +105,10 @@ def parse_hf_config(config: Any, origin: str = "config") -> MlaDims:
         qk_rope=_field(j, "qk_rope_head_dim", origin, int),
         v_head=_field(j, "v_head_dim", origin, int),
     )
+    if j.get("index_topk") is not None:  # HF's defaults: 64 indexer heads for DeepSeek-V3.2, 32 for GLM-5; 128 lanes
+        d.index_topk = _field(j, "index_topk", origin, int)
+        d.index_n_heads = _field(j, "index_n_heads", origin, int, default=64 if model_type == "deepseek_v32" else 32)
+        d.index_head_dim = _field(j, "index_head_dim", origin, int, default=128)
     for key, v in [("hidden_size", d.hidden), ("num_attention_heads", d.heads), ("kv_lora_rank", d.kv_lora_rank),
                    ("qk_nope_head_dim", d.qk_nope), ("qk_rope_head_dim", d.qk_rope), ("v_head_dim", d.v_head)]:
         if v <= 0:
@@ -181,8 +192,9 @@ def default_form(mode: str) -> str:
 
 
 def build_graph(dims: MlaDims, tokens: int, mode: str = "prefill", form: Optional[str] = None,
-                input_norm: bool = False) -> StageGraph:
-    """build_graph of harness/model/stage_graph.cpp for T = `tokens` new tokens over all sequences."""
+                input_norm: bool = False, keys: int = 0) -> StageGraph:
+    """build_graph of harness/model/stage_graph.cpp for T = `tokens` new tokens over all sequences; `keys` (DSA's
+    idx_scores columns): the most keys one sequence holds, its context plus its new tokens."""
     if mode not in MODES:
         raise ValueError(f"unknown mode '{mode}' (expected prefill, decode or chunked)")
     form = default_form(mode) if form is None else ("absorbed" if form == "mqa" else form)
@@ -229,17 +241,31 @@ def build_graph(dims: MlaDims, tokens: int, mode: str = "prefill", form: Optiona
     probe("k_pe_rope", "rope", rep, (T, R), -1, 0)
     stage("cache_write", ["kv_c_norm", "k_pe_rope"], ["kv_cache"])
     probe("kv_cache", "cache_write", rep, (T, L + R), -1, L)
+    selected = []
+    if dims.has_dsa:
+        Hi, Di = dims.index_n_heads, dims.index_head_dim
+        stage("indexer_q", ["q_c"], ["idx_q"])
+        probe("idx_q", "indexer_q", rep, (T, Hi, Di), 1)
+        stage("indexer_k", ["x"], ["idx_k"])
+        probe("idx_k", "indexer_k", rep, (T, Di))
+        stage("indexer_weights", ["x"], ["idx_weights"])
+        probe("idx_weights", "indexer_weights", rep, (T, Hi), 1)
+        stage("index_scores", ["idx_q", "idx_k", "idx_weights"], ["idx_scores"])
+        probe("idx_scores", "index_scores", rep, (T, max(keys, 1)))
+        stage("topk", ["idx_scores"], ["topk"])
+        probe("topk", "topk", rep, (T, dims.index_topk))
+        selected = ["topk"]
     if form == "mha":
         stage("kv_b_proj", ["kv_c_norm"], ["k_nope", "v"])
         probe("k_nope", "kv_b_proj", hd, (T, N, P), 1)
         probe("v", "kv_b_proj", hd, (T, N, V), 1)
-        stage("attention_mha", ["q_nope", "q_pe_rope", "k_nope", "k_pe_rope", "v"], ["attn_out", "lse"])
+        stage("attention_mha", ["q_nope", "q_pe_rope", "k_nope", "k_pe_rope", "v"] + selected, ["attn_out", "lse"])
         probe("attn_out", "attention_mha", hd, (T, N, V), 1)
         probe("lse", "attention_mha", hd, (T, N), 1)
     else:
         stage("q_absorb", ["q_nope"], ["q_latent"])
         probe("q_latent", "q_absorb", hd, (T, N, L), 1)
-        stage("attention_mqa", ["q_latent", "q_pe_rope"], ["attn_latent", "lse"])
+        stage("attention_mqa", ["q_latent", "q_pe_rope"] + selected, ["attn_latent", "lse"])
         probe("attn_latent", "attention_mqa", hd, (T, N, L), 1)
         probe("lse", "attention_mqa", hd, (T, N), 1)
         stage("v_up", ["attn_latent"], ["attn_out"])

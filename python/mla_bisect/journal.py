@@ -19,7 +19,7 @@ from typing import List, Optional
 import numpy as np
 
 RECORD_MAGIC = 0x4A4C4D41
-VERSION = 1
+VERSION = 2  # 2: the header's inputs carry DSA's index cache (a layer count, then one tensor a layer)
 HEADER_MAGIC = b"mla-bisect-journal"
 HEADER, PROBE, STAGE, FINISH, WEIGHT = 1, 2, 3, 4, 5  # WEIGHT: a layer weight's record, the probe payload
 _HEAD = struct.Struct("<IIQ")
@@ -89,6 +89,11 @@ def encode_header(meta: dict, inputs: Optional[dict]) -> bytes:
         o.u64(0 if kv is None else kv.shape[0])
         if kv is not None:
             for layer in kv:
+                o.tensor(layer)
+        index = inputs.get("index_cache")
+        o.u64(0 if index is None else index.shape[0])
+        if index is not None:
+            for layer in index:
                 o.tensor(layer)
     return o.take()
 
@@ -221,6 +226,10 @@ def decode_header(payload) -> dict:
         if layers > (1 << 20):
             raise FormatError("implausible layer count in the header")
         kv = [i.tensor() for _ in range(layers)]
+        index_layers = i.u64()
+        if index_layers > (1 << 20):
+            raise FormatError("implausible index cache layer count in the header")
+        index = [i.tensor() for _ in range(index_layers)]
         B = seq_lens.size
         if block_table.size != B * max_blocks:
             raise FormatError("block table size does not match its sequences and columns")
@@ -228,6 +237,7 @@ def decode_header(payload) -> dict:
             "x": x, "positions": positions, "seq_lens": seq_lens, "context_lens": context_lens,
             "block_table": block_table.reshape(B, max_blocks), "num_blocks": num_blocks, "token_seq": token_seq,
             "kv_cache": np.stack(kv) if kv else None,
+            "index_cache": np.stack(index) if index else None,
         }
     i.done()
     return out

@@ -67,6 +67,24 @@ inline std::vector<Case> big_cases() {
   return v;
 }
 
+// DSA (the indexer, its scores, top-k and the sparse attention): tiny-dsa (12 keys a token) with more keys than
+// that in prefill, decode (ragged contexts across pages) and chunked prefill, at tp 1 and 2; and GLM-5's dims
+// (32 indexer heads of 128 lanes, 2048 keys a token) at contexts of 4096 and 16384 keys, decode and chunked prefill
+// (the MHA form over a cached context), at tp 8 so that the CPU references stay fast.
+inline std::vector<Case> dsa_cases() {
+  std::vector<Case> v;
+  v.push_back(make_case("tiny_dsa_prefill_t40_tp1", "tiny-dsa", kPrefill, kMha, 1, 40));
+  v.push_back(make_case("tiny_dsa_prefill_absorbed_t40_tp2", "tiny-dsa", kPrefill, kAbsorbed, 2, 40));
+  v.push_back(make_case("tiny_dsa_decode_sq1_tp1", "tiny-dsa", kDecode, kAbsorbed, 1, 1, 3, {5, 100, 300}));
+  v.push_back(make_case("tiny_dsa_decode_sq2_tp2", "tiny-dsa", kDecode, kAbsorbed, 2, 2, 2, {11, 130}));
+  v.push_back(make_case("tiny_dsa_chunked_tp2", "tiny-dsa", kChunked, kMha, 2, 8, 2, {30, 90}));
+  v.push_back(make_case("glm5_dsa_decode_ctx4096_tp8", "glm-5", kDecode, kAbsorbed, 8, 1, 2, {4096, 3000}));
+  v.push_back(make_case("glm5_dsa_decode_ctx16384_tp8", "glm-5", kDecode, kAbsorbed, 8, 1, 1, {16384}));
+  v.push_back(make_case("glm5_dsa_chunked_ctx4096_tp8", "glm-5", kChunked, kMha, 8, 32, 1, {4096}));
+  v.push_back(make_case("glm5_dsa_chunked_ctx16384_tp8", "glm-5", kChunked, kMha, 8, 16, 1, {16384}));
+  return v;
+}
+
 // Shapes that cross the fast kernels' tiles: the flash kernel's query tiles (64 or 128 rows) and 64-key
 // tiles (several of each, the causal diagonal, a ragged last tile), the split-KV decode's pages and splits
 // (empty splits of short sequences, an empty context) and the context path of chunked prefill. Tiny dims keep

@@ -59,6 +59,7 @@ INSTANTIATE_TEST_SUITE_P(RealDims, CudaStage, testing::ValuesIn(big_cases()), ca
 INSTANTIATE_TEST_SUITE_P(Long, CudaStage, testing::ValuesIn(long_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Fallback, CudaStage, testing::ValuesIn(fallback_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(FlashVersions, CudaStage, testing::ValuesIn(flash_version_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Dsa, CudaStage, testing::ValuesIn(dsa_cases()), case_name);
 
 }  // namespace
 }  // namespace mla::gputest

@@ -521,7 +521,7 @@ def test_graph_port_matches_cpp_metadata(cpp_read):
         d = cpp_read(case)
         ro = d.run_options
         g = build_graph(parse_hf_config(d.model), ro["tokens"] * ro["batch"], ro["mode"], ro["form"],
-                        ro["input_norm"] or ro["layers"] > 1)
+                        ro["input_norm"] or ro["layers"] > 1, keys=max(ro["context"], default=0) + ro["tokens"])
         layer0 = [p for (layer, _), p in d.probes.items() if layer == 0]
         assert [p.name for p in layer0] == g.names, case
         for p in layer0:

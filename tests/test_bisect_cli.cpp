@@ -154,6 +154,32 @@ TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {
   }
 }
 
+// DSA (tiny-dsa: 12 keys a token) against its bf16 reference, prefill past index_topk and decode over a longer
+// context: no divergence, and topk is compared as sets of keys (near-ties between the two runs' scores counted, not
+// flagged).
+TEST(BisectCli, DsaCleanCandidateIsNotFlaggedAndTopkIsComparedAsSets) {
+  for (const char* run : {"--tokens 32", "--mode decode --batch 3 --context 5,100,300"}) {
+    for (int seed = 0; seed < 5; ++seed) {
+      SCOPED_TRACE(std::string(run) + " seed " + std::to_string(seed));
+      const std::string dir = tmpdir("dsa_clean");
+      const auto r = sh(std::string("bisect --model tiny-dsa ") + run + kCandidate + " --seed " + std::to_string(seed) +
+                        " --workdir " + dir + " --json " + dir + "/b.json");
+      EXPECT_EQ(r.exit_code, 0) << r.out;
+      std::ifstream f(dir + "/b.json");
+      const auto j = nlohmann::json::parse(f);
+      bool seen = false;
+      for (const auto& p : j["compare"]["probes"])
+        if (p["probe"] == "topk") {
+          seen = true;
+          EXPECT_EQ(p["metrics"]["basis"], "sets") << p.dump();
+          EXPECT_TRUE(p.contains("selection")) << p.dump();
+          EXPECT_EQ(p["verdict"], "pass") << p.dump();
+        }
+      EXPECT_TRUE(seen) << j.dump().substr(0, 2000);
+    }
+  }
+}
+
 TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
   const std::string dir = tmpdir("hang");
   auto r = sh(std::string("bisect --model tiny --tokens 8 --tp 2 --timeout 1 --inject hang-at:rope@1") + kCandidate + " --workdir " + dir + " --junit " +

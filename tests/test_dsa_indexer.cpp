@@ -10,7 +10,9 @@
 
 #include "probes/h5.h"
 #include "tests/cli_util.h"
+#include "harness/model/stage_graph.h"
 #include "tests/naive_stages.h"
+#include "tests/stage_test_util.h"
 
 namespace mla::test {
 namespace {
@@ -214,6 +216,118 @@ TEST(RefStages, AttendSelectedIsAttentionOverTheSelectedRows) {
       expect_close(got_l, l1, "lse");
     }
   }
+}
+
+// Both attention forms given every key a token sees (a context of at most index_topk) are dense attention: DSA
+// equals MLA there, over ragged contexts, several sequences and a tp shard.
+TEST(RefStages, SelectedAttentionOverEveryVisibleKeyIsDense) {
+  const auto cfg = preset("tiny");
+  const int64_t N = cfg.heads, P = cfg.qk_nope, R = cfg.qk_rope, V = cfg.v_head, L = cfg.kv_lora_rank;
+  for (uint64_t seed : kSeeds) {
+    SCOPED_TRACE(seed_trace(seed));
+    std::mt19937_64 rng(seed);
+    const Batch b = shuffled_batch({5, 3}, {70, 2}, seed + 100);
+    const int64_t T = b.tokens(), Nl = N / 2;
+    ref::Selection every(T);
+    for (int t = 0; t < T; ++t)
+      for (int s = b.keys_seen(t) - 1; s >= 0; --s) every[t].push_back(s);  // any order
+    const Tensor cache = filled_cache(b, L + R, rng);
+    const Tensor w_kvb = slice_rows(weight(N * (P + V), L, rng), Nl * (P + V), 2 * Nl * (P + V));
+    const Tensor q_nope = randn({T, Nl, P}, rng, 2.0), q_pe = randn({T, Nl, R}, rng, 2.0);
+    const Tensor k_nope = randn({T, Nl, P}, rng), k_pe = randn({T, R}, rng), v = randn({T, Nl, V}, rng);
+    const auto dense = ref::attention_mha(q_nope, q_pe, k_nope, k_pe, v, cache, b, w_kvb, cfg);
+    const auto sparse = ref::attention_mha(q_nope, q_pe, k_nope, k_pe, v, cache, b, w_kvb, cfg, {.keys = &every});
+    expect_close(sparse.out, as_ref(dense.out), "mha attn_out");
+    expect_close(sparse.lse, as_ref(dense.lse), "mha lse");
+    // The absorbed form reads this step's rows from the cache too.
+    const Tensor q_lat = randn({T, Nl, L}, rng, 2.0);
+    const auto mqa = ref::attention_mqa(q_lat, q_pe, cache, b, cfg);
+    const auto mqa_sel = ref::attention_mqa(q_lat, q_pe, cache, b, cfg, &every);
+    expect_close(mqa_sel.out, as_ref(mqa.out), "mqa attn_latent");
+    expect_close(mqa_sel.lse, as_ref(mqa.lse), "mqa lse");
+  }
+}
+
+// The batch's index scores are each sequence's indexer_scores against its own keys (the index cache through the
+// block table), 0 where a token does not see the key; the selection is topk_keys of those, ascending, and the
+// topk probe holds it with −1 past the last key.
+TEST(RefStages, IndexScoresAndSelectionOverABatch) {
+  const int64_t Hi = 3, D = 8;
+  const int k = 5;
+  for (uint64_t seed : kSeeds) {
+    SCOPED_TRACE(seed_trace(seed));
+    std::mt19937_64 rng(seed);
+    const Batch b = shuffled_batch({4, 2}, {1, 70}, seed + 7);
+    const int64_t T = b.tokens(), K = 72;
+    Tensor cache = filled_cache(b, D, rng);
+    const Tensor q = randn({T, Hi, D}, rng), w = randn({T, Hi}, rng), k_new = randn({T, D}, rng);
+    ref::index_cache_write(cache, b, k_new);
+    const Tensor scores = ref::index_scores(q, w, cache, b, K);
+    const ref::Selection sel = ref::select_keys(scores, b, k);
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const int t0 = b.first_token(s), n = b.new_lens[s], keys = b.context_lens[s] + n;
+      const Tensor ks = ref::gather_cache_rows(cache, b, s, keys);
+      for (int i = 0; i < n; ++i)  // the written rows are the step's keys
+        for (int64_t c = 0; c < D; ++c)
+          EXPECT_EQ(ks.data[(b.context_lens[s] + i) * D + c], k_new.data[(t0 + i) * D + c]);
+      Tensor qs({n, Hi, D}), ws({n, Hi});
+      std::copy_n(q.ptr() + t0 * Hi * D, n * Hi * D, qs.ptr());
+      std::copy_n(w.ptr() + t0 * Hi, n * Hi, ws.ptr());
+      const Tensor want = ref::indexer_scores(qs, ks, ws);
+      const auto want_keys = ref::topk_keys(want, k);
+      for (int i = 0; i < n; ++i) {
+        const int t = t0 + i;
+        SCOPED_TRACE("token " + std::to_string(t));
+        for (int64_t c = 0; c < K; ++c) {
+          const float e = c < keys ? want.data[i * keys + c] : kMinusInf;
+          EXPECT_EQ(scores.data[t * K + c], e == kMinusInf ? 0.0f : e) << "key " << c;
+        }
+        std::vector<int> sorted = want_keys[i];
+        std::sort(sorted.begin(), sorted.end());
+        EXPECT_EQ(sel[t], sorted);
+        EXPECT_EQ(static_cast<int>(sel[t].size()), std::min(k, b.keys_seen(t)));
+      }
+    }
+    const Tensor probe = ref::selection_tensor(sel, k);
+    EXPECT_EQ(ref::selection_of(probe), sel);
+    EXPECT_EQ(probe.data[static_cast<size_t>(b.first_token(0) * k + k - 1)], -1.0f);  // token 0 sees 2 keys
+  }
+}
+
+// The graph of a DSA model: the indexer's five stages between cache_write and attention, their probes, and
+// attention reading topk; a dense model's graph has none of them.
+TEST(StageGraphDsa, IndexerStagesAndProbes) {
+  const auto dsa = preset("tiny-dsa");
+  GraphShape g;
+  g.tokens = 6;
+  g.keys = 106;  // context 100 + 6 new tokens
+  for (auto form : {AttentionForm::AttentionForm_mha, AttentionForm::AttentionForm_absorbed}) {
+    g.form = form;
+    const StageGraph G = build_graph(dsa, g);
+    std::vector<std::string> names;
+    for (const auto& st : G.stages) names.push_back(stage_name(st.stage));
+    const auto at = [&](const char* n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
+    EXPECT_LT(at("cache_write"), at("indexer_q"));
+    EXPECT_LT(at("indexer_q"), at("indexer_k"));
+    EXPECT_LT(at("index_scores"), at("topk"));
+    const auto* attn = G.find_stage(form == AttentionForm::AttentionForm_mha ? Stage::Stage_attention_mha
+                                                                            : Stage::Stage_attention_mqa);
+    ASSERT_NE(attn, nullptr);
+    EXPECT_EQ(attn->inputs.back(), "topk");
+    EXPECT_EQ(G.find("idx_q")->shape, (std::vector<int64_t>{6, 4, 16}));
+    EXPECT_EQ(G.find("idx_k")->shape, (std::vector<int64_t>{6, 16}));
+    EXPECT_EQ(G.find("idx_weights")->shape, (std::vector<int64_t>{6, 4}));
+    EXPECT_EQ(G.find("idx_scores")->shape, (std::vector<int64_t>{6, 106}));
+    EXPECT_EQ(G.find("topk")->shape, (std::vector<int64_t>{6, 12}));
+    for (const char* p : {"idx_q", "idx_k", "idx_weights", "idx_scores", "topk"})
+      EXPECT_EQ(G.find(p)->contract, Contract::Contract_replicated) << p;
+    const StageGraph dense = build_graph(preset("tiny"), g);
+    for (const char* p : {"idx_q", "idx_k", "idx_weights", "idx_scores", "topk"}) EXPECT_EQ(dense.find(p), nullptr) << p;
+  }
+  std::vector<std::string> weights;
+  for (const auto& w : build_weights(dsa, g)) weights.push_back(w.name);
+  for (const char* w : {"indexer.wq_b", "indexer.wk", "indexer.k_norm", "indexer.k_norm_bias", "indexer.weights_proj"})
+    EXPECT_NE(std::find(weights.begin(), weights.end(), w), weights.end()) << w;
 }
 
 }  // namespace

@@ -15,8 +15,11 @@
 
 namespace {
 
-const char* kEntries[] = {"residual-drop",  "kv-norm-no-weight", "q-norm-width",       "o-proj-half-heads",
-                          "v-up-head",      "sliding-window",    "kv-norm-weight-wrap", "kv-a-rows-tile"};
+// The DSA entries run on tiny-dsa, the zoo's DSA twin of tiny.
+const char* kEntries[] = {"residual-drop",      "kv-norm-no-weight", "q-norm-width",       "o-proj-half-heads",
+                          "v-up-head",          "sliding-window",    "kv-norm-weight-wrap", "kv-a-rows-tile",
+                          "index-rope-layout",  "index-k-norm-skip", "index-weights-skip", "index-causal-leak",
+                          "topk-off-by-one"};
 
 TEST(ZooEntries, EachIsLocalizedAndItsPatternNamed) {
   static const mla::test::ScratchDir root("zoo_entries");

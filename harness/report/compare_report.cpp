@@ -194,6 +194,9 @@ nlohmann::json compare_to_json(const CompareReport& rep, const Findings* finding
                      {"tolerance", {{"rel_l2", r.tol.rel_l2}, {"token_rel", r.tol.token_rel}, {"origin", r.tol.origin}}},
                      {"metrics", r.matched() ? metrics_to_json(r.m) : nlohmann::json(nullptr)}, {"problems", r.problems}};
     if (!r.matched()) p["missing_allowed"] = r.missing_allowed;
+    if (r.selection)  // DSA's topk as sets of keys: metrics.rel_l2 is 1 − mean overlap, mismatch the tokens that differ
+      p["selection"] = {{"pattern", selection_pattern_name(r.selection_pattern)},
+                        {"near_tie_swaps", r.near_tie_swaps}};
     if (static_cast<int>(i) == rep.first_divergence) j["first_divergence"] = p;
     probes.push_back(std::move(p));
   }

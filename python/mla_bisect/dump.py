@@ -135,6 +135,7 @@ class Inputs(_Items):
     block_table: np.ndarray         # [B, max_blocks] int32
     num_blocks: int
     kv_cache: Optional[np.ndarray]  # [layers, num_blocks, 64, L+R] float32
+    index_cache: Optional[np.ndarray] = None  # DSA models: [layers, num_blocks, 64, Di] float32, the indexer's keys
 
     @property
     def token_seq(self) -> np.ndarray:
@@ -482,15 +483,18 @@ class DumpWriter:
     # --- inputs ------------------------------------------------------------------------------------------------
 
     def inputs(self, x, positions=None, seq_lens=None, context_lens=None, block_table=None, kv_cache=None,
-               num_blocks: Optional[int] = None) -> None:
+               num_blocks: Optional[int] = None, index_cache=None) -> None:
         """/inputs: x [T, H] (h when input_norm, else the attention input), positions [T], seq_lens [B],
         context_lens [B], block_table [B, max_blocks] page ids, kv_cache [layers, num_blocks, 64, L+R] (or one layer's
-        [num_blocks, 64, L+R]). Omitted ones follow from the run: seq_lens tokens each, context_lens the context,
-        positions offset + t (prefill) or context + t, a block table of consecutive pages plus a spare."""
+        [num_blocks, 64, L+R]), and for a DSA model (index_topk) index_cache [layers, num_blocks, 64, Di], the
+        indexer's keys of the cached tokens (required with cached context). Omitted ones follow from the run:
+        seq_lens tokens each, context_lens the context, positions offset + t (prefill) or context + t, a block table
+        of consecutive pages plus a spare."""
         with self._lock:
-            self._set_inputs(x, positions, seq_lens, context_lens, block_table, kv_cache, num_blocks)
+            self._set_inputs(x, positions, seq_lens, context_lens, block_table, kv_cache, num_blocks, index_cache)
 
-    def _set_inputs(self, x, positions, seq_lens, context_lens, block_table, kv_cache, num_blocks) -> None:
+    def _set_inputs(self, x, positions, seq_lens, context_lens, block_table, kv_cache, num_blocks,
+                    index_cache=None) -> None:
         self._check_open()
         d, T = self.dims, self.tokens * self.batch
         xv, _ = tensor_values(x, "inputs: x")
@@ -565,6 +569,21 @@ class DumpWriter:
             raise ValueError(f"inputs: kv_cache has {kv.shape[1]} pages, num_blocks is {num_blocks}")
         if not 0 < num_blocks <= (1 << 30):
             raise ValueError(f"inputs: num_blocks {num_blocks} is out of range")
+        index = None
+        if index_cache is not None:
+            if not d.has_dsa:
+                raise ValueError(f"inputs: index_cache given, but model '{d.name}' has no indexer (no index_topk)")
+            index, _ = tensor_values(index_cache, "inputs: index_cache")
+            if index.ndim == 3:
+                index = index[None]
+            want = (self.layers, num_blocks, PAGE_SIZE, d.index_head_dim)
+            if tuple(index.shape) != want:
+                raise ValueError(f"inputs: index_cache shape {list(index.shape)}, expected {list(want)} (layers, "
+                                 f"num_blocks, page, index_head_dim)")
+        elif d.has_dsa and cl.any():
+            raise ValueError(f"inputs: context_lens {[int(c) for c in cl]} has cached tokens and model '{d.name}' "
+                             f"selects keys with DSA's indexer, so index_cache is required (the indexer's keys of "
+                             f"those tokens)")
         max_blocks = bt.shape[1]
         for s in range(B):
             need = (int(cl[s]) + int(sl[s]) + PAGE_SIZE - 1) // PAGE_SIZE
@@ -579,7 +598,7 @@ class DumpWriter:
             raise ValueError(f"inputs: positions: token {int(bad[0])} at position {int(pos[bad[0]])} is outside the "
                              f"block table ({max_blocks} pages of {PAGE_SIZE})")
         self._inputs = {"x": xv, "positions": pos, "seq_lens": sl, "context_lens": cl, "block_table": bt,
-                        "num_blocks": num_blocks, "kv_cache": kv,
+                        "num_blocks": num_blocks, "kv_cache": kv, "index_cache": index,
                         "token_seq": np.repeat(np.arange(B, dtype=np.int32), sl)}
         if not self.context and cl.any():  # the run's context follows the inputs' (as `run --input` takes it)
             uniform = B == self.batch and len(set(sl.tolist())) == 1
@@ -761,7 +780,8 @@ def _fold(sc: jr.Scan, dump_path: str, jpath: str, mode: str, finish_status: str
     if h["inputs"] is not None:
         i = h["inputs"]
         inputs = Inputs(x=i["x"], positions=i["positions"], seq_lens=i["seq_lens"], context_lens=i["context_lens"],
-                        block_table=i["block_table"], num_blocks=int(i["num_blocks"]), kv_cache=i["kv_cache"])
+                        block_table=i["block_table"], num_blocks=int(i["num_blocks"]), kv_cache=i["kv_cache"],
+                        index_cache=i.get("index_cache"))
     probes: Dict[Tuple[int, str], Probe] = {}
     weights: Dict[Tuple[int, str], Probe] = {}
     last_stage = ["" if own >= 0 else "not started"] * max(tp, 1)
@@ -878,6 +898,8 @@ def write_h5(d: Dump, path: str) -> None:
                 g.attrs["num_blocks"] = np.int64(i.num_blocks)
                 if i.kv_cache is not None:
                     g.create_dataset("kv_cache", data=np.asarray(i.kv_cache, dtype=np.float32))
+                if i.index_cache is not None:
+                    g.create_dataset("index_cache", data=np.asarray(i.index_cache, dtype=np.float32))
             for p in d.probes.values():
                 lg = f.require_group(f"layer{p.layer}")
                 g = lg.create_group(p.name)
@@ -992,9 +1014,10 @@ def _read_open_h5(f, path: str, data: bool, want_inputs: bool) -> Dump:
     if want_inputs and "inputs" in f:
         g = f["inputs"]
         kv = np.asarray(g["kv_cache"][...], dtype=np.float32) if "kv_cache" in g else None
+        index = np.asarray(g["index_cache"][...], dtype=np.float32) if "index_cache" in g else None
         inp = Inputs(x=g["x"][...], positions=g["positions"][...], seq_lens=g["seq_lens"][...],
                      context_lens=g["context_lens"][...], block_table=g["block_table"][...],
-                     num_blocks=int(_attr(g, "num_blocks", 0)), kv_cache=kv)
+                     num_blocks=int(_attr(g, "num_blocks", 0)), kv_cache=kv, index_cache=index)
     probes = []
     for lname in f.keys():
         if not (lname.startswith("layer") and lname[5:].isdigit() and len(lname) <= 12):
@@ -1193,10 +1216,13 @@ def _same_inputs(a: Dump, b: Dump) -> bool:
         u, v = np.asarray(getattr(x, k)), np.asarray(getattr(y, k))
         if u.shape != v.shape or u.tobytes() != v.tobytes():
             return False
-    if x.num_blocks != y.num_blocks or (x.kv_cache is None) != (y.kv_cache is None):
+    if x.num_blocks != y.num_blocks:
         return False
-    return x.kv_cache is None or (x.kv_cache.shape == y.kv_cache.shape and
-                                  x.kv_cache.tobytes() == y.kv_cache.tobytes())
+    for k in ("kv_cache", "index_cache"):
+        u, v = getattr(x, k), getattr(y, k)
+        if (u is None) != (v is None) or (u is not None and (u.shape != v.shape or u.tobytes() != v.tobytes())):
+            return False
+    return True
 
 
 def _read_rank_set(path: str, data: bool, inputs: bool) -> Dump:

@@ -80,10 +80,14 @@ def cpp_dumps(work):
     path = str(work / "cpp_noqlora.h5")
     cli(*BASE, *PREFILL, "--model", str(cfg), "--tp", "2", "--out", path, check=0)
     out["noqlora_tp2"] = path
+    # DSA (tiny-dsa: 12 keys a token) in decode, contexts longer than that: the index cache among the inputs.
+    path = str(work / "cpp_dsa.h5")
+    cli(*BASE, "--model", "tiny-dsa", *DECODE, "--tp", "2", "--out", path, check=0)
+    out["dsa_decode_tp2"] = path
     return out
 
 
-ALL_CASES = list(CASES) + ["noqlora_tp2"]
+ALL_CASES = list(CASES) + ["noqlora_tp2", "dsa_decode_tp2"]
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +186,7 @@ def rewrite(d, dst: str, process_rank=None, launch_id=None, perturb=None):
                    process_rank=process_rank, launch_id=launch_id, layer_index=3)
     i = d.inputs
     w.inputs(x=i.x, positions=i.positions, seq_lens=i.seq_lens, context_lens=i.context_lens,
-             block_table=i.block_table, kv_cache=i.kv_cache, num_blocks=i.num_blocks)
+             block_table=i.block_table, kv_cache=i.kv_cache, num_blocks=i.num_blocks, index_cache=i.index_cache)
     for (layer, name), p in d.probes.items():
         for r, rec in p.ranks.items():
             if process_rank is not None and r != process_rank:
@@ -217,6 +221,9 @@ def test_python_rewrite_reads_as_the_cpp_dump(cpp_dumps, cpp_read, work, case):
             assert got.l2 == rec.l2 and got.std == rec.std, f"{key} rank {r}"
     for k in ("x", "positions", "seq_lens", "context_lens", "block_table"):
         assert np.array_equal(getattr(e.inputs, k), getattr(d.inputs, k)), k
+    assert (d.inputs.index_cache is not None) == (case == "dsa_decode_tp2")
+    if d.inputs.index_cache is not None:
+        assert np.array_equal(e.inputs.index_cache, d.inputs.index_cache)
     # The same run as the C++ tool reads it.
     assert json.loads(json.dumps(e.run_options))["tokens"] == d.run_options["tokens"]
     r = cli("compare", dst, src, "--tolerance", "exact", "--brief", check=0)

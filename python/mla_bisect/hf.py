@@ -45,6 +45,7 @@ class _Captured:
     cache_keys: Any = None          # [B, 1, context, L] kv_c_norm rows of the context
     cache_values: Any = None        # [B, 1, context, R] k_pe_rope rows, HF lane order
     rope_deinterleaved: bool = False
+    idx_rope_deinterleaved: bool = False  # the same for the DSA indexer's own rope call
 
 
 class LayerCapture:
@@ -273,22 +274,37 @@ def capture_layer(
     hooks.append(attn.o_proj.register_forward_pre_hook(in_hook("attn_out")))
     hooks.append(attn.o_proj.register_forward_hook(out_hook("o")))
     indexer = getattr(attn, "indexer", None)
-    if indexer is not None:  # DSA: its own rope call must not be taken for the attention's
+    if indexer is not None:
+        # DSA: the indexer's projections, its top-k indices [B, S, topk] (the module's output), and (in wrap_rope)
+        # its own rope call, which must not be taken for the attention's.
         def idx_pre(mod, args):
             state["in_indexer"] = True
 
         def idx_post(mod, args, output):
             state["in_indexer"] = False
+            if getattr(output, "dim", None) is not None and output.dim() == 3:
+                put("_topk", output)
 
         hooks.append(indexer.register_forward_pre_hook(idx_pre))
         hooks.append(indexer.register_forward_hook(idx_post))
+        hooks.append(indexer.wq_b.register_forward_hook(out_hook("_idx_q")))
+        hooks.append(indexer.k_norm.register_forward_hook(out_hook("_idx_k")))
+        hooks.append(indexer.weights_proj.register_forward_hook(out_hook("_idx_w")))
 
     # --- the rope functions of the modeling module.
+    # The first call records (a rope function that calls another is recorded by the inner one, whose output the
+    # outer returns): in the attention, q_pe / k_pe [B, N, S, R] and [B, 1, S, R]; in the indexer, the rope lanes
+    # of its q [B, S, Hi, R] and k [B, S, 1, R].
     def wrap_rope(fn, deinterleaved):
         def wrapped(q, k, *args, **kwargs):
             q_out, k_out = fn(q, k, *args, **kwargs)
             unsqueeze = kwargs.get("unsqueeze_dim", 1)
-            if (state["recording"] and not state["in_indexer"] and unsqueeze == 1 and q.dim() == 4
+            if (state["recording"] and state["in_indexer"] and q.dim() == 4
+                    and "_idx_q_rope" not in state["cap"].tensors):
+                put("_idx_q_rope", q_out)
+                put("_idx_k_rope", k_out)
+                state["cap"].idx_rope_deinterleaved = deinterleaved
+            elif (state["recording"] and not state["in_indexer"] and unsqueeze == 1 and q.dim() == 4
                     and "q_pe_rope" not in state["cap"].tensors):
                 put("q_pe", q)
                 put("k_pe", k)
@@ -398,6 +414,8 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
     if "o" in t:
         probes["o_partial"] = _tokens(t["o"])
         probes["o"] = probes["o_partial"]
+    if getattr(attn, "indexer", None) is not None:
+        probes.update(_indexer_probes(t, cap, attn.indexer))
 
     # Inputs: positions per token, the batch layout, and for a step after a prefill the latent cache.
     pos = cap.position_ids
@@ -441,6 +459,47 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
             rec.probe(name, tensor.contiguous(), rank=0)
     handle.captured = True
     handle.probes = list(probes)
+
+
+def _indexer_probes(t, cap, indexer):
+    """DSA's indexer probes from what its modules and rope call produced: idx_q [T, Hi, Di] and idx_k [T, Di] with
+    the rope lanes (their first R) as the rope function returned them, in our lane order; idx_weights [T, Hi] =
+    weights_proj(x) * Hi^-0.5 in fp32, as HF scales it; topk [T, index_topk], the selection per token (idx_scores
+    is a local of HF's forward, not recorded)."""
+    import torch
+
+    probes = {}
+    Hi = indexer.n_heads
+    if "_idx_q_rope" in t:
+        order = _interleave if cap.idx_rope_deinterleaved else (lambda lanes: lanes)
+        if "_idx_q" in t:
+            q = _tokens(t["_idx_q"], Hi)
+            rope = order(_tokens(t["_idx_q_rope"]))  # [T, Hi, R]
+            probes["idx_q"] = torch.cat((rope, q[..., rope.shape[-1]:]), dim=-1)
+        if "_idx_k" in t:
+            k = _tokens(t["_idx_k"])
+            rope = order(_tokens(t["_idx_k_rope"])[:, 0])  # [T, R]
+            probes["idx_k"] = torch.cat((rope, k[..., rope.shape[-1]:]), dim=-1)
+    if "_idx_w" in t:
+        probes["idx_weights"] = _tokens(t["_idx_w"]).float() * (Hi ** -0.5)
+    if "_topk" in t:
+        probes["topk"] = _selection(t["_topk"], cap.context, indexer.index_topk)
+    return probes
+
+
+def _selection(topk, context, k):
+    """HF's top-k indices [B, S, n] (int32; n = min(index_topk, keys); a token that sees fewer than n keys is given
+    some it cannot see) -> [B*S, k] float32: per token the keys it sees (key <= context + s), ascending, then -1."""
+    import torch
+
+    idx = topk.detach().to("cpu", torch.int64)
+    B, S, n = idx.shape
+    limit = context + torch.arange(S).view(1, S, 1)
+    unseen = torch.iinfo(torch.int64).max
+    idx = torch.where((idx >= 0) & (idx <= limit), idx, unseen).sort(dim=-1).values[..., :k]
+    out = torch.full((B, S, k), -1.0)
+    out[..., : idx.shape[-1]] = torch.where(idx == unseen, -1, idx).float()
+    return out.reshape(B * S, k)
 
 
 def _paged_cache(cap, B, S, L, R):

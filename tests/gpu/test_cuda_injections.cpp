@@ -32,7 +32,8 @@ const std::vector<std::string> kGpuEntries = {
     "kv-b-split",     "kv-norm-skip",  "q-norm-eps",      "tp-head-offset", "allreduce-skip",
     "wuk-transpose",  "lse-base2",     "page-off-by-one", "decode-empty-cache", "residual-drop",
     "kv-norm-no-weight", "q-norm-width", "o-proj-half-heads", "v-up-head", "sliding-window",
-    "kv-norm-weight-wrap", "kv-a-rows-tile"};
+    "kv-norm-weight-wrap", "kv-a-rows-tile", "index-rope-layout", "index-k-norm-skip", "index-weights-skip",
+    "index-causal-leak", "topk-off-by-one"};
 
 TEST(CudaInjections, AcceptsEveryGpuEntryAndRejectsTheQuantizedOnesByName) {
   MLA_REQUIRE_GPU();
@@ -92,6 +93,10 @@ std::vector<Planted> planted_cases() {
   v.push_back({"sliding-window", make_case("prefill_t40_tp1", "tiny", kPrefill, kMha, 1, 40)});
   // Past one whole row tile (32): rows 32..39 never written.
   v.push_back({"kv-a-rows-tile", make_case("prefill_t40_tp2", "tiny", kPrefill, kMha, 2, 40)});
+  // DSA's bugs on tiny-dsa, past its 12 keys a token.
+  for (const char* n : {"index-rope-layout", "index-k-norm-skip", "index-weights-skip", "index-causal-leak",
+                        "topk-off-by-one"})
+    v.push_back({n, make_case("dsa_prefill_t40_tp1", "tiny-dsa", kPrefill, kMha, 1, 40)});
   return v;
 }
 

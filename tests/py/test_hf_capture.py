@@ -42,6 +42,7 @@ def model_classes(kind):
         "deepseek_v3": (t.DeepseekV3Config, t.DeepseekV3ForCausalLM),
         "glm4_moe_lite": (getattr(t, "Glm4MoeLiteConfig", None), getattr(t, "Glm4MoeLiteForCausalLM", None)),
         "glm_moe_dsa": (getattr(t, "GlmMoeDsaConfig", None), getattr(t, "GlmMoeDsaForCausalLM", None)),
+        "deepseek_v32": (getattr(t, "DeepseekV32Config", None), getattr(t, "DeepseekV32ForCausalLM", None)),
     }[kind]
 
 
@@ -56,6 +57,8 @@ MODELS = {
     # whole sparse attention. 8 indexer heads: with 2, many keys score exactly 0 (every head's ReLU zero) and tie, and
     # torch.topk breaks such ties differently from the reference's lower index (docs/mla.md).
     "glm_moe_dsa": ("glm_moe_dsa", dict(index_topk=8, index_head_dim=16, index_n_heads=8, n_group=1)),
+    # DeepSeek-V3.2: the same indexer with half-split rope pairs on its lanes (GLM's are interleaved).
+    "deepseek_v32": ("deepseek_v32", dict(index_topk=8, index_head_dim=16, index_n_heads=8, **yarn(40, 1.0, 1.0))),
 }
 
 
@@ -131,11 +134,14 @@ def test_clean_model_replays_clean(name, dtype, root, tmp_path):
     ckpt = _checkpoint_dir(name, root)
     model = load(ckpt, torch.float32 if dtype == "fp32" else torch.bfloat16)
     cap = capture(model, tmp_path / "capture.h5")
-    # Every probe of the prefill MHA graph but the softmax lse (HF's attention functions do not return it).
+    # Every probe of the prefill MHA graph but the softmax lse (HF's attention functions do not return it) and DSA's
+    # idx_scores (a local of HF's indexer forward).
     expected = {"h", "x", "q_nope", "q_pe", "kv_c", "k_pe", "kv_c_norm", "q_pe_rope", "k_pe_rope", "kv_cache",
                 "k_nope", "v", "attn_out", "o_partial", "o", "h_out"}
     if MODELS[name][1].get("q_lora_rank", 48) is not None:
         expected |= {"q_a", "q_c"}
+    if "index_topk" in MODELS[name][1]:
+        expected |= {"idx_q", "idx_k", "idx_weights", "topk"}
     assert set(cap.probes) == expected
     proc, data = replay(tmp_path / "capture.h5", ckpt, tmp_path)
     assert proc.returncode == 0, describe(proc)
@@ -232,6 +238,60 @@ def test_planted_bug_found_at_its_probe(bug, root, tmp_path, monkeypatch):
     assert proc.returncode == 1, describe(proc)
     first = (data or {}).get("first_divergence") or {}
     assert first.get("probe") == BUGS[bug], json.dumps(data)[:3000]
+
+
+# Bugs planted in GLM-5's indexer (glm_moe_dsa), and the probe where replay must first see each:
+#   idx_rope_pairs   the indexer's rope rotates pairs (i, i+R/2) (DeepSeek-V3.2's) of GLM's interleaved lanes,
+#                    whose pairs are (2i, 2i+1); the attention's own rope is right: idx_q, the first indexer probe.
+#   idx_weights_head weights_proj's row of indexer head 1 loaded from head 0: idx_q and idx_k are right,
+#                    idx_weights is not.
+#   idx_no_relu      the scores sum the heads' dot products without their ReLU: idx_q, idx_k and idx_weights are
+#                    right, the keys selected (topk) are not.
+DSA_BUGS = {
+    "idx_rope_pairs": "idx_q",
+    "idx_weights_head": "idx_weights",
+    "idx_no_relu": "topk",
+}
+
+
+def plant_dsa(bug, modeling, monkeypatch):
+    if bug == "idx_rope_pairs":
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3
+
+        interleave = modeling.apply_rotary_pos_emb_interleave
+
+        def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            if unsqueeze_dim == 2:  # the indexer's call ([B, S, heads, R])
+                return modeling.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+            return interleave(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        # A half-split rope in the module, called through its name as a modeling file calls its functions.
+        monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling_deepseek_v3.apply_rotary_pos_emb,
+                            raising=False)
+        monkeypatch.setattr(modeling, "apply_rotary_pos_emb_interleave", rope)
+    elif bug == "idx_no_relu":
+        class NoRelu:
+            relu = staticmethod(lambda x: x)
+
+            def __getattr__(self, name):
+                return getattr(torch.nn.functional, name)
+        monkeypatch.setattr(modeling, "F", NoRelu())
+
+
+@pytest.mark.parametrize("bug", list(DSA_BUGS))
+def test_planted_dsa_bug_found_at_its_probe(bug, root, tmp_path, monkeypatch):
+    modeling = pytest.importorskip("transformers.models.glm_moe_dsa.modeling_glm_moe_dsa")
+    ckpt = _checkpoint_dir("glm_moe_dsa", root)
+    plant_dsa(bug, modeling, monkeypatch)
+    model = load(ckpt, torch.float32)
+    if bug == "idx_weights_head":
+        with torch.no_grad():
+            w = model.model.layers[LAYER].self_attn.indexer.weights_proj.weight
+            w[1] = w[0]
+    capture(model, tmp_path / "capture.h5")
+    proc, data = replay(tmp_path / "capture.h5", ckpt, tmp_path)
+    assert proc.returncode == 1, describe(proc)
+    first = (data or {}).get("first_divergence") or {}
+    assert first.get("probe") == DSA_BUGS[bug], json.dumps(data)[:3000]
 
 
 def test_capture_leaves_the_model_as_it_was(root, tmp_path):

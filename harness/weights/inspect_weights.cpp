@@ -147,7 +147,7 @@ std::string dsa_lines(const MlaConfig& cfg, const SafetensorsCheckpoint* ck, std
   os << "dsa       index_topk " << cfg.index_topk << "; indexer " << Hi << " heads x " << Di << " lanes, rope "
      << (cfg.index_rope_style == RopeStyle::RopeStyle_neox ? "half-split" : "interleaved") << " on its first "
      << cfg.qk_rope << " lanes; shared layers (the previous full layer's top-k): "
-     << (shared.empty() ? "none" : shared) << "; runs attend densely (docs/mla.md)\n";
+     << (shared.empty() ? "none" : shared) << " (runs refuse them; docs/mla.md)\n";
   if (!ck) return "";
   const int l = std::max(layer, 0);
   std::string base;  // "model.layers.L.self_attn."
@@ -181,7 +181,7 @@ std::string dsa_lines(const MlaConfig& cfg, const SafetensorsCheckpoint* ck, std
   if (!problem.empty()) os << ": " << problem << "\n";
   else if (present == 0)
     os << (is_shared ? " is shared: no indexer of its own, as expected\n"
-                     : " has no indexer weights (self_attn.indexer.*); runs attend densely and do not read them\n");
+                     : " has no indexer weights (self_attn.indexer.*): a run of it is refused\n");
   else
     os << (is_shared ? " is shared by the config but has indexer weights: " : "'s indexer agrees with the config: ")
        << found << "\n";

@@ -342,6 +342,8 @@ class CudaEngine : public Engine, public EngineTiming {
   bool holds_probes() const { return queues_probes() && probe_at_layer_end_; }
   bool held(int rank, const std::string& name) const;
   void start_probe(int rank, const std::string& name, const ProbeRequest& req);
+  // Hands a started probe (its capture's slot) to the record builder: its copies, flag and record.
+  void build(cuda::ProbeCapture& cap, int slot);
   std::vector<HeldProbe> held_;
   std::vector<std::vector<BegunStage>> begun_;         // per rank: the current layer's stages
   std::vector<std::vector<cudaEvent_t>> begun_pool_;   // per rank, created on the rank's device, reused
@@ -1023,11 +1025,11 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
 
 void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) {
   if (!device_probes_) return Engine::probe_async(rank, spec, req);
-  const DeviceTensor& t = in(rank, spec.name);  // a probe of a tensor the rank lacks fails here, not at the flush
+  in(rank, spec.name);  // a probe of a tensor the rank lacks fails here, not at the flush
   // Held when its tensor has few rows (decode, short prompts: there the launches, not the bytes, are the cost), and
   // after one is held (the records come back in start order).
   const int64_t rows = req.tokens > 0 ? req.tokens : 1;
-  if (holds_probes() && (!held_.empty() || rows <= kHeldRowsMax || t.numel() == 0)) {
+  if (holds_probes() && (!held_.empty() || rows <= kHeldRowsMax)) {
     held_.push_back({rank, spec.name, req});
     return;
   }
@@ -1036,7 +1038,10 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
 
 void CudaEngine::start_probe(int rank, const std::string& name, const ProbeRequest& req) {
   cuda::ProbeCapture& cap = capture(rank);
-  const int slot = cap.start(name, in(rank, name), req);
+  build(cap, cap.start(name, in(rank, name), req));
+}
+
+void CudaEngine::build(cuda::ProbeCapture& cap, int slot) {
   if (!builder_) builder_ = std::make_unique<ProbeRecordBuilder>();
   builder_->push({[&cap, slot] { cap.ship(slot); }, [&cap, slot] { return cap.finish(slot); }});
   last_built_ = &cap;
@@ -1062,14 +1067,8 @@ void CudaEngine::flush_probes() {
     DeviceGuard g(ranks_[r].ctx->device());
     slots[r] = capture(static_cast<int>(r)).start_many(list);
   }
-  if (!builder_) builder_ = std::make_unique<ProbeRecordBuilder>();
   std::vector<size_t> next(ranks_.size(), 0);
-  for (const auto& h : held) {
-    cuda::ProbeCapture& cap = capture(h.rank);
-    const int slot = slots[h.rank][next[h.rank]++];
-    builder_->push({[&cap, slot] { cap.ship(slot); }, [&cap, slot] { return cap.finish(slot); }});
-    last_built_ = &cap;
-  }
+  for (const auto& h : held) build(capture(h.rank), slots[h.rank][next[h.rank]++]);
 }
 
 bool CudaEngine::device_stage(int rank, int& layer, Stage& stage) const {

@@ -140,11 +140,13 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   DeviceGuard g(rc_.device());
   ProbeStatsArgs a;
   cudaStream_t stream = nullptr;
-  const int id = prepare(probe, t, req, a, stream);
+  const int id = layout(probe, t, req, a);
+  place(id, req, a, nullptr, stream);
   Slot& s = slot(id);
   if (s.numel > 0) {
     launch_probe_stats(rc_.probe_launch_cache(), a, programmatic_, stream);
-    started(s, t, stream);
+    copy_full(s, t, stream);
+    if (!side_stream_) CUDA_CHECK(cudaEventRecord(s.computed, stream));
   }
   return id;
 }
@@ -185,12 +187,8 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
     else launch_probe_stats(rc_.probe_launch_cache(), args[k], false, stream);
   }
   launch_probe_stats_batch(rc_.probe_launch_cache(), batch, stream);
-  for (size_t k = 0; k < list.size(); ++k) {
-    Slot& s = slot(ids[k]);
-    if (s.full && s.numel > 0)
-      CUDA_CHECK(cudaMemcpyAsync(s.dev + s.off_raw, list[k].tensor->buf.get(), list[k].tensor->bytes(),
-                                 cudaMemcpyDeviceToDevice, stream));
-  }
+  for (size_t k = 0; k < list.size(); ++k)
+    if (slot(ids[k]).numel > 0) copy_full(slot(ids[k]), *list[k].tensor, stream);
   CUDA_CHECK(cudaEventRecord(arena.computed, stream));
   return ids;
 }
@@ -214,18 +212,9 @@ ProbeCapture::Arena& ProbeCapture::free_arena(size_t bytes) {
   return *a;
 }
 
-// After the slot's kernels: at full level the device copy of the tensor, then the slot's event (the rank's
-// stream).
-void ProbeCapture::started(Slot& s, const DeviceTensor& t, cudaStream_t stream) {
+// At full level, after the slot's kernels: the device copy of the tensor beside its results.
+void ProbeCapture::copy_full(Slot& s, const DeviceTensor& t, cudaStream_t stream) {
   if (s.full) CUDA_CHECK(cudaMemcpyAsync(s.dev + s.off_raw, t.buf.get(), t.bytes(), cudaMemcpyDeviceToDevice, stream));
-  if (!side_stream_) CUDA_CHECK(cudaEventRecord(s.computed, stream));
-}
-
-int ProbeCapture::prepare(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req,
-                          ProbeStatsArgs& a, cudaStream_t& stream) {
-  const int id = layout(probe, t, req, a);
-  place(id, req, a, nullptr, stream);
-  return id;
 }
 
 int ProbeCapture::layout(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req,

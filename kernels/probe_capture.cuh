@@ -77,17 +77,14 @@ class ProbeCapture {
   // The sketch's sign-bit table for (probe key, first global column, width), built once and kept.
   const uint32_t* sign_bits(uint64_t key, int64_t col0, int64_t cols);
 
-  // start() but the kernels: the slot, its record's layout, scratch and launch arguments; `stream` is where the
-  // kernels go (the copy stream with side_stream, after the tensor's event).
-  int prepare(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req, ProbeStatsArgs& a,
-              cudaStream_t& stream);
-  // prepare() in two steps: the slot and its record's layout (a: the tensor's part), then its memory and the
-  // rest of `a` (results: where its results go on the device; nullptr: the slot's scratch).
+  // start() but the kernels, in two steps: the slot and its record's layout (a: the tensor's part), then its memory
+  // and the rest of `a` (results: where its results go on the device; nullptr: the slot's scratch) and `stream`,
+  // where the kernels go (the copy stream with side_stream, after the tensor's event).
   int layout(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req, ProbeStatsArgs& a);
   void place(int id, const ProbeRequest& req, ProbeStatsArgs& a, unsigned char* results, cudaStream_t& stream);
   struct Arena;
   Arena& free_arena(size_t bytes);
-  void started(Slot& s, const DeviceTensor& t, cudaStream_t stream);  // the full copy and the event
+  void copy_full(Slot& s, const DeviceTensor& t, cudaStream_t stream);  // full level: the tensor beside its results
   Slot& slot(int id) const;
   void wait_for_flag(const volatile unsigned* flag, unsigned seq) const;
 

@@ -82,6 +82,9 @@ TileOccupancy probe_tiles_occupancy(bool block_fold, int warps);
 void launch_probe_tiles(bool block_fold, unsigned blocks, int warps, const ProbeStatsArgs& a, const TileGeometry& g,
                         RowPartial* part, float* sketch_part, unsigned* tile_done, bool programmatic,
                         cudaStream_t stream);
+// The fold kernel: kFoldRowWarps warps a block, a warp a row.
+constexpr int kFoldRowWarps = 8;
+inline int64_t fold_row_blocks(int64_t rows) { return (rows + kFoldRowWarps - 1) / kFoldRowWarps; }
 // The rows' records from the tile kernel's partials, when it does not fold them itself (!g.fold_inline).
 void launch_probe_fold_rows(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
                             const float* sketch_part, cudaStream_t stream);
@@ -95,6 +98,10 @@ struct TileBatchTask {
   unsigned* tile_done;
   unsigned first_block;
 };
+// A tensor's task launch as a batch's entry: its arguments, geometry and the places of its partials and tile
+// counters in its workspace (first_block 0). The blocks it takes: task_blocks.
+TileBatchTask task_launch(const ProbeStatsArgs& a, const TileGeometry& g);
+int64_t task_blocks(const TileGeometry& g);
 constexpr int kTileBatchMax = 22;  // a launch's parameters stay under the 4 KB every CUDA version takes
 struct TileBatch {
   int n = 0;

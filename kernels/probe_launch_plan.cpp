@@ -147,17 +147,27 @@ void launch_probe_stats(ProbeLaunchCache& cache, const ProbeStatsArgs& a, bool p
     return;
   }
   if (path == LaunchPath::kTasks) {
-    const int64_t tasks = g.row_tiles * g.segs;
-    auto* counters = static_cast<unsigned*>(a.workspace);
-    auto* part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + counter_bytes(g));
-    auto* sketch_part = reinterpret_cast<float*>(part + a.rows * g.segs);
-    launch_probe_tiles(false, static_cast<unsigned>((tasks + kTileWarps - 1) / kTileWarps), kTileWarps, a, g, part,
-                       sketch_part, counters, pdl(), stream);
-    if (!g.fold_inline) launch_probe_fold_rows(a, g, part, sketch_part, stream);
+    const TileBatchTask t = task_launch(a, g);
+    launch_probe_tiles(false, static_cast<unsigned>(task_blocks(g)), kTileWarps, a, g, t.part, t.sketch_part,
+                       t.tile_done, pdl(), stream);
+    if (!g.fold_inline) launch_probe_fold_rows(a, g, t.part, t.sketch_part, stream);
     return;
   }
   launch_probe_rows(a, stream);
 }
+
+TileBatchTask task_launch(const ProbeStatsArgs& a, const TileGeometry& g) {
+  TileBatchTask t;
+  t.a = a;
+  t.g = g;
+  t.tile_done = static_cast<unsigned*>(a.workspace);
+  t.part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + counter_bytes(g));
+  t.sketch_part = reinterpret_cast<float*>(t.part + a.rows * g.segs);
+  t.first_block = 0;
+  return t;
+}
+
+int64_t task_blocks(const TileGeometry& g) { return (g.row_tiles * g.segs + kTileWarps - 1) / kTileWarps; }
 
 bool probe_stats_batchable(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
   return a.rows > 0 && a.workspace && launch_path(cache.tile_geometry(a)) == LaunchPath::kTasks;
@@ -175,19 +185,14 @@ void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeSt
         throw EngineError("probe stats: a [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
                           "] tensor is not one the batch launch takes (probe_stats_batchable)");
       const TileGeometry g = cache.tile_geometry(a);
-      TileBatchTask t;
-      t.a = a;
-      t.g = g;
-      t.tile_done = static_cast<unsigned*>(a.workspace);
-      t.part = reinterpret_cast<RowPartial*>(static_cast<unsigned char*>(a.workspace) + counter_bytes(g));
-      t.sketch_part = reinterpret_cast<float*>(t.part + a.rows * g.segs);
+      TileBatchTask t = task_launch(a, g);
       t.first_block = static_cast<unsigned>(tile_blocks);
       tiles.task[tiles.n++] = t;
-      tile_blocks += (g.row_tiles * g.segs + kTileWarps - 1) / kTileWarps;
+      tile_blocks += task_blocks(g);
       if (!g.fold_inline) {
         t.first_block = static_cast<unsigned>(fold_blocks);
         folds.task[folds.n++] = t;
-        fold_blocks += (a.rows + 7) / 8;  // fold_rows_kernel's 8 warps per block
+        fold_blocks += fold_row_blocks(a.rows);
       }
     }
     if (tile_blocks > INT_MAX || fold_blocks > INT_MAX) throw EngineError("probe stats: batch launch too large");

@@ -551,14 +551,19 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
   tiles_block<kBlockFold>(a, g, part, sketch_part, tile_done, blockIdx.x, ring);
 }
 
-// Several tensors' (tile, segment) tasks in one launch: block b works for the last tensor whose first block is at
-// most b, as block b − first_block of that tensor's own launch.
+// The task a batch launch's block works for: the last one whose first block is at most the block's index.
+__device__ const TileBatchTask& batch_task(const TileBatch& b) {
+  int i = 0;
+  while (i + 1 < b.n && blockIdx.x >= b.task[i + 1].first_block) ++i;
+  return b.task[i];
+}
+
+// Several tensors' (tile, segment) tasks in one launch: block b works for batch_task(b), as block b − first_block
+// of that tensor's own launch.
 __global__ void __launch_bounds__(kTileWarps * 32, kTaskMinBlocks)
     probe_tiles_batch_kernel(const __grid_constant__ TileBatch b) {
   extern __shared__ TileStage ring[];  // [kTileWarps][kStages]
-  int i = 0;
-  while (i + 1 < b.n && blockIdx.x >= b.task[i + 1].first_block) ++i;
-  const TileBatchTask& t = b.task[i];
+  const TileBatchTask& t = batch_task(b);
   tiles_block<false>(t.a, t.g, t.part, t.sketch_part, t.tile_done, blockIdx.x - t.first_block, ring);
 }
 
@@ -569,11 +574,9 @@ __global__ void fold_rows_kernel(const ProbeStatsArgs a, TileGeometry g, const R
   if (r < a.rows) fold_row(a, g, part, sketch_part, r, threadIdx.x & 31);
 }
 
-// fold_rows_kernel for several tensors: block b for the last tensor whose first block is at most b.
+// fold_rows_kernel for several tensors: block b for batch_task(b).
 __global__ void fold_rows_batch_kernel(const __grid_constant__ TileBatch b) {
-  int i = 0;
-  while (i + 1 < b.n && blockIdx.x >= b.task[i + 1].first_block) ++i;
-  const TileBatchTask& t = b.task[i];
+  const TileBatchTask& t = batch_task(b);
   const int64_t r = (blockIdx.x - t.first_block) * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r < t.a.rows) fold_row(t.a, t.g, t.part, t.sketch_part, r, threadIdx.x & 31);
 }
@@ -625,13 +628,14 @@ void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, cudaStream_t 
 
 void launch_probe_fold_rows_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream) {
   if (b.n <= 0 || blocks == 0) return;
-  fold_rows_batch_kernel<<<blocks, 256, 0, stream>>>(b);
+  fold_rows_batch_kernel<<<blocks, kFoldRowWarps * 32, 0, stream>>>(b);
   CUDA_CHECK_LAUNCH();
 }
 
 void launch_probe_fold_rows(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
                             const float* sketch_part, cudaStream_t stream) {
-  fold_rows_kernel<<<static_cast<unsigned>((a.rows + 7) / 8), 256, 0, stream>>>(a, g, part, sketch_part);
+  fold_rows_kernel<<<static_cast<unsigned>(fold_row_blocks(a.rows)), kFoldRowWarps * 32, 0, stream>>>(a, g, part,
+                                                                                                   sketch_part);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -315,7 +315,7 @@ TEST(WeightsCli, InspectDescribesWeightFiles) {
   const Cli d = mla_bisect("inspect '" + fx.at("models/hf_glm_dsa").string() + "'");
   EXPECT_EQ(d.exit_code, 0) << d.out;
   for (const char* t : {"dsa       index_topk 8; indexer 2 heads x 32 lanes, rope interleaved on its first 16 lanes; "
-                        "shared layers (the previous full layer's top-k): 1;",
+                        "shared layers (the previous full layer's top-k): 1 (runs refuse them",
                         "dsa       layer 0's indexer agrees with the config: wq_b [64, 256], wk [32, 256], "
                         "k_norm [32], k_norm.bias [32], weights_proj [2, 256]"})
     EXPECT_NE(d.out.find(t), std::string::npos) << t << "\n" << d.out;

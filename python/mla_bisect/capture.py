@@ -68,12 +68,14 @@ class Recorder:
         )
 
     def inputs(self, x=None, h=None, positions=None, seq_lens=None, context_lens=None, block_table=None,
-               kv_cache=None):
+               kv_cache=None, index_cache=None):
         """The layer's input: h (the decoder layer's input, before input_layernorm) or x (the attention
         input), [T, hidden] with the sequences of the step concatenated; positions [T]; seq_lens [B] new
         tokens per sequence (default one sequence of T); context_lens [B] cached tokens before the step
         (decode/chunked); block_table [B, max_blocks] and kv_cache [layers, num_blocks, 64, L+R] for a step
-        with context."""
+        with context; for a DSA model (index_topk) with context, index_cache [layers, num_blocks, 64, Di] float32,
+        the indexer's keys of the cached tokens (idx_k, rope lanes in our order), paged like kv_cache by the
+        same block_table."""
         if self._writer is not None:
             raise RuntimeError(f"Recorder {self.path}: inputs() given twice, or after the first probe")
         if (x is None) == (h is None):
@@ -93,7 +95,7 @@ class Recorder:
         context = [] if self.mode == "prefill" else (ctx[:1] if len(set(ctx)) == 1 else ctx)
         self._open(tokens, batch, context, input_norm=h is not None)
         self._writer.inputs(x=act, positions=positions, seq_lens=seq, context_lens=ctx, block_table=block_table,
-                            kv_cache=kv_cache)
+                            kv_cache=kv_cache, index_cache=index_cache)
         return self
 
     def probe(self, name, tensor, rank=None, layer=0):

@@ -44,6 +44,7 @@ class _Captured:
     context: int = 0                # cached tokens before this step
     cache_keys: Any = None          # [B, 1, context, L] kv_c_norm rows of the context
     cache_values: Any = None        # [B, 1, context, R] k_pe_rope rows, HF lane order
+    index_keys: Any = None          # DSA: [B, context, Di] the indexer's keys of the context, HF lane order
     rope_deinterleaved: bool = False
     idx_rope_deinterleaved: bool = False  # the same for the DSA indexer's own rope call
 
@@ -141,7 +142,8 @@ def capture_layer(
         model(input_ids)
 
     step: which forward of that layer to capture (0: the first, the prefill of a generate; 1: the first
-    decode step, with HF's DynamicCache as the context). input_norm: start at the decoder layer's input h
+    decode step, with HF's DynamicCache as the context, and for a DSA model the indexer's key cache of that
+    layer as the context's index_cache). input_norm: start at the decoder layer's input h
     (x = input_layernorm(h); h_out = h + o is recorded) rather than at the attention input x.
     The file is written when that forward ends; `captured` on the yielded handle says whether it happened.
     Sequences of a batch must not be padded (every token of [B, S] is a real token).
@@ -187,6 +189,12 @@ def capture_layer(
                 lay = cache.layers[attn.layer_idx]
                 cap.cache_keys = lay.keys[..., : cap.context, :].detach().clone()
                 cap.cache_values = lay.values[..., : cap.context, :].detach().clone()
+                # DSA: the indexer's keys of the context, [B, tokens, Di] on the cache layer (DynamicIndexedLayer,
+                # StaticIndexedLayer), written by the indexer's cache.update_indexer.
+                index_keys = getattr(lay, "indexer_keys", None)
+                if (getattr(attn, "indexer", None) is not None and index_keys is not None
+                        and index_keys.dim() == 3 and index_keys.shape[1] >= cap.context):
+                    cap.index_keys = index_keys[:, : cap.context].detach().clone()
         if cap.position_ids is None:
             cap.position_ids = kwargs.get("cache_position")
         state["cap"] = cap
@@ -428,12 +436,15 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
     seq_lens = [S] * B
     context_lens = [cap.context] * B
     dtype = _DTYPE_NAMES.get(str(ref.dtype).removeprefix("torch."), "fp32")
+    index_cache = None
     if cap.context == 0:
         mode = "prefill"
         block_table = kv_cache = None
     else:
         mode = "decode" if S == 1 else "chunked"
         block_table, kv_cache = _paged_cache(cap, B, S, L, R)
+        if cap.index_keys is not None:
+            index_cache = _paged_index_cache(cap, block_table, kv_cache.shape[1], R)
     kind = "h" if input_norm else "x"
     with Recorder(
         handle.path,
@@ -454,6 +465,7 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
             context_lens=context_lens,
             block_table=block_table,
             kv_cache=kv_cache,
+            index_cache=index_cache,
         )
         for name, tensor in probes.items():
             rec.probe(name, tensor.contiguous(), rank=0)
@@ -502,12 +514,16 @@ def _selection(topk, context, k):
     return out.reshape(B * S, k)
 
 
+_PAGE = 64  # rows per page of the paged caches
+
+
 def _paged_cache(cap, B, S, L, R):
     """The context rows of HF's DynamicCache as our paged latent cache: [1, num_blocks, 64, L + R] with rows
     [kv_c_norm | k_pe_rope] (rope lanes in our order), sequence b on pages b*per .. b*per+per-1, a spare page last."""
     import numpy as np
+    import torch
 
-    page = 64
+    page = _PAGE
     ctx = cap.context
     per = (ctx + S + page - 1) // page
     num_blocks = B * per + 1
@@ -520,8 +536,28 @@ def _paged_cache(cap, B, S, L, R):
     for b in range(B):
         for j in range(per):
             block_table[b, j] = b * per + j
-        for p in range(ctx):
-            blk, slot = block_table[b, p // page], p % page
-            cache[0, blk, slot, :L] = keys[b, p].numpy()
-            cache[0, blk, slot, L:] = values[b, p].numpy()
+    _page_rows(cache, block_table, torch.cat((keys, values), dim=-1))
     return block_table, cache
+
+
+def _paged_index_cache(cap, block_table, num_blocks, R):
+    """The indexer's keys of the context (DSA) as our paged index cache: [1, num_blocks, 64, Di] float32, rows idx_k
+    (the rope lanes, the first R, in our order) on the pages and slots of the latent cache's block_table."""
+    import numpy as np
+    import torch
+
+    keys = cap.index_keys.float().cpu()  # [B, ctx, Di]
+    if cap.idx_rope_deinterleaved:
+        keys = torch.cat((_interleave(keys[..., :R]), keys[..., R:]), dim=-1)
+    cache = np.zeros((1, num_blocks, _PAGE, keys.shape[-1]), dtype=np.float32)
+    _page_rows(cache, block_table, keys)
+    return cache
+
+
+def _page_rows(cache, block_table, rows):
+    """rows [B, ctx, D] (torch) into cache [1, num_blocks, 64, D]: token p of sequence b on page
+    block_table[b, p // 64], slot p % 64."""
+    page = cache.shape[2]
+    for b in range(rows.shape[0]):
+        for p in range(rows.shape[1]):
+            cache[0, block_table[b, p // page], p % page] = rows[b, p].numpy()

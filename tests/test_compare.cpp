@@ -2,12 +2,16 @@
 // then edited by hand. Identical dumps pass; one ulp of noise passes at the FP32 floor; one element at 2x the
 // tolerance fails and is located; +inf vs -inf and NaNs at different positions fail; a channel permutation with
 // equal norms is caught by sketches and by full tensors; tp 2 equals tp 1 once gathered; bf16 passes at the
-// calibrated tolerance while another input seed fails; a replicated probe that differs on one rank names it.
+// calibrated tolerance while another input seed fails; a replicated probe that differs on one rank names it; a
+// token whose DSA top-k swapped near-tied keys is excused in the probes after topk, and only that token.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +25,8 @@
 #include "harness/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
+#include "harness/model/stage_graph.h"
+#include "harness/report/compare_report.h"
 #include "probes/collect.h"
 #include "tests/world_util.h"
 
@@ -511,6 +517,167 @@ TEST(DiagnoseBlocks, NotNamedWithoutBlocks) {
       EXPECT_EQ(pattern_of(u).find("block-shaped"), std::string::npos) << pattern_of(u);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// DSA: a token whose top-k swapped near-tied keys reads other keys, so the probes after topk in its layer (attn_out,
+// lse, o here) excuse it; any other token's difference there is still a divergence.
+// ---------------------------------------------------------------------------------------------------
+
+constexpr int64_t kDsaTokens = 6, kDsaKeys = 16;
+
+// tiny-dsa's graph over 6 tokens and 16 keys (top-k 12): the probes' shapes and order values.
+StageGraph dsa_graph() {
+  GraphShape gs;
+  gs.tokens = kDsaTokens;
+  gs.keys = kDsaKeys;
+  return build_graph(*find_preset("tiny-dsa"), gs);
+}
+
+// A one-layer dump by hand of the graph's probes in `tensors`, each recorded at its level (topk and idx_scores in
+// full, as runs record them; attn_out in full, lse as stats, o as sketches).
+Dump dsa_dump(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+  const std::map<std::string, ProbeLevel> levels{
+      {"idx_scores", ProbeLevel::ProbeLevel_full}, {"topk", ProbeLevel::ProbeLevel_full},
+      {"attn_out", ProbeLevel::ProbeLevel_full},   {"lse", ProbeLevel::ProbeLevel_stats},
+      {"o", ProbeLevel::ProbeLevel_sketch}};
+  Dump d;
+  d.path = path;
+  d.status = "complete";
+  for (const auto& ps : dsa_graph().probes) {
+    const auto it = tensors.find(ps.name);
+    if (it == tensors.end()) continue;
+    DumpProbe p;
+    p.name = ps.name;
+    p.stage = stage_name(ps.stage);
+    p.contract = contract_name(ps.contract);
+    p.shape = ps.shape;
+    p.order = ps.order;
+    p.heads_axis = ps.heads_axis;
+    p.rope_from = ps.rope_from;
+    p.engine_dtype = "fp32";
+    p.ranks.push_back(compute_probe_record(it->second, "fp32", make_probe_request(ps, 1, 0, levels.at(ps.name))));
+    d.probes.push_back(std::move(p));
+  }
+  return d;
+}
+
+// The reference's tensors: distinct random index scores, except that at `tie_token` the 13th best key ties exactly
+// with the 12th (as keys that every head's ReLU zeroes do); topk the 12 best (ties to the lower index), ascending.
+std::map<std::string, Tensor> dsa_reference(int64_t tie_token) {
+  const StageGraph g = dsa_graph();
+  std::mt19937_64 rng(21);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::map<std::string, Tensor> t;
+  for (const char* name : {"idx_scores", "attn_out", "lse", "o"}) {
+    t[name] = Tensor(g.find(name)->shape);
+    for (float& v : t[name].data) v = nd(rng);
+  }
+  Tensor& s = t["idx_scores"];
+  const int64_t k = g.find("topk")->shape[1];
+  const auto order = [&](int64_t tok) {
+    std::vector<int> keys(kDsaKeys);
+    std::iota(keys.begin(), keys.end(), 0);
+    std::stable_sort(keys.begin(), keys.end(),
+                     [&](int x, int y) { return s.data[tok * kDsaKeys + x] > s.data[tok * kDsaKeys + y]; });
+    return keys;
+  };
+  const auto o = order(tie_token);
+  s.data[tie_token * kDsaKeys + o[k]] = s.data[tie_token * kDsaKeys + o[k - 1]];
+  Tensor topk({kDsaTokens, k});
+  for (int64_t tok = 0; tok < kDsaTokens; ++tok) {
+    auto keys = order(tok);
+    keys.resize(k);
+    std::sort(keys.begin(), keys.end());
+    for (int64_t j = 0; j < k; ++j) topk.data[tok * k + j] = static_cast<float>(keys[j]);
+  }
+  t["topk"] = topk;
+  return t;
+}
+
+// The candidate: the reference's tensors, its selection at `swap_token` (if >= 0) taking the tied 13th key for the
+// 12th, and its attention output, lse and o at `bad_token` far from the reference's (what reading another key does).
+std::map<std::string, Tensor> dsa_candidate(std::map<std::string, Tensor> t, int64_t swap_token, int64_t bad_token) {
+  if (swap_token >= 0) {
+    Tensor& topk = t["topk"];
+    const Tensor& s = t["idx_scores"];
+    const int64_t k = topk.dim(1);
+    std::vector<int> keys(topk.data.begin() + swap_token * k, topk.data.begin() + (swap_token + 1) * k);
+    const float* row = s.ptr() + swap_token * kDsaKeys;
+    const auto last = *std::min_element(keys.begin(), keys.end(), [&](int x, int y) {
+      return row[x] < row[y] || (row[x] == row[y] && x > y);
+    });
+    int tied = -1;
+    for (int key = 0; key < kDsaKeys && tied < 0; ++key)
+      if (key != last && row[key] == row[last] && std::find(keys.begin(), keys.end(), key) == keys.end()) tied = key;
+    EXPECT_GE(tied, 0) << "no key ties with the last selected one";
+    std::replace(keys.begin(), keys.end(), last, tied);
+    std::sort(keys.begin(), keys.end());
+    for (int64_t j = 0; j < k; ++j) topk.data[swap_token * k + j] = static_cast<float>(keys[j]);
+  }
+  for (const char* name : {"attn_out", "lse", "o"}) {
+    Tensor& x = t[name];
+    const int64_t row = x.numel() / kDsaTokens;
+    for (int64_t c = 0; c < row; ++c) x.data[bad_token * row + c] *= -3.f;
+  }
+  return t;
+}
+
+TEST(CompareSelection, TokensWhoseTopkSwappedNearTiedKeysAreExcusedAfterTopk) {
+  const auto ref_t = dsa_reference(3);
+  const Dump ref = dsa_dump("ref", ref_t), cand = dsa_dump("cand", dsa_candidate(ref_t, 3, 3));
+  const CompareReport rep = compare_dumps(cand, ref, kFloor);
+  expect_all_pass(rep);
+  const ProbeResult& topk = result(rep, "topk");
+  EXPECT_TRUE(topk.selection);
+  EXPECT_EQ(topk.near_tie_swaps, 1) << topk.why;
+  EXPECT_EQ(topk.excused_tokens, 0);
+  EXPECT_EQ(result(rep, "idx_scores").excused_tokens, 0);  // before topk: compared in full
+  for (const char* name : {"attn_out", "lse", "o"}) {
+    const ProbeResult& r = result(rep, name);
+    EXPECT_EQ(r.excused_tokens, 1) << name;
+    EXPECT_NE(r.why.find("1 token excused (its selection swapped near-tied keys: 3)"), std::string::npos) << r.why;
+    EXPECT_EQ(r.m.max_token_rel, 0.0) << name << ": the excused row is the reference's, the others are equal";
+  }
+  EXPECT_EQ(result(rep, "attn_out").m.basis, "full");
+  EXPECT_EQ(result(rep, "o").m.basis, "sketch");
+  int notes = 0;
+  for (const auto& n : rep.notes)
+    notes += n.find("layer 0: 1 token (3) whose top-k swapped near-tied keys is not compared in the probes after "
+                    "topk") != std::string::npos;
+  EXPECT_EQ(notes, 1);
+  const auto j = compare_to_json(rep);
+  for (const auto& p : j["probes"])
+    EXPECT_EQ(p["excused_tokens"], p["probe"] == "attn_out" || p["probe"] == "lse" || p["probe"] == "o" ? 1 : 0)
+        << p.dump();
+}
+
+TEST(CompareSelection, WithoutASwapTheSameDifferenceDiverges) {
+  const auto ref_t = dsa_reference(3);
+  const Dump ref = dsa_dump("ref", ref_t), cand = dsa_dump("cand", dsa_candidate(ref_t, -1, 3));
+  const CompareReport rep = compare_dumps(cand, ref, kFloor);
+  EXPECT_EQ(first(rep), "attn_out");
+  EXPECT_EQ(result(rep, "topk").near_tie_swaps, 0);
+  for (const char* name : {"attn_out", "lse", "o"}) {
+    const ProbeResult& r = result(rep, name);
+    EXPECT_EQ(r.verdict, Verdict::Verdict_diverge) << name << ": " << r.why;
+    EXPECT_EQ(r.excused_tokens, 0) << name;
+  }
+  EXPECT_EQ(result(rep, "attn_out").m.max_at.token, 3);
+}
+
+TEST(CompareSelection, OnlyTheSwappedTokenIsExcused) {
+  const auto ref_t = dsa_reference(3);
+  const Dump ref = dsa_dump("ref", ref_t), cand = dsa_dump("cand", dsa_candidate(ref_t, 3, 4));
+  const CompareReport rep = compare_dumps(cand, ref, kFloor);
+  EXPECT_EQ(first(rep), "attn_out");
+  EXPECT_EQ(result(rep, "topk").verdict, Verdict::Verdict_pass);
+  for (const char* name : {"attn_out", "lse", "o"}) {
+    const ProbeResult& r = result(rep, name);
+    EXPECT_EQ(r.verdict, Verdict::Verdict_diverge) << name << ": " << r.why;
+    EXPECT_EQ(r.excused_tokens, 1) << name;
+  }
+  EXPECT_EQ(result(rep, "attn_out").m.max_at.token, 4);
 }
 
 }  // namespace

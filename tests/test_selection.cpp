@@ -65,8 +65,34 @@ TEST(Selection, SwapsBetweenTiedKeysAreCountedNotDivergences) {
   const auto d = compare_selection(ref, cand, s, 1e-5);  // the tie is one ulp (~5e-7 at these scores)
   EXPECT_FALSE(d.diverges()) << d.explain();
   EXPECT_EQ(d.near_tie_swaps, 1);
+  EXPECT_EQ(d.swapped_tokens, std::vector<int64_t>{t});
   // The same swap with a tolerance below the tie is a divergence.
   EXPECT_TRUE(compare_selection(ref, cand, s, 1e-9).diverges());
+}
+
+// swapped_tokens names the tokens whose sets differ only by near-tie swaps, not those with a real difference.
+TEST(Selection, SwappedTokensAreTheTokensWithOnlyNearTieSwaps) {
+  // Every token: key 0 scores 5, key 1 scores 4 (the last selected of 2), key 2 ties with it within 1e-3.
+  Tensor s({5, 6});
+  for (int64_t t = 0; t < 5; ++t) {
+    const float row[6] = {5.f, 4.f, 3.9995f, 2.f, 1.f, 0.f};
+    std::copy(row, row + 6, s.data.begin() + t * 6);
+  }
+  const std::vector<std::vector<int>> ref(5, {0, 1});
+  auto cand = ref;
+  cand[1] = {0, 2};  // a near-tie swap
+  cand[2] = {0, 3};  // key 3 (2.0) is far from the boundary: a real difference
+  cand[3] = {2, 1};  // key 0 (5.0) for key 2: the missing key is not near the boundary
+  cand[4] = {2, 0};  // a near-tie swap, in another order
+  const auto d = compare_selection(ref, cand, s, 1e-3);
+  EXPECT_EQ(d.swapped_tokens, (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(d.near_tie_swaps, 2);
+  EXPECT_EQ(d.differing, 2);
+  EXPECT_EQ(d.first_token, 2);
+  // With a bound below the tie, no token counts as swapped.
+  EXPECT_TRUE(compare_selection(ref, cand, s, 1e-5).swapped_tokens.empty());
+  // Equal sets: no token swapped.
+  EXPECT_TRUE(compare_selection(ref, ref, s, 1e-3).swapped_tokens.empty());
 }
 
 TEST(Selection, ACausalLeakSelectsKeysTheQueryCannotSee) {

@@ -116,7 +116,7 @@ std::string check_run_memory(const MlaConfig& cfg, const RunSpec& spec, const Pr
 
 void add_run_options(CLI::App& app, RunOptions& o) {
   app.add_option("--model", o.model, "Preset (deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, glm-4.7-flash, "
-                                      "glm-5, tiny) or a path to an HF config.json")->capture_default_str();
+                                      "glm-5, tiny, tiny-dsa) or a path to an HF config.json")->capture_default_str();
   app.add_option("--mode", o.mode, "prefill | decode | chunked")->capture_default_str();
   app.add_option("--attention", o.attention, "Attention form: mha (prefill form) or absorbed (MQA over the latent "
                                              "cache); default mha for prefill/chunked, absorbed for decode");

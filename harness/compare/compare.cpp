@@ -527,9 +527,10 @@ namespace {
 // own index scores: where both dumps hold idx_scores in full, twice the largest difference between them (a swap
 // between keys whose reference scores lie closer than that is what the candidate's scores imply); otherwise twice
 // idx_scores' tolerance times the reference scores' RMS. Keys a token does not see are those past Batch::keys_seen
-// (the reference's inputs); without inputs every column counts as seen.
-void judge_selection(ProbeResult& r, const Gathered& ga, const Gathered& gb, const Dump& a, const Dump& b,
-                     const ToleranceModel& tol) {
+// (the reference's inputs); without inputs every column counts as seen. Returns the tokens whose sets differ only by
+// near-tie swaps (SelectionDiff::swapped_tokens).
+std::vector<int64_t> judge_selection(ProbeResult& r, const Gathered& ga, const Gathered& gb, const Dump& a,
+                                     const Dump& b, const ToleranceModel& tol) {
   const int64_t T = gb.shape[0], k = gb.shape[1];
   const auto sets = [&](const Tensor& t) {
     std::vector<std::vector<int>> out(T);
@@ -589,6 +590,66 @@ void judge_selection(ProbeResult& r, const Gathered& ga, const Gathered& gb, con
   r.verdict = d.diverges() ? Verdict::Verdict_diverge : Verdict::Verdict_pass;
   r.why = d.explain();
   if (d.diverges() && d.first_token >= 0) r.m.max_at = Coord{r.layer, -1, d.first_token, -1, -1};
+  return d.swapped_tokens;
+}
+
+// Makes the candidate's rows of `tokens` (first axis) the reference's in everything the metrics read: the full data,
+// the sketch rows, the per-token and per-head norms, and the totals over them. l2 keeps gather's sense (the finite
+// values' sum of squares, or −1 where unknown): the excused rows' sums of squares are swapped, from the data where
+// both sides hold it in full, else from token_l2 (a non-finite norm counts 0). With full data the NaN/Inf counts
+// and absmax follow the patched data; without it the counts stay as recorded (a row's count is not known). Returns
+// how many of `tokens` lie within the probe's first axis.
+int64_t excuse_tokens(Gathered& a, const Gathered& b, const std::vector<int64_t>& tokens) {
+  if (a.shape.empty() || a.shape != b.shape) return 0;
+  const int64_t T = a.shape[0];
+  std::vector<int64_t> rows;
+  for (int64_t t : tokens)
+    if (t >= 0 && t < T) rows.push_back(t);
+  if (rows.empty()) return 0;
+  const bool full = a.full && b.full && a.data.numel() == b.data.numel() && a.data.numel() % T == 0;
+  const bool norms = a.token_l2.size() == static_cast<size_t>(T) && b.token_l2.size() == static_cast<size_t>(T);
+  double delta2 = 0;  // Σ over the excused rows of (reference − candidate) finite sums of squares
+  if (full) {
+    const int64_t row = a.data.numel() / T;
+    int64_t nan = 0, inf = 0;
+    for (int64_t t : rows) {
+      float* x = a.data.ptr() + t * row;
+      const float* y = b.data.ptr() + t * row;
+      for (int64_t c = 0; c < row; ++c) {
+        if (std::isfinite(x[c])) delta2 -= static_cast<double>(x[c]) * x[c];
+        if (std::isfinite(y[c])) delta2 += static_cast<double>(y[c]) * y[c];
+        nan += static_cast<int64_t>(std::isnan(y[c])) - static_cast<int64_t>(std::isnan(x[c]));
+        inf += static_cast<int64_t>(std::isinf(y[c])) - static_cast<int64_t>(std::isinf(x[c]));
+        x[c] = y[c];
+      }
+    }
+    a.nan = std::max<int64_t>(0, a.nan + nan);
+    a.inf = std::max<int64_t>(0, a.inf + inf);
+    a.absmax = 0;
+    for (float v : a.data.data)
+      if (std::isfinite(v)) a.absmax = std::max(a.absmax, static_cast<double>(std::fabs(v)));
+  } else if (norms) {
+    const auto sq = [](float v) { return std::isfinite(v) ? static_cast<double>(v) * v : 0.0; };
+    for (int64_t t : rows) delta2 += sq(b.token_l2[t]) - sq(a.token_l2[t]);
+  }
+  if (a.l2 >= 0 && (full || norms)) a.l2 = std::sqrt(std::max(0.0, a.l2 * a.l2 + delta2));
+  if (norms)
+    for (int64_t t : rows) a.token_l2[t] = b.token_l2[t];
+  const auto copy_rows = [&](std::vector<float>& x, const std::vector<float>& y) {
+    if (x.size() != y.size() || x.empty() || x.size() % T != 0) return;
+    const size_t row = x.size() / T;
+    for (int64_t t : rows) std::copy_n(y.begin() + t * row, row, x.begin() + t * row);
+  };
+  if (a.sketch && b.sketch) copy_rows(a.sketch_rows, b.sketch_rows);
+  copy_rows(a.head_l2, b.head_l2);
+  return static_cast<int64_t>(rows.size());
+}
+
+std::string token_list(const std::vector<int64_t>& tokens, size_t max_items = 8) {
+  std::string s;
+  for (size_t i = 0; i < tokens.size() && i < max_items; ++i) s += (i ? ", " : "") + std::to_string(tokens[i]);
+  if (tokens.size() > max_items) s += ", ...";
+  return s;
 }
 
 }  // namespace
@@ -675,6 +736,15 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
   rep.notes = ex.notes;
   const int tp_a = ranks_of(a), tp_b = ranks_of(b);
   bool said_sketch = false;
+  // Per layer, from its topk: the tokens whose selection swapped near-tied keys, topk's order and its token count.
+  // The probes after topk in that layer read other keys at those tokens by design: those rows are not compared.
+  struct Swapped {
+    std::vector<int64_t> tokens;
+    int order = 0;
+    int64_t T = 0;
+    bool noted = false;
+  };
+  std::map<int, Swapped> swapped;
   for (const auto& e : ex.probes) {
     const DumpProbe* pa = a.find(e.layer, e.name);
     const DumpProbe* pb = b.find(e.layer, e.name);
@@ -712,9 +782,23 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
       rep.results.push_back(std::move(r));
       continue;
     }
-    const Gathered ga = gather(*pa), gb = gather(*pb);
+    Gathered ga = gather(*pa);
+    const Gathered gb = gather(*pb);
     for (auto& s : ga.problems) r.problems.push_back("candidate: " + s);
     for (auto& s : gb.problems) r.problems.push_back("reference: " + s);
+    // A probe of its layer's attention or a stage after it (what reads the selection), whose first axis is the
+    // tokens: the rows of tokens whose selection swapped near-tied keys are taken as the reference's (in this copy
+    // of the candidate's gathered data). Stages between topk and the attention (kv_b_proj, q_absorb) do not read it.
+    std::vector<int64_t> excused;
+    static const std::set<std::string> kReadsSelection = {"attention_mha", "attention_mqa", "v_up",
+                                                          "o_proj",        "all_reduce",    "residual"};
+    if (auto sw = swapped.find(e.layer); sw != swapped.end() && !sw->second.tokens.empty() &&
+                                         r.order > sw->second.order && kReadsSelection.count(r.stage) &&
+                                         !pb->shape.empty() &&
+                                         pb->shape[0] == sw->second.T) {
+      r.excused_tokens = excuse_tokens(ga, gb, sw->second.tokens);
+      if (r.excused_tokens > 0) excused = sw->second.tokens;
+    }
     r.m = compare_gathered(ga, gb, *pb, pb->layer, opt);
     if (r.m.basis != "full" && !said_sketch) {
       rep.notes.push_back("some probes lack full tensors on one side: their metrics come from sketches (estimates, "
@@ -724,11 +808,18 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
     // Per-rank partial sums (allreduce bugs leave every o_partial right and o wrong; a sharding bug shows here).
     if (pb->contract == "partial" && pa->ranks.size() == pb->ranks.size()) {
       r.m.rank_rel.clear();
+      // Rows of excused tokens count as equal (they are left out of the sums).
+      const int64_t T = pb->shape.empty() ? 1 : std::max<int64_t>(pb->shape[0], 1);
+      const auto kept = [&](size_t i, size_t n) {
+        return excused.empty() || !std::binary_search(excused.begin(), excused.end(),
+                                                      static_cast<int64_t>(i / std::max<size_t>(n / T, 1)));
+      };
       for (size_t k = 0; k < pb->ranks.size(); ++k) {
         const auto &ra = pa->ranks[k], &rb = pb->ranks[k];
         if (ra.data.numel() && ra.data.numel() == rb.data.numel()) {
           double d = 0, n = 0;
           for (int64_t i = 0; i < ra.data.numel(); ++i) {
+            if (!kept(static_cast<size_t>(i), static_cast<size_t>(ra.data.numel()))) continue;
             d += std::pow(static_cast<double>(ra.data.data[i]) - rb.data.data[i], 2);
             n += std::pow(static_cast<double>(rb.data.data[i]), 2);
           }
@@ -736,6 +827,7 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
         } else if (!ra.sketch.empty() && ra.sketch.size() == rb.sketch.size()) {
           double d = 0, n = 0;
           for (size_t i = 0; i < ra.sketch.size(); ++i) {
+            if (!kept(i, ra.sketch.size())) continue;
             d += std::pow(static_cast<double>(ra.sketch[i]) - rb.sketch[i], 2);
             n += std::pow(static_cast<double>(rb.sketch[i]), 2);
           }
@@ -743,8 +835,24 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
         }
       }
     }
-    if (e.name == "topk" && ga.full && gb.full && gb.shape.size() == 2) judge_selection(r, ga, gb, a, b, tol);
-    else judge(r, ga);
+    if (e.name == "topk" && ga.full && gb.full && gb.shape.size() == 2) {
+      swapped[e.layer] = Swapped{judge_selection(r, ga, gb, a, b, tol), r.order, gb.shape[0], false};
+    } else {
+      judge(r, ga);
+    }
+    if (r.excused_tokens > 0) {
+      const auto n = r.excused_tokens;
+      r.why += "; " + std::to_string(n) + (n == 1 ? " token excused (its" : " tokens excused (their") +
+               " selection swapped near-tied keys: " + token_list(excused) + ")";
+      if (auto& sw = swapped[e.layer]; !sw.noted) {
+        sw.noted = true;
+        const auto k = static_cast<int64_t>(sw.tokens.size());
+        rep.notes.push_back("layer " + std::to_string(e.layer) + ": " + std::to_string(k) +
+                            (k == 1 ? " token" : " tokens") + " (" + token_list(sw.tokens) + ") whose top-k swapped " +
+                            "near-tied keys " + (k == 1 ? "is" : "are") + " not compared in the probes after topk " +
+                            "(they attend to other keys by design)");
+      }
+    }
     rep.results.push_back(std::move(r));
   }
   // Probes outside the expected set are not compared; say so unless the user narrowed the set.

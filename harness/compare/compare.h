@@ -122,6 +122,10 @@ struct ProbeResult {
   SelectionPattern selection_pattern = SelectionPattern::SelectionPattern_none;
   int selection_shift = 0;  // SelectionPattern_shifted's offset
   int64_t near_tie_swaps = 0;
+  // Tokens of this probe not compared: their top-k in the layer swapped near-tied keys (SelectionDiff::
+  // swapped_tokens), so they attend to other keys than the reference's. Probes after topk in its layer only; the
+  // candidate's rows of these tokens are taken as the reference's before measuring.
+  int64_t excused_tokens = 0;
   // A weight beyond tolerance, described (describe_weight): the pattern in plain words and the numbers behind it.
   std::string pattern;
   std::vector<std::string> evidence;

@@ -102,6 +102,7 @@ SelectionDiff compare_selection(const std::vector<std::vector<int>>& ref, const 
     if (missing.size() == extra.size() && std::all_of(missing.begin(), missing.end(), near) &&
         std::all_of(extra.begin(), extra.end(), near)) {
       d.near_tie_swaps += static_cast<int64_t>(extra.size());
+      d.swapped_tokens.push_back(t);
       continue;
     }
     if (d.differing++ == 0) {

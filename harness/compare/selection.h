@@ -29,6 +29,8 @@ struct SelectionDiff {
   int64_t tokens = 0;          // query tokens compared
   int64_t differing = 0;       // tokens whose sets differ beyond near-ties
   int64_t near_tie_swaps = 0;  // keys swapped across the boundary between near-tied keys (not a divergence)
+  // The tokens whose sets differ only by those swaps, ascending: they attend to other keys than the reference's.
+  std::vector<int64_t> swapped_tokens;
   double mean_overlap = 1.0;   // mean over tokens of |ref ∩ cand| / |ref| (1 where the reference selects none)
   // The first differing token: its set size in the reference, and the keys the candidate lacks and adds there.
   int64_t first_token = -1, first_size = 0;

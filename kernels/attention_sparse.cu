@@ -476,7 +476,7 @@ void launch_attention_mqa_sparse(const SparseMqaArgs& p, RankContext& rc) {
   a.p = p;
   a.token_seq = db.i32(db.token_seq);
   a.seq_total_len = db.i32(db.seq_total_len);
-  a.block_table = db.i32(db.block_table);
+  a.block_table = p.block_table ? p.block_table : db.i32(db.block_table);  // another: page-off-by-one planted
   a.max_blocks = db.max_blocks;
   a.tiles_per_split = per;
   a.direct = splits == 1;

@@ -802,29 +802,6 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       break;
     }
     case Stage::Stage_attention_mha: {
-      if (cfg_.has_dsa()) {  // DSA: each token attends to its selected keys only
-        cuda::SparseMhaArgs a;
-        a.q_nope = in(rank, "q_nope").bf();
-        a.q_pe_rope = in(rank, "q_pe_rope").bf();
-        a.k_nope = in(rank, "k_nope").bf();
-        a.k_pe_rope = in(rank, "k_pe_rope").bf();
-        a.v = in(rank, "v").bf();
-        a.cache = rs.cache.at(layer).bf();
-        a.w_kvb = W.kv_b_proj.bf();
-        a.topk = selected_keys(rank);
-        a.k = cfg_.index_topk;
-        a.T = static_cast<int>(T);
-        a.Nl = static_cast<int>(Nl);
-        a.P = static_cast<int>(P);
-        a.R = static_cast<int>(R);
-        a.V = static_cast<int>(V);
-        a.L = static_cast<int>(L);
-        a.scale = softmax_scale;
-        a.attn_out = out(rank, "attn_out", {T, Nl, V}).bf();
-        a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
-        cuda::launch_attention_mha_sparse(a, rc);
-        break;
-      }
       cuda::MhaArgs a;
       a.q_nope = in(rank, "q_nope").bf();
       a.q_pe_rope = in(rank, "q_pe_rope").bf();
@@ -846,7 +823,15 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       a.attn_out = out(rank, "attn_out", {T, Nl, V}).bf();
       a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
       a.kernel = mha_kernel_;
-      cuda::launch_attention_mha(a, rc);
+      if (cfg_.has_dsa()) {  // DSA: each token attends to its selected keys only
+        cuda::SparseMhaArgs sparse;
+        static_cast<cuda::MhaArgs&>(sparse) = a;
+        sparse.topk = selected_keys(rank);
+        sparse.k = cfg_.index_topk;
+        cuda::launch_attention_mha_sparse(sparse, rc);
+      } else {
+        cuda::launch_attention_mha(a, rc);
+      }
       break;
     }
     case Stage::Stage_q_absorb: {
@@ -857,23 +842,6 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       break;
     }
     case Stage::Stage_attention_mqa: {
-      if (cfg_.has_dsa()) {  // DSA: each token attends to its selected cache rows only
-        cuda::SparseMqaArgs a;
-        a.q_latent = in(rank, "q_latent").bf();
-        a.q_pe_rope = in(rank, "q_pe_rope").bf();
-        a.cache = rs.cache.at(layer).bf();
-        a.topk = selected_keys(rank);
-        a.k = cfg_.index_topk;
-        a.T = static_cast<int>(T);
-        a.Nl = static_cast<int>(Nl);
-        a.L = static_cast<int>(L);
-        a.R = static_cast<int>(R);
-        a.scale = softmax_scale;
-        a.attn_latent = out(rank, "attn_latent", {T, Nl, L}).bf();
-        a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
-        cuda::launch_attention_mqa_sparse(a, rc);
-        break;
-      }
       cuda::MqaArgs a;
       a.q_latent = in(rank, "q_latent").bf();
       a.q_pe_rope = in(rank, "q_pe_rope").bf();
@@ -889,7 +857,15 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       a.attn_latent = out(rank, "attn_latent", {T, Nl, L}).bf();
       a.lse = out(rank, "lse", {T, Nl}, DType::DType_f32).f32();
       a.kernel = mqa_kernel_;
-      cuda::launch_attention_mqa(a, rc);
+      if (cfg_.has_dsa()) {  // DSA: each token attends to its selected cache rows only
+        cuda::SparseMqaArgs sparse;
+        static_cast<cuda::MqaArgs&>(sparse) = a;
+        sparse.topk = selected_keys(rank);
+        sparse.k = cfg_.index_topk;
+        cuda::launch_attention_mqa_sparse(sparse, rc);
+      } else {
+        cuda::launch_attention_mqa(a, rc);
+      }
       break;
     }
     case Stage::Stage_v_up: {

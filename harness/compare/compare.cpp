@@ -1,5 +1,6 @@
 // Metrics, tolerances, verdicts, the first divergence, and what is comparable and expected.
 #include "harness/compare/compare.h"
+#include "harness/compare/diagnose.h"
 #include "harness/compare/selection.h"
 #include "harness/compare/weight_diff.h"
 
@@ -561,27 +562,30 @@ std::vector<int64_t> judge_selection(ProbeResult& r, const Gathered& ga, const G
     for (int64_t s = b.inputs.batch.keys_seen(static_cast<int>(t)); s < K; ++s)
       ref_scores.data[t * K + s] = -std::numeric_limits<float>::infinity();
   std::string bound = "no near-ties excused: the reference holds no full idx_scores";
-  double tie_tol = 0;
+  std::vector<double> tie_tol(T, 0.0);  // per token
   if (have_scores) {
     if (scores_a.full && scores_a.data.shape == scores_b.data.shape) {
-      double worst = 0;
-      for (int64_t i = 0; i < scores_b.data.numel(); ++i)
-        worst = std::max(worst, std::fabs(static_cast<double>(scores_a.data.data[i]) - scores_b.data.data[i]));
-      tie_tol = 2 * worst;
-      bound = "twice the largest difference of the two runs' idx_scores";
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s < K; ++s) {
+          const double d = std::fabs(static_cast<double>(scores_a.data.data[t * K + s]) - scores_b.data.data[t * K + s]);
+          tie_tol[t] = std::max(tie_tol[t], 2 * d);
+        }
+      bound = "per token, twice the largest difference of the two runs' idx_scores in its row";
     } else {
       double sum2 = 0;
       for (float v : scores_b.data.data) sum2 += static_cast<double>(v) * v;
-      tie_tol = 2 * tol.for_probe("idx_scores", r.layer).rel_l2 * std::sqrt(sum2 / std::max<int64_t>(1, scores_b.data.numel()));
+      const double rms = std::sqrt(sum2 / static_cast<double>(std::max<int64_t>(1, scores_b.data.numel())));
+      std::fill(tie_tol.begin(), tie_tol.end(), 2 * tol.for_probe("idx_scores", r.layer).rel_l2 * rms);
       bound = "twice idx_scores' tolerance times the scores' RMS";
     }
   }
   const SelectionDiff d = compare_selection(ref_sets, cand_sets, ref_scores, tie_tol);
+  const double widest = tie_tol.empty() ? 0.0 : *std::max_element(tie_tol.begin(), tie_tol.end());
   r.m = Metrics{};
   r.m.basis = "sets";
   r.m.rel_l2 = 1.0 - d.mean_overlap;
   r.m.mismatch = d.tokens > 0 ? static_cast<double>(d.differing) / static_cast<double>(d.tokens) : 0.0;
-  r.tol = Tolerance{0, 0, "sets of keys per token; swaps within " + std::to_string(tie_tol) + " (" + bound +
+  r.tol = Tolerance{0, 0, "sets of keys per token; swaps within " + fmt_num(widest) + " at most (" + bound +
                               ") are near-ties, not divergences"};
   r.selection = true;
   r.selection_pattern = d.pattern;
@@ -592,6 +596,8 @@ std::vector<int64_t> judge_selection(ProbeResult& r, const Gathered& ga, const G
   if (d.diverges() && d.first_token >= 0) r.m.max_at = Coord{r.layer, -1, d.first_token, -1, -1};
   return d.swapped_tokens;
 }
+
+}  // namespace
 
 // Makes the candidate's rows of `tokens` (first axis) the reference's in everything the metrics read: the full data,
 // the sketch rows, the per-token and per-head norms, and the totals over them. l2 keeps gather's sense (the finite
@@ -645,6 +651,8 @@ int64_t excuse_tokens(Gathered& a, const Gathered& b, const std::vector<int64_t>
   return static_cast<int64_t>(rows.size());
 }
 
+namespace {
+
 std::string token_list(const std::vector<int64_t>& tokens, size_t max_items = 8) {
   std::string s;
   for (size_t i = 0; i < tokens.size() && i < max_items; ++i) s += (i ? ", " : "") + std::to_string(tokens[i]);
@@ -653,6 +661,22 @@ std::string token_list(const std::vector<int64_t>& tokens, size_t max_items = 8)
 }
 
 }  // namespace
+
+bool reads_selection(const std::string& stage) {
+  static const std::set<std::string> kStages = {"attention_mha", "attention_mqa", "v_up",
+                                                "o_proj",        "all_reduce",    "residual"};
+  return kStages.count(stage) > 0;
+}
+
+std::vector<int64_t> near_tie_tokens(const Dump& a, const Dump& b, int layer, const ToleranceModel& tol) {
+  const DumpProbe *pa = a.find(layer, "topk"), *pb = b.find(layer, "topk");
+  if (!pa || !pb) return {};
+  const Gathered ga = gather(*pa), gb = gather(*pb);
+  if (!ga.full || !gb.full || gb.shape.size() != 2 || ga.shape != gb.shape) return {};
+  ProbeResult r;
+  r.layer = layer;
+  return judge_selection(r, ga, gb, a, b, tol);
+}
 
 int CompareReport::divergent_weights() const {
   int n = 0;
@@ -790,10 +814,8 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
     // tokens: the rows of tokens whose selection swapped near-tied keys are taken as the reference's (in this copy
     // of the candidate's gathered data). Stages between topk and the attention (kv_b_proj, q_absorb) do not read it.
     std::vector<int64_t> excused;
-    static const std::set<std::string> kReadsSelection = {"attention_mha", "attention_mqa", "v_up",
-                                                          "o_proj",        "all_reduce",    "residual"};
     if (auto sw = swapped.find(e.layer); sw != swapped.end() && !sw->second.tokens.empty() &&
-                                         r.order > sw->second.order && kReadsSelection.count(r.stage) &&
+                                         r.order > sw->second.order && reads_selection(r.stage) &&
                                          !pb->shape.empty() &&
                                          pb->shape[0] == sw->second.T) {
       r.excused_tokens = excuse_tokens(ga, gb, sw->second.tokens);

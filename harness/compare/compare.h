@@ -199,6 +199,17 @@ ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOption
 // somewhere else), a complete dump whose probe lacks ranks, a full-level record without data.
 void require_readable(const Dump& d);
 
+// DSA: the tokens of `layer` whose top-k in `a` (the candidate) differs from `b`'s only by swaps between near-tied
+// keys, judged as compare_dumps judges topk; empty where either lacks topk in full.
+std::vector<int64_t> near_tie_tokens(const Dump& a, const Dump& b, int layer, const ToleranceModel& tol);
+// Whether a stage reads DSA's selection, or comes after the one that does: the attention and every stage after it.
+bool reads_selection(const std::string& stage);
+// Makes the candidate's gathered rows of `tokens` (first axis) the reference's in everything the metrics read (the
+// full data, sketch rows, per-token and per-head norms, the totals); returns how many lie within the first axis.
+// compare_dumps does this for near_tie_tokens in the probes that read the selection: such a token attends to other
+// keys by design.
+int64_t excuse_tokens(Gathered& a, const Gathered& b, const std::vector<int64_t>& tokens);
+
 // rel_l2 per group of `block` consecutive entries of per-channel sums (Metrics::channel_err2 / channel_ref2);
 // the last group may be shorter.
 std::vector<double> channel_block_rel(const std::vector<double>& err2, const std::vector<double>& ref2, int64_t block);

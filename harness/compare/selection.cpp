@@ -69,6 +69,14 @@ std::string SelectionDiff::explain() const {
 
 SelectionDiff compare_selection(const std::vector<std::vector<int>>& ref, const std::vector<std::vector<int>>& cand,
                                 const Tensor& ref_scores, double tie_tol) {
+  return compare_selection(ref, cand, ref_scores, std::vector<double>(ref.size(), tie_tol));
+}
+
+SelectionDiff compare_selection(const std::vector<std::vector<int>>& ref, const std::vector<std::vector<int>>& cand,
+                                const Tensor& ref_scores, const std::vector<double>& tie_tol) {
+  if (tie_tol.size() != ref.size())
+    throw UsageError("selection: " + std::to_string(tie_tol.size()) + " near-tie bounds for " +
+                     std::to_string(ref.size()) + " tokens");
   if (ref.size() != cand.size())
     throw UsageError("selection: the reference selects for " + std::to_string(ref.size()) +
                      " tokens, the candidate for " + std::to_string(cand.size()));
@@ -98,7 +106,7 @@ SelectionDiff compare_selection(const std::vector<std::vector<int>>& ref, const 
     float last = INFINITY;
     for (int s : r)
       if (visible(s)) last = std::min(last, row[s]);
-    const auto near = [&](int s) { return visible(s) && std::fabs(row[s] - last) <= tie_tol; };
+    const auto near = [&](int s) { return visible(s) && std::fabs(row[s] - last) <= tie_tol[t]; };
     if (missing.size() == extra.size() && std::all_of(missing.begin(), missing.end(), near) &&
         std::all_of(extra.begin(), extra.end(), near)) {
       d.near_tie_swaps += static_cast<int64_t>(extra.size());

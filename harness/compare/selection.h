@@ -47,5 +47,8 @@ struct SelectionDiff {
 // −inf where the query does not see the key (the keys it sees are those with a finite score).
 SelectionDiff compare_selection(const std::vector<std::vector<int>>& ref, const std::vector<std::vector<int>>& cand,
                                 const Tensor& ref_scores, double tie_tol);
+// The same with a bound per token (tie_tol[t]).
+SelectionDiff compare_selection(const std::vector<std::vector<int>>& ref, const std::vector<std::vector<int>>& cand,
+                                const Tensor& ref_scores, const std::vector<double>& tie_tol);
 
 }  // namespace mla

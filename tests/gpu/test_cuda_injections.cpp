@@ -97,6 +97,9 @@ std::vector<Planted> planted_cases() {
   for (const char* n : {"index-rope-layout", "index-k-norm-skip", "index-weights-skip", "index-causal-leak",
                         "topk-off-by-one"})
     v.push_back({n, make_case("dsa_prefill_t40_tp1", "tiny-dsa", kPrefill, kMha, 1, 40)});
+  // The sparse gather from the wrong page: page-off-by-one in DSA's absorbed attention.
+  v.push_back({"page-off-by-one", make_case("dsa_decode_tp1", "tiny-dsa", kDecode, kAbsorbed, 1, 1, 4,
+                                            {100, 200, 300, 400})});
   return v;
 }
 

@@ -180,6 +180,18 @@ TEST(BisectCli, DsaCleanCandidateIsNotFlaggedAndTopkIsComparedAsSets) {
   }
 }
 
+// DSA's sparse gather from the wrong page (page-off-by-one in the absorbed attention over the selected rows): found
+// at attn_latent, past the tokens whose selection only swapped near-tied keys (excused there).
+TEST(BisectCli, DsaSparseGatherFromTheWrongPageIsFound) {
+  const std::string dir = tmpdir("dsa_page");
+  const auto r = sh(std::string("bisect --model tiny-dsa --mode decode --batch 4 --context 100,200,300,400") +
+                    kCandidate + " --inject page-off-by-one --workdir " + dir + " --json " + dir + "/b.json");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  std::ifstream f(dir + "/b.json");
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["first_divergence"]["probe"], "attn_latent") << r.out;
+}
+
 TEST(BisectCli, HangAndCrashGiveExitThreeNamingTheStage) {
   const std::string dir = tmpdir("hang");
   auto r = sh(std::string("bisect --model tiny --tokens 8 --tp 2 --timeout 1 --inject hang-at:rope@1") + kCandidate + " --workdir " + dir + " --junit " +

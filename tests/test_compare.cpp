@@ -547,17 +547,8 @@ Dump dsa_dump(const std::string& path, const std::map<std::string, Tensor>& tens
   for (const auto& ps : dsa_graph().probes) {
     const auto it = tensors.find(ps.name);
     if (it == tensors.end()) continue;
-    DumpProbe p;
-    p.name = ps.name;
-    p.stage = stage_name(ps.stage);
-    p.contract = contract_name(ps.contract);
-    p.shape = ps.shape;
-    p.order = ps.order;
-    p.heads_axis = ps.heads_axis;
-    p.rope_from = ps.rope_from;
-    p.engine_dtype = "fp32";
-    p.ranks.push_back(compute_probe_record(it->second, "fp32", make_probe_request(ps, 1, 0, levels.at(ps.name))));
-    d.probes.push_back(std::move(p));
+    const ProbeRequest req = make_probe_request(ps, 1, 0, levels.at(ps.name));
+    add_record(d, 0, ps, 0, compute_probe_record(it->second, "fp32", req));
   }
   return d;
 }

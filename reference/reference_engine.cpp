@@ -143,6 +143,9 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
     for (auto& p : positions) p += 1;
   const auto& W = global(layer);
   auto& cache = ranks_[rank].cache[layer];
+  // DSA: index-rope-layout pairs the indexer's rope lanes as the other DSA model does (interleaved <-> half-split).
+  const RopeStyle index_style =
+      planted("index-rope-layout") ? other_rope_style(cfg.index_rope_style) : cfg.index_rope_style;
   // DSA: the keys each token attends to, from the topk stage (attention's input).
   std::optional<ref::Selection> selection;
   if (cfg.has_dsa() && (st.stage == Stage::Stage_attention_mha || st.stage == Stage::Stage_attention_mqa))
@@ -194,16 +197,13 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       put(rank, "kv_cache", ref::cache_write(cache, batch, get(rank, "kv_c_norm"), get(rank, "k_pe_rope")));
       round_in_place(cache, precision_);
       break;
-    case Stage::Stage_indexer_q: {
-      // index-rope-layout: the indexer's rope lanes paired as the other model's (interleaved <-> half-split).
-      const RopeStyle style = planted("index-rope-layout") ? other_rope_style(cfg.index_rope_style) : cfg.index_rope_style;
-      put(rank, "idx_q", ref::indexer_q(get(rank, "q_c"), W.idx_wq_b, cfg.index_n_heads, positions, cfg.inv_freq, style));
+    case Stage::Stage_indexer_q:
+      put(rank, "idx_q",
+          ref::indexer_q(get(rank, "q_c"), W.idx_wq_b, cfg.index_n_heads, positions, cfg.inv_freq, index_style));
       break;
-    }
     case Stage::Stage_indexer_k: {
-      const RopeStyle style = planted("index-rope-layout") ? other_rope_style(cfg.index_rope_style) : cfg.index_rope_style;
       put(rank, "idx_k", ref::indexer_k(get(rank, "x"), W.idx_wk, W.idx_k_norm, W.idx_k_norm_bias,
-                                        MlaConfig::kIndexNormEps, positions, cfg.inv_freq, style,
+                                        MlaConfig::kIndexNormEps, positions, cfg.inv_freq, index_style,
                                         /*norm=*/!planted("index-k-norm-skip")));
       ref::index_cache_write(ranks_[rank].index_cache.at(layer), batch, get(rank, "idx_k"));
       break;
@@ -215,7 +215,8 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       put_exact(rank, "idx_scores",
                 ref::index_scores(get(rank, "idx_q"), get(rank, "idx_weights"), ranks_[rank].index_cache.at(layer),
                                   batch, ctx_.graph->find("idx_scores")->shape[1],
-                                  {.weights = !planted("index-weights-skip"), .causal = !planted("index-causal-leak")}));
+                                  {.weights = !planted("index-weights-skip"),
+                                   .causal = !planted("index-causal-leak")}));
       break;
     case Stage::Stage_topk: {
       // topk-off-by-one: one key fewer than index_topk.

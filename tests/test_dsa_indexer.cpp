@@ -322,7 +322,8 @@ TEST(StageGraphDsa, IndexerStagesAndProbes) {
     for (const char* p : {"idx_q", "idx_k", "idx_weights", "idx_scores", "topk"})
       EXPECT_EQ(G.find(p)->contract, Contract::Contract_replicated) << p;
     const StageGraph dense = build_graph(preset("tiny"), g);
-    for (const char* p : {"idx_q", "idx_k", "idx_weights", "idx_scores", "topk"}) EXPECT_EQ(dense.find(p), nullptr) << p;
+    for (const char* p : {"idx_q", "idx_k", "idx_weights", "idx_scores", "topk"})
+      EXPECT_EQ(dense.find(p), nullptr) << p;
   }
   std::vector<std::string> weights;
   for (const auto& w : build_weights(dsa, g)) weights.push_back(w.name);

@@ -567,7 +567,8 @@ std::vector<int64_t> judge_selection(ProbeResult& r, const Gathered& ga, const G
     if (scores_a.full && scores_a.data.shape == scores_b.data.shape) {
       for (int64_t t = 0; t < T; ++t)
         for (int64_t s = 0; s < K; ++s) {
-          const double d = std::fabs(static_cast<double>(scores_a.data.data[t * K + s]) - scores_b.data.data[t * K + s]);
+          const double a_ts = scores_a.data.data[t * K + s], b_ts = scores_b.data.data[t * K + s];
+          const double d = std::fabs(a_ts - b_ts);
           tie_tol[t] = std::max(tie_tol[t], 2 * d);
         }
       bound = "per token, twice the largest difference of the two runs' idx_scores in its row";

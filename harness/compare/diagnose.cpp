@@ -1082,7 +1082,8 @@ Found rule_norm_missing(const Ctx& c) {
                      "applied)",
                  "medium",
                  {"per-token norm ratios " + fmt_num(rmin, 4) + " to " + fmt_num(rmax, 4) +
-                  " (a missing norm: the unnormalized rows' own scale); lowest per-token cosine " + fmt_num(min_cos, 4)}};
+                  " (a missing norm: the unnormalized rows' own scale); lowest per-token cosine " +
+                  fmt_num(min_cos, 4)}};
 }
 
 // DSA's idx_scores: the candidate scores keys its token does not see (the reference holds 0 there), and the largest

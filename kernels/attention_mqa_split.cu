@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "kernels/attention_mqa_split.cuh"
+#include "kernels/attention_mqa_tile.cuh"
 #include "kernels/mma_util.cuh"
 
 namespace mla::cuda {
@@ -24,10 +25,9 @@ namespace mla::cuda {
 namespace {
 using namespace mma;
 
-constexpr int kThreads = 128, kBc = kCachePage;  // one tile = one page
-constexpr int kDT = 576, kVT = 512;              // padded row (L + R) and value width (L)
-constexpr int kSQ = kDT + 8, kSS = kBc + 4, kSP = kBc + 8;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+using mqa_tile::kBc, mqa_tile::kDT, mqa_tile::kLn2, mqa_tile::kLog2e, mqa_tile::kSP, mqa_tile::kSQ, mqa_tile::kSS,
+    mqa_tile::kThreads, mqa_tile::kVT;
+static_assert(kBc == kCachePage, "one tile = one page");
 
 struct SplitArgs {
   MqaSplitParams p;
@@ -40,12 +40,6 @@ struct SplitArgs {
   float* o_part;    // [splits, T·heads, L] normalised within the split
   float* lse_part;  // [splits, T·heads] log2 units; −inf: the split saw no key for the row
 };
-
-template <int ROWS>
-constexpr size_t split_smem_bytes() {
-  return (static_cast<size_t>(ROWS) * kSQ + 2ull * kBc * kSQ) * sizeof(bf16) + ROWS * kSS * sizeof(float) +
-         2 * ROWS * kSP * sizeof(bf16) + 3 * ROWS * sizeof(float);
-}
 
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) mqa_split_kernel(const SplitArgs a) {
@@ -145,23 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_split_kernel(const SplitArgs 
 
     // Scores of keys [16·warp, 16·warp + 16) for all rows.
     float sc[MT][2][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < 2; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
-    const uint32_t k_addr = smem_u32(sKV + buf * kBc * kSQ + kb_off);
-#pragma unroll 4
-    for (int kk = 0; kk < kDT / 16; ++kk) {
-      uint32_t bb[4];
-      ldmatrix_x4(bb, k_addr + kk * 32);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        uint32_t qa[4];
-        ldmatrix_x4(qa, q_addr + (mt * 16 * kSQ + kk * 16) * 2);
-        mma_bf16(sc[mt][0], qa, bb[0], bb[1]);
-        mma_bf16(sc[mt][1], qa, bb[2], bb[3]);
-      }
-    }
+    mqa_tile::scores<MT>(sc, smem_u32(sKV + buf * kBc * kSQ + kb_off), q_addr);
     const int key0 = t * kBc;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -176,76 +154,10 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_split_kernel(const SplitArgs 
         }
     __syncthreads();
 
-    // Online softmax, TPR threads per row.
-    {
-      float x[KPT];
-#pragma unroll
-      for (int k = 0; k < KPT; k += 4) {
-        const float4 v4 = *reinterpret_cast<const float4*>(sS + srow * kSS + spart * KPT + k);
-        x[k] = v4.x;
-        x[k + 1] = v4.y;
-        x[k + 2] = v4.z;
-        x[k + 3] = v4.w;
-      }
-      float mx = m_run;
-#pragma unroll
-      for (int k = 0; k < KPT; ++k) mx = fmaxf(mx, x[k]);
-#pragma unroll
-      for (int off = TPR / 2; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float base = mx == -INFINITY ? 0.f : mx;
-      const float corr = exp2_approx(m_run - base);
-      float sum = 0.f;
-#pragma unroll
-      for (int k = 0; k < KPT; k += 2) {
-        const float e0 = exp2_approx(x[k] - base), e1 = exp2_approx(x[k + 1] - base);
-        sum += e0 + e1;
-        const uint32_t hi = pack_bf16(e0, e1);
-        const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
-        *reinterpret_cast<uint32_t*>(sP + srow * kSP + spart * KPT + k) = hi;
-        *reinterpret_cast<uint32_t*>(sPlo + srow * kSP + spart * KPT + k) = pack_bf16(e0 - h0, e1 - h1);
-      }
-#pragma unroll
-      for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      l_run = l_run * corr + sum;
-      m_run = mx;
-      if (spart == 0) sCorr[srow] = corr;
-    }
+    mqa_tile::online_softmax<KPT, TPR>(sS, sP, sPlo, sCorr, srow, spart, m_run, l_run);
     __syncthreads();
-
     // O (this warp's 128 lanes) = O·corr + P·V.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float c0 = sCorr[mt * 16 + g], c1 = sCorr[mt * 16 + g + 8];
-#pragma unroll
-      for (int v = 0; v < 16; ++v) {
-        o[mt][v][0] *= c0;
-        o[mt][v][1] *= c0;
-        o[mt][v][2] *= c1;
-        o[mt][v][3] *= c1;
-      }
-    }
-    const uint32_t v_addr = smem_u32(sKV + buf * kBc * kSQ + vb_off);
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      uint32_t pa[MT][4], pl[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        ldmatrix_x4(pa[mt], p_addr + (mt * 16 * kSP + kk * 16) * 2);
-        ldmatrix_x4(pl[mt], plo_addr + (mt * 16 * kSP + kk * 16) * 2);
-      }
-#pragma unroll
-      for (int vp = 0; vp < 8; ++vp) {
-        uint32_t bb[4];
-        ldmatrix_x4_trans(bb, v_addr + (kk * 16 * kSQ + vp * 16) * 2);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(o[mt][2 * vp], pa[mt], bb[0], bb[1]);
-          mma_bf16(o[mt][2 * vp + 1], pa[mt], bb[2], bb[3]);
-          mma_bf16(o[mt][2 * vp], pl[mt], bb[0], bb[1]);
-          mma_bf16(o[mt][2 * vp + 1], pl[mt], bb[2], bb[3]);
-        }
-      }
-    }
+    mqa_tile::accumulate_pv<MT>(o, sCorr, g, p_addr, plo_addr, smem_u32(sKV + buf * kBc * kSQ + vb_off));
   }
   cp_async_wait<0>();
   if (spart == 0) {
@@ -317,7 +229,7 @@ __global__ void mqa_combine_kernel(const float* __restrict__ o_part, const float
 
 template <int MT>
 void launch_split(const SplitArgs& a, int groups, int splits, int seqs, cudaStream_t stream) {
-  constexpr size_t smem = split_smem_bytes<16 * MT>();
+  constexpr size_t smem = mqa_tile::smem_bytes<16 * MT>();
   auto kernel = mqa_split_kernel<MT>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(splits), static_cast<unsigned>(seqs));
@@ -359,9 +271,14 @@ void launch_attention_mqa_split(const MqaSplitParams& p, RankContext& rc) {
   if (mt == 1) launch_split<1>(a, groups, splits, db.seqs, rc.stream());
   else launch_split<2>(a, groups, splits, db.seqs, rc.stream());
 
+  launch_mqa_combine(a.o_part, a.lse_part, splits, TH, p.L, p.out, p.lse, rc.stream());
+}
+
+void launch_mqa_combine(const float* o_part, const float* lse_part, int splits, int64_t TH, int L, bf16* out,
+                        float* lse, cudaStream_t stream) {
   const int warps = 4;
-  mqa_combine_kernel<<<static_cast<unsigned>((TH + warps - 1) / warps), warps * 32, 0, rc.stream()>>>(
-      a.o_part, a.lse_part, splits, TH, p.L, p.out, p.lse);
+  mqa_combine_kernel<<<static_cast<unsigned>((TH + warps - 1) / warps), warps * 32, 0, stream>>>(
+      o_part, lse_part, splits, TH, L, out, lse);
   CUDA_CHECK_LAUNCH();
 }
 

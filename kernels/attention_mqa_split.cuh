@@ -19,5 +19,10 @@ struct MqaSplitParams {
 bool mqa_split_supports(int L, int R);
 // Runs on rc's stream with rc's batch layout (causal, bottom-right) and scratch for the partial results.
 void launch_attention_mqa_split(const MqaSplitParams& p, RankContext& rc);
+// The merge of `splits` normalised partial outputs o_part [splits, TH, L] (fp32, L a multiple of 4) by their lse
+// (log2 units, −inf: the split saw no key): out = Σ_s 2^(lse_s − lse)·o_s (bf16) and lse (natural log); a row no
+// split saw: 0 and −inf. One warp per (token, head) row; also DSA's sparse kernel's (attention_sparse.cu).
+void launch_mqa_combine(const float* o_part, const float* lse_part, int splits, int64_t TH, int L, bf16* out,
+                        float* lse, cudaStream_t stream);
 
 }  // namespace mla::cuda

@@ -16,11 +16,15 @@
 //   probe_pdl=0|1    device probes' tile kernels launched as programmatic dependents of the stage before them on
 //                    compute capability 9 and later (1, default: their launch overlaps the end of that stage), or
 //                    plainly (0)
-//   probe_launch=layer|stage  device probes of tensors of at most kHeldRowsMax rows held until the end of the
-//                    layer (flush_probes) and launched together, a batch launch for up to 22 tensors and one copy
-//                    of a rank's results (layer, default: at decode the launches, not the bytes, are the cost), or
-//                    launched after their stage (stage: a device fault then keeps the records of the stages before
-//                    it in its layer too)
+//   probe_launch=attention|layer|stage  device probes of tensors of at most probe_hold_rows rows held and launched
+//                    together (flush_probes), a batch launch for up to 22 tensors and one copy of a rank's results
+//                    (at decode the launches, not the bytes, are the cost): those of the stages before the attention
+//                    just before it and the rest at the end of the layer (attention, default: the first batch's copy
+//                    and records then overlap the attention, the layer's longest stage), or all at the end of the
+//                    layer (layer); or each launched after its stage (stage: a device fault then keeps the records
+//                    of the stages before it in its layer too)
+//   probe_hold_rows=N  the most token rows of a tensor whose probe is held (default 256: larger ones are launched
+//                    after their stage, where their results' copies overlap the next stages)
 //   probe_flag=memop|kernel  how a device probe's copies are marked done in mapped host memory: a stream memory
 //                    operation (memop, default; no SM needed), or a one-thread kernel (kernel; also taken where
 //                    the driver lacks the memory operation)
@@ -157,9 +161,17 @@ class CudaEngine : public Engine, public EngineTiming {
           throw UsageError("cuda engine: probe_flag=" + v + " (expected memop or kernel)");
         probe_flag_kernel_ = v == "kernel";
       } else if (k == "probe_launch") {
-        if (v != "layer" && v != "stage")
-          throw UsageError("cuda engine: probe_launch=" + v + " (expected layer or stage)");
-        probe_at_layer_end_ = v == "layer";
+        if (v != "attention" && v != "layer" && v != "stage")
+          throw UsageError("cuda engine: probe_launch=" + v + " (expected attention, layer or stage)");
+        probe_at_layer_end_ = v != "stage";
+        probe_before_attention_ = v == "attention";
+      } else if (k == "probe_hold_rows") {
+        try {
+          held_rows_max_ = std::stoll(v);
+        } catch (...) {
+          held_rows_max_ = -1;
+        }
+        if (held_rows_max_ < 0) throw UsageError("cuda engine: probe_hold_rows=" + v + " (expected a row count)");
       } else if (k == "devices") {
         try {
           devices_opt_ = std::stoi(v);
@@ -175,9 +187,9 @@ class CudaEngine : public Engine, public EngineTiming {
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
-                         "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, probe_launch=layer|stage, "
-                         "devices=N, "
-                         "mha_kernel=1|2|3, mqa_kernel=1|2)");
+                         "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
+                         "probe_launch=attention|layer|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3, "
+                         "mqa_kernel=1|2)");
       }
     }
     const int n = cuda_device_count();
@@ -202,7 +214,9 @@ class CudaEngine : public Engine, public EngineTiming {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
            ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") +
-           ",probe_launch=" + (probe_at_layer_end_ ? "layer" : "stage") + ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
+           ",probe_hold_rows=" + std::to_string(held_rows_max_) +
+           ",probe_launch=" + (!probe_at_layer_end_ ? "stage" : probe_before_attention_ ? "attention" : "layer") +
+           ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
            ",probe_stream=" + (probe_side_stream_ ? "side" : "rank") +
            ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
            ",mqa_kernel=" + std::to_string(mqa_kernel_);
@@ -276,7 +290,7 @@ class CudaEngine : public Engine, public EngineTiming {
     for (auto& u : events_used_) u = 0;
   }
   std::vector<StageTiming> take_stage_timings() override;
-  bool holds_probes_of(int64_t rows) const override { return holds_probes() && rows <= kHeldRowsMax; }
+  bool holds_probes_of(int64_t rows) const override { return holds_probes() && rows <= held_rows_max_; }
   std::vector<DeviceCeiling> measure_ceilings(int repeats) override {
     std::vector<DeviceCeiling> out;
     for (auto& c : cuda::measure_device_ceilings(0, repeats)) out.push_back({c.what, c.flops, c.bytes, c.samples_s});
@@ -296,7 +310,8 @@ class CudaEngine : public Engine, public EngineTiming {
 
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
   bool probe_pdl_ = true, probe_flag_kernel_ = false;
-  bool probe_at_layer_end_ = true;  // probe_launch=layer
+  bool probe_at_layer_end_ = true;      // probe_launch=attention or layer
+  bool probe_before_attention_ = true;  // probe_launch=attention
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 3, mqa_kernel_ = 2;
@@ -338,7 +353,7 @@ class CudaEngine : public Engine, public EngineTiming {
     Stage stage;
     cudaEvent_t done;
   };
-  static constexpr int64_t kHeldRowsMax = 256;
+  int64_t held_rows_max_ = 256;  // probe_hold_rows
   bool holds_probes() const { return queues_probes() && probe_at_layer_end_; }
   bool held(int rank, const std::string& name) const;
   void start_probe(int rank, const std::string& name, const ProbeRequest& req);
@@ -555,6 +570,10 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
       begin = timing_event(rank);
       CUDA_CHECK(cudaEventRecord(begin, ranks_[rank].ctx->stream()));
     }
+    // The probes held so far go before the attention, so that their copy and records overlap it.
+    if (probe_before_attention_ && !held_.empty() &&
+        (st.stage == Stage::Stage_attention_mha || st.stage == Stage::Stage_attention_mqa))
+      flush_probes();
     run_stage_impl(st, layer, rank);
     if (holds_probes()) {  // where the device is, for a hang seen while the held records wait
       if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_pool_.resize(rank + 1);
@@ -1005,7 +1024,7 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
   // Held when its tensor has few rows (decode, short prompts: there the launches, not the bytes, are the cost), and
   // after one is held (the records come back in start order).
   const int64_t rows = req.tokens > 0 ? req.tokens : 1;
-  if (holds_probes() && (!held_.empty() || rows <= kHeldRowsMax)) {
+  if (holds_probes() && (!held_.empty() || rows <= held_rows_max_)) {
     held_.push_back({rank, spec.name, req});
     return;
   }

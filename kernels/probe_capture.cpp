@@ -63,7 +63,6 @@ struct ProbeCapture::Slot {
   unsigned* flag_dev = nullptr;
   Arena* arena = nullptr;  // start_many: the results are at arena_off in this arena (not in `host`)
   size_t arena_off = 0;
-  bool ships_arena = false;  // the arena's first record: its ship() copies the whole arena
   cudaEvent_t computed = nullptr;  // on the rank's stream: the tensor is complete (side stream) or the results are
                                    // in the slot's device scratch (rank stream)
   int device = 0;
@@ -83,13 +82,7 @@ struct ProbeCapture::Arena {
   unsigned* flag_dev = nullptr;
   unsigned seq = 0;
   size_t bytes = 0;
-  std::atomic<int> pending{0};     // records not yet finished; 0: free
-  cudaEvent_t computed = nullptr;  // on the rank's stream, after the kernels
-  int device = 0;
-  ~Arena() {
-    DeviceGuard g(device);
-    if (computed) cudaEventDestroy(computed);
-  }
+  std::atomic<int> pending{0};  // records not yet finished; 0: free
 };
 
 ProbeCapture::ProbeCapture(RankContext& rc, const ProbeCaptureOptions& options)
@@ -180,7 +173,6 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
     Slot& s = slot(ids[k]);
     s.arena = &arena;
     s.arena_off = offsets[k];
-    s.ships_arena = k == 0;
     place(ids[k], list[k].req, args[k], static_cast<unsigned char*>(arena.dev.get()) + offsets[k], stream);
     if (s.numel == 0) continue;
     if (probe_stats_batchable(rc_.probe_launch_cache(), args[k])) batch.push_back(args[k]);
@@ -189,7 +181,10 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
   launch_probe_stats_batch(rc_.probe_launch_cache(), batch, stream);
   for (size_t k = 0; k < list.size(); ++k)
     if (slot(ids[k]).numel > 0) copy_full(slot(ids[k]), *list[k].tensor, stream);
-  CUDA_CHECK(cudaEventRecord(arena.computed, stream));
+  // The arena's copy and flag behind the kernels on the rank's stream itself: the records are awaited at once (the
+  // end of a layer), and an event and the copy stream's wait for it would only add their latency to that wait.
+  CUDA_CHECK(cudaMemcpyAsync(arena.host.reserve(0), arena.dev.get(), arena.bytes, cudaMemcpyDeviceToHost, stream));
+  launch_set_flag(arena.flag_dev, arena.seq, write_flag_, stream);
   return ids;
 }
 
@@ -200,8 +195,6 @@ ProbeCapture::Arena& ProbeCapture::free_arena(size_t bytes) {
     if (x->pending.load(std::memory_order_acquire) == 0) a = x.get();
   if (!a) {
     auto n = std::make_unique<Arena>();
-    n->device = rc_.device();
-    CUDA_CHECK(cudaEventCreateWithFlags(&n->computed, cudaEventDisableTiming));
     n->flag = reinterpret_cast<volatile unsigned*>(n->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&n->flag_dev), const_cast<unsigned*>(n->flag), 0));
     arenas_.push_back(std::move(n));
@@ -310,14 +303,7 @@ void ProbeCapture::place(int id, const ProbeRequest& req, ProbeStatsArgs& a, uns
 void ProbeCapture::ship(int id) {
   Slot& s = slot(id);
   DeviceGuard g(rc_.device());
-  if (s.arena) {  // the arena's first record ships them all
-    if (!s.ships_arena) return;
-    Arena& a = *s.arena;
-    CUDA_CHECK(cudaStreamWaitEvent(copy_, a.computed, 0));
-    CUDA_CHECK(cudaMemcpyAsync(a.host.reserve(0), a.dev.get(), a.bytes, cudaMemcpyDeviceToHost, copy_));
-    launch_set_flag(a.flag_dev, a.seq, write_flag_, copy_);
-    return;
-  }
+  if (s.arena) return;  // start_many queued the arena's copy and flag
   if (s.numel > 0) {
     if (!side_stream_) CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));  // (side: the kernels are on copy_)
     CUDA_CHECK(cudaMemcpyAsync(s.host.reserve(0), s.dev, s.bytes, cudaMemcpyDeviceToHost, copy_));

@@ -10,8 +10,8 @@
 // ProbeCaptureOptions::flag_by_kernel (or a driver without it) by a one-thread kernel instead
 // (kernels/probe_flag.cuh). The copy stream has the device's greatest priority (with probe_stream=side, where the
 // probe kernels run on it, the least). start_many() starts several probes at once (the engine's held probes): their
-// kernels in batch launches, their results in one arena that the first record's ship() copies in one piece, under
-// one flag.
+// kernels in batch launches, their results in one arena copied in one piece right behind them on the rank's stream,
+// under one flag (their ship() does nothing).
 #pragma once
 #include <atomic>
 #include <map>
@@ -61,7 +61,8 @@ class ProbeCapture {
     ProbeRequest req;
   };
   std::vector<int> start_many(const std::vector<Start>& list);
-  // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels.
+  // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels (a
+  // slot of start_many's: nothing, its copy is queued).
   void ship(int slot);
   // The record of a shipped slot, which becomes free: waits for its copies (or reads the flag after a device
   // fault). ship() and finish() may be called from another thread than start() (the record builder's), one slot at

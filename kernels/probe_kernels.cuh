@@ -110,7 +110,7 @@ struct TileBatch {
 static_assert(sizeof(TileBatch) <= 4000, "a batch is passed by value as a kernel parameter");
 void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream);
 void launch_probe_fold_rows_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream);
-// The row kernel: a warp per token row, the unit of stats the row.
-void launch_probe_rows(const ProbeStatsArgs& a, cudaStream_t stream);
+// The row kernel: a warp per token row, the unit of stats the row; `sms`: the device's multiprocessors.
+void launch_probe_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream);
 
 }  // namespace mla::cuda

@@ -153,7 +153,7 @@ void launch_probe_stats(ProbeLaunchCache& cache, const ProbeStatsArgs& a, bool p
     if (!g.fold_inline) launch_probe_fold_rows(a, g, t.part, t.sketch_part, stream);
     return;
   }
-  launch_probe_rows(a, stream);
+  launch_probe_rows(a, cache.tile_occupancy(false, kTileWarps).sms, stream);
 }
 
 TileBatchTask task_launch(const ProbeStatsArgs& a, const TileGeometry& g) {

@@ -12,12 +12,29 @@ namespace mla::cuda {
 namespace {
 using namespace probe_device;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // at most: fewer when the rows are too few for a block on every SM (launch_probe_rows)
+
+// Lane k gets the warp's sum of v[k] (32 values a lane), bit for bit the sum warp_sum(v[k]) gives (the same two
+// values added at each of its five steps, own + partner's), in 31 shuffles instead of 160: at each step a lane
+// keeps half of its values, whose partner's halves it takes, and sends the other half.
+__device__ __forceinline__ double warp_sum_transposed(double (&v)[kSketchLanes], int lane) {
+  static_assert(kSketchLanes == 32, "a value per lane");
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const bool upper = lane & o;
+#pragma unroll
+    for (int i = 0; i < o; ++i) {
+      const double recv = __shfl_xor_sync(0xffffffffu, upper ? v[i] : v[i + o], o);
+      v[i] = (upper ? v[i + o] : v[i]) + recv;
+    }
+  }
+  return v[0];
+}
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kThreads / 32) + (threadIdx.x >> 5);
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= a.rows) return;
   const T* x = static_cast<const T*>(a.data) + r * a.cols;
   // Column c's checksum multiplier is H(r)·A^(c >> 3) + step·(c & 7); a lane's columns step by 32, its power by A^4.
@@ -50,11 +67,8 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   warp_fold(acc);
   if (lane == 0) store_row(a, r, acc);
   if (a.sketch_bits) {
-#pragma unroll
-    for (int k = 0; k < kSketchLanes; ++k) {
-      const double s = warp_sum(skacc[k]);
-      if (lane == k) a.sketch_out[r * kSketchLanes + k] = static_cast<float>(s * kSketchScale);
-    }
+    const double s = warp_sum_transposed(skacc, lane);
+    a.sketch_out[r * kSketchLanes + lane] = static_cast<float>(s * kSketchScale);
   }
   if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
@@ -76,12 +90,16 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 }
 }  // namespace
 
-void launch_probe_rows(const ProbeStatsArgs& a, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>((a.rows + kThreads / 32 - 1) / (kThreads / 32));
+void launch_probe_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
+  // A warp a row, as many rows a block as leave a block for every SM (decode's 64 rows of DSA's idx_scores, 4097
+  // to 16385 columns: on 8 SMs in blocks of 8 warps, on 64 in blocks of one); a row's work is the same either way.
+  int warps = kThreads / 32;
+  while (warps > 1 && (a.rows + warps - 1) / warps < sms) warps /= 2;
+  const auto blocks = static_cast<unsigned>((a.rows + warps - 1) / warps);
   if (a.dtype == DType::DType_bf16)
-    probe_stats_kernel<bf16><<<blocks, kThreads, 0, stream>>>(a);
+    probe_stats_kernel<bf16><<<blocks, warps * 32, 0, stream>>>(a);
   else
-    probe_stats_kernel<float><<<blocks, kThreads, 0, stream>>>(a);
+    probe_stats_kernel<float><<<blocks, warps * 32, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 

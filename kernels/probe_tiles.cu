@@ -230,17 +230,28 @@ __device__ __forceinline__ uint32_t sign_pair(uint32_t m, int j, int u, uint32_t
 
 // Row r's record from its segments' partials, by one warp (fold_rows_kernel, for many segments): lane l folds
 // segments l, l + 32, ... (then a butterfly over the lanes: a fixed order) and sums sketch lane l over the
-// segments in order.
+// segments in order. The sum is a chain of adds, but its loads are not: they go out kFoldLoads at a time, so that a
+// row of 128 segments waits for 4 round trips to L2, not 16.
+constexpr int kFoldLoads = 32;
 __device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const RowPartial* part,
                          const float* sketch_part, int64_t r, int lane) {
   if (a.sketch_out) {
     float s = 0.f;
     const float* p = sketch_part + r * g.segs * kSketchLanes + lane;
+    int64_t k = 0;
+    for (; k + kFoldLoads <= g.segs; k += kFoldLoads) {
+      float v[kFoldLoads];
+#pragma unroll
+      for (int i = 0; i < kFoldLoads; ++i) v[i] = __ldcg(p + (k + i) * kSketchLanes);
+#pragma unroll
+      for (int i = 0; i < kFoldLoads; ++i) s += v[i];
+    }
 #pragma unroll 8
-    for (int64_t k = 0; k < g.segs; ++k) s += __ldcg(p + k * kSketchLanes);
+    for (; k < g.segs; ++k) s += __ldcg(p + k * kSketchLanes);
     a.sketch_out[r * kSketchLanes + lane] = s * kSketchScale;
   }
   RowAcc t;
+#pragma unroll 4
   for (int64_t k = lane; k < g.segs; k += 32) t.add_partial(part + r * g.segs + k);
   warp_fold(t);
   if (lane == 0) store_row(a, r, t);

@@ -1,6 +1,7 @@
 // Probe records built on a worker thread: harness/engine/probe_record_builder.h.
 #include "harness/engine/probe_record_builder.h"
 
+#include <chrono>
 #include <utility>
 
 namespace mla {
@@ -21,13 +22,22 @@ void ProbeRecordBuilder::push(Job job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     todo_.push_back(std::make_shared<Queued>(Queued{std::move(job)}));
+    settled_.store(false, std::memory_order_release);
   }
   queued_.notify_one();
 }
 
 void ProbeRecordBuilder::take(std::vector<ProbeRecord>& out, bool wait) {
+  if (wait) {
+    // The end of a layer's wait is short (the last records' build after the device's last kernels): spinning on
+    // `settled_` for a while answers it without the wake-up of a blocked thread, which costs more than the build
+    // itself on some hosts.
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    while (!settled_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+  }
   std::unique_lock<std::mutex> lock(mu_);
-  if (wait) built_.wait(lock, [&] { return !building_ && (todo_.empty() || failed_); });
+  if (wait) built_.wait(lock, [&] { return settled(); });
   for (auto& rec : done_) out.push_back(std::move(rec));
   done_.clear();
   if (failed_ && !building_) {  // the records before the failed job are out; the jobs queued after it are dropped
@@ -41,9 +51,10 @@ void ProbeRecordBuilder::take(std::vector<ProbeRecord>& out, bool wait) {
 void ProbeRecordBuilder::clear() {
   std::unique_lock<std::mutex> lock(mu_);
   todo_.clear();
-  built_.wait(lock, [&] { return !building_; });
+  built_.wait(lock, [&] { return settled(); });  // the job being built, and any pushed meanwhile
   done_.clear();
   failed_ = nullptr;
+  settled_.store(settled(), std::memory_order_release);
 }
 
 void ProbeRecordBuilder::work() {
@@ -84,7 +95,11 @@ void ProbeRecordBuilder::work() {
     building_ = false;
     if (error) failed_ = error;  // take() reports it and drops what was queued after it (a device fault is sticky)
     else done_.push_back(std::move(rec));
-    built_.notify_all();
+    // The waits (take, clear) wait for this state only: one wake-up a batch of jobs, not one a record.
+    if (settled()) {
+      settled_.store(true, std::memory_order_release);
+      built_.notify_all();
+    }
   }
 }
 

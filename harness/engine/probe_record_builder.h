@@ -5,6 +5,8 @@
 // probe is its start alone and the device never waits for a record to be built. take() hands the built records
 // back in push order. The CUDA engine's jobs: kernels/probe_capture.cuh.
 #pragma once
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -40,6 +42,10 @@ class ProbeRecordBuilder {
 
  private:
   void work();
+  // Nothing is being built and nothing more can be (every job built, or one failed): under mu_.
+  bool settled() const { return !building_ && (todo_.empty() || failed_); }
+  // How long take(wait) spins on settled_ before it blocks.
+  static constexpr std::chrono::microseconds kSpin{2000};
 
   struct Queued {
     Job job;
@@ -53,6 +59,7 @@ class ProbeRecordBuilder {
   std::exception_ptr failed_;  // a job that could not be built: nothing more is built until take() reports it
   bool building_ = false;      // a job is out of todo_ and not yet in done_
   bool stop_ = false;
+  std::atomic<bool> settled_{true};  // settled() as of the last change, read without the lock
   std::thread thread_;
 };
 

@@ -44,17 +44,27 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
     EXPECT_NE(std::string(e.what()).find("probe_flag=interrupt (expected memop or kernel)"), std::string::npos)
         << e.what();
   }
-  EXPECT_NE(make_engine(EngineSpec::parse("cuda"))->options().find("probe_flag=memop,probe_launch=layer,probe_pdl=1"),
-            std::string::npos);
-  EXPECT_NE(cuda_engine("probe_pdl=0,probe_flag=kernel,probe_launch=stage")
+  EXPECT_NE(make_engine(EngineSpec::parse("cuda"))
                 ->options()
-                .find("probe_flag=kernel,probe_launch=stage,probe_pdl=0"),
+                .find("probe_flag=memop,probe_hold_rows=256,probe_launch=attention,probe_pdl=1"),
             std::string::npos);
+  EXPECT_NE(cuda_engine("probe_pdl=0,probe_flag=kernel,probe_launch=stage,probe_hold_rows=512")
+                ->options()
+                .find("probe_flag=kernel,probe_hold_rows=512,probe_launch=stage,probe_pdl=0"),
+            std::string::npos);
+  try {
+    cuda_engine("probe_hold_rows=many");
+    ADD_FAILURE() << "probe_hold_rows=many was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("probe_hold_rows=many (expected a row count)"), std::string::npos)
+        << e.what();
+  }
   try {
     cuda_engine("probe_launch=now");
     ADD_FAILURE() << "probe_launch=now was accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("probe_launch=now (expected layer or stage)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("probe_launch=now (expected attention, layer or stage)"), std::string::npos)
+        << e.what();
   }
   auto e = cuda_engine("sync_debug=1,poison=0,probe=host");
   EXPECT_EQ(e->name(), "cuda");

@@ -60,11 +60,11 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
   }
 }
 
-// Probes held to the end of the layer and launched together (probe_launch=layer, the default) give the same
-// records, bit for bit, as probes launched after each stage (probe_launch=stage): every statistic, map, sketch and
-// full tensor; over two layers (the second layer's stages rewrite every tensor the first layer's probes read) and
-// at tp 8 on one GPU.
-TEST(CudaLayerDeterminism, ProbesLaunchedAtTheLayersEndAreTheSameRecords) {
+// Probes held and launched together — before the attention and at the end of the layer (probe_launch=attention,
+// the default), or all at the end (probe_launch=layer) — give the same records, bit for bit, as probes launched
+// after each stage (probe_launch=stage): every statistic, map, sketch and full tensor; over two layers (the second
+// layer's stages rewrite every tensor the first layer's probes read) and at tp 8 on one GPU.
+TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
   MLA_REQUIRE_GPU();
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -75,25 +75,29 @@ TEST(CudaLayerDeterminism, ProbesLaunchedAtTheLayersEndAreTheSameRecords) {
     c.layers = 2;
     c.input_norm = true;  // h and h_out: the second layer's input is the first's output
     const GpuRun run = make_run(c);
-    auto held = cuda_engine();
     auto each = cuda_engine("probe_launch=stage");
-    ASSERT_NE(held->options().find("probe_launch=layer"), std::string::npos) << held->options();
-    const Capture a = capture(*held, run), b = capture(*each, run);
-    ASSERT_EQ(a.recs.size(), b.recs.size());
-    for (const auto& [key, x] : a.recs) {
-      const ProbeRecord& y = b.recs.at(key);
-      const std::string what = c.describe() + ": probe " + std::get<1>(key) + " layer " +
-                               std::to_string(std::get<0>(key)) + " rank " + std::to_string(std::get<2>(key));
-      EXPECT_EQ(x.checksum, y.checksum) << what;
-      EXPECT_EQ(x.nan, y.nan) << what;
-      EXPECT_EQ(x.inf, y.inf) << what;
-      for (const auto& [u, v] : {std::pair{x.l2, y.l2}, {x.absmax, y.absmax}, {x.mean, y.mean}, {x.std, y.std}})
-        EXPECT_EQ(std::memcmp(&u, &v, sizeof u), 0) << what << ": " << u << " vs " << v;
-      EXPECT_TRUE(same(x.token_l2, y.token_l2)) << what << ": token L2";
-      EXPECT_TRUE(same(x.head_l2, y.head_l2)) << what << ": head L2";
-      EXPECT_TRUE(same(x.sketch, y.sketch)) << what << ": sketch";
-      EXPECT_EQ(x.data.shape, y.data.shape) << what;
-      EXPECT_TRUE(same(x.data.data, y.data.data)) << what << ": full tensor";
+    const Capture b = capture(*each, run);
+    for (const char* launch : {"", "probe_launch=layer"}) {
+      auto held = cuda_engine(launch);
+      ASSERT_NE(held->options().find(*launch ? launch : "probe_launch=attention"), std::string::npos)
+          << held->options();
+      const Capture a = capture(*held, run);
+      ASSERT_EQ(a.recs.size(), b.recs.size());
+      for (const auto& [key, x] : a.recs) {
+        const ProbeRecord& y = b.recs.at(key);
+        const std::string what = c.describe() + " " + held->options() + ": probe " + std::get<1>(key) + " layer " +
+                                 std::to_string(std::get<0>(key)) + " rank " + std::to_string(std::get<2>(key));
+        EXPECT_EQ(x.checksum, y.checksum) << what;
+        EXPECT_EQ(x.nan, y.nan) << what;
+        EXPECT_EQ(x.inf, y.inf) << what;
+        for (const auto& [u, v] : {std::pair{x.l2, y.l2}, {x.absmax, y.absmax}, {x.mean, y.mean}, {x.std, y.std}})
+          EXPECT_EQ(std::memcmp(&u, &v, sizeof u), 0) << what << ": " << u << " vs " << v;
+        EXPECT_TRUE(same(x.token_l2, y.token_l2)) << what << ": token L2";
+        EXPECT_TRUE(same(x.head_l2, y.head_l2)) << what << ": head L2";
+        EXPECT_TRUE(same(x.sketch, y.sketch)) << what << ": sketch";
+        EXPECT_EQ(x.data.shape, y.data.shape) << what;
+        EXPECT_TRUE(same(x.data.data, y.data.data)) << what << ": full tensor";
+      }
     }
   }
 }

@@ -8,7 +8,8 @@
 #
 #   MLA_BENCH_ONLY='prefill4096 decode16h'   run only these shape names (see the list below)
 #   MLA_BENCH_EXTRA='--repeats 30'           extra arguments for every run
-#   MLA_BENCH_CUDA='probe_out=copy'          extra cuda engine options for every run (docs: README's cuda options)
+#   MLA_BENCH_CUDA='probe_launch=stage'      extra cuda engine options for every run (docs: README's cuda options)
+#   MLA_BENCH_ANCHOR=0                       leave out the PyTorch anchors (bench/torch_anchor.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -83,8 +84,48 @@ if rows:
     print("\nprobe overhead on the layer's wall (targets: sketch <= +10%, <= +5% at prefill T 4096; stats <= +5%)")
     print("| shape | layer wall, no probes | stats | sketch |\n|---|---|---|---|")
     print("\n".join(rows))
-    print("(held: probes held to the end of the layer and launched together, cuda:probe_launch=layer)")
+    print("(held: probes held and launched together before the attention and after the last stage, cuda:probe_launch)")
 PY
+fi
+# PyTorch anchors on the same GPU in the same call (bench/torch_anchor.py): the unfused absorbed decode, torch's
+# sdpa and HF's DeepseekV3Attention layer, each beside our time as a ratio (> 1: ours is faster).
+if [[ "${MLA_BENCH_ANCHOR:-1}" != 0 ]] && command -v python3 >/dev/null 2>&1; then
+  dec=() pre=()
+  for name in "${ran[@]}"; do
+    case $name in decode64) dec+=(64x4096) ;; decode128) dec+=(128x8192) ;; prefill512) pre+=(512) ;;
+      prefill4096) pre+=(4096) ;; esac
+  done
+  if (( ${#dec[@]} + ${#pre[@]} > 0 )); then
+    echo "=== gpu_bench: PyTorch anchors: bench/torch_anchor.py --decode ${dec[*]} --prefill ${pre[*]}" | tee -a "$log"
+    if python3 bench/torch_anchor.py --json "$work/anchors.json" --decode "${dec[@]}" --prefill "${pre[@]}" 2>&1 |
+        tee -a "$log"; then
+      python3 - "$work" <<'PY' 2>&1 | tee -a "$log"
+import json, os, sys
+work = sys.argv[1]
+anchor = json.load(open(os.path.join(work, "anchors.json")))
+def ours(shape, stage):
+    path = os.path.join(work, f"bench_{shape}.json")
+    if not os.path.exists(path): return None
+    j = json.load(open(path))
+    if stage == "layer": return j["layer"]["time"]["median_s"]
+    return next((s["time"]["median_s"] for s in j["stages"] if s["name"] == stage), None)
+rows = []
+def row(shape, what, mine, theirs):
+    if mine and theirs: rows.append(f"| {shape} | {what} | {mine * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / mine:.2f}x |")
+for bl, r in anchor["decode"].items():
+    shape = {"64x4096": "decode64", "128x8192": "decode128"}[bl]
+    row(shape, "attention_mqa vs unfused einsum + softmax", ours(shape, "attention_mqa"), r["attention_s"])
+for t, r in anchor["prefill"].items():
+    shape = f"prefill{t}"
+    row(shape, "attention_mha vs torch sdpa", ours(shape, "attention_mha"), r["attention_s"])
+    row(shape, "layer (x to h_out) vs HF DeepseekV3Attention (sdpa)", ours(shape, "layer"), r.get("layer_s"))
+if rows:
+    print(f"\nagainst PyTorch {anchor['torch']} on {anchor['device']} (ratio: its time over ours)")
+    print("| shape | what | ours | PyTorch | ratio |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+PY
+    fi
+  fi
 fi
 tar -czf "$out/bench_json.tar.gz" -C "$work" $(cd "$work" && ls bench_*.json 2>/dev/null) 2>/dev/null
 grep -q "FAILED" "$log" && status=1

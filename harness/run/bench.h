@@ -86,8 +86,8 @@ struct ProbeOverhead {
   };
   std::vector<AfterStage> after_stage;
   AfterStage after_span;  // the last stage and its probes (no time)
-  // Device engines: the probes were held to the end of the layer and launched together after its last stage
-  // (EngineTiming::holds_probes_of): no gaps between the stages, their device work on the wall's tail.
+  // Device engines: the probes were held and launched together, before the attention and after the last stage
+  // (EngineTiming::holds_probes_of): no gaps between the other stages, most of their cost on the wall's tail.
   bool held = false;
 };
 

@@ -16,13 +16,14 @@
 //   probe_pdl=0|1    device probes' tile kernels launched as programmatic dependents of the stage before them on
 //                    compute capability 9 and later (1, default: their launch overlaps the end of that stage), or
 //                    plainly (0)
-//   probe_launch=attention|layer|stage  device probes of tensors of at most probe_hold_rows rows held and launched
+//   probe_launch=layer|attention|stage  device probes of tensors of at most probe_hold_rows rows held and launched
 //                    together (flush_probes), a batch launch for up to 22 tensors and one copy of a rank's results
-//                    (at decode the launches, not the bytes, are the cost): those of the stages before the attention
-//                    just before it and the rest at the end of the layer (attention, default: the first batch's copy
-//                    and records then overlap the attention, the layer's longest stage), or all at the end of the
-//                    layer (layer); or each launched after its stage (stage: a device fault then keeps the records
-//                    of the stages before it in its layer too)
+//                    (at decode the launches, not the bytes, are the cost): all at the end of the layer (layer,
+//                    default), or those of the stages before the attention just before it and the rest at the end
+//                    (attention: the first batch's copy and records overlap the attention, but its kernels and copy
+//                    delay it by about what they save in the tail: decode B 64 on an H200 +15% / +21% at stats /
+//                    sketch against +14% / +18%); or each launched after its stage (stage: a device fault then keeps
+//                    the records of the stages before it in its layer too)
 //   probe_hold_rows=N  the most token rows of a tensor whose probe is held (default 256: larger ones are launched
 //                    after their stage, where their results' copies overlap the next stages)
 //   probe_flag=memop|kernel  how a device probe's copies are marked done in mapped host memory: a stream memory
@@ -162,7 +163,7 @@ class CudaEngine : public Engine, public EngineTiming {
         probe_flag_kernel_ = v == "kernel";
       } else if (k == "probe_launch") {
         if (v != "attention" && v != "layer" && v != "stage")
-          throw UsageError("cuda engine: probe_launch=" + v + " (expected attention, layer or stage)");
+          throw UsageError("cuda engine: probe_launch=" + v + " (expected layer, attention or stage)");
         probe_at_layer_end_ = v != "stage";
         probe_before_attention_ = v == "attention";
       } else if (k == "probe_hold_rows") {
@@ -188,7 +189,7 @@ class CudaEngine : public Engine, public EngineTiming {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
-                         "probe_launch=attention|layer|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3, "
+                         "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3, "
                          "mqa_kernel=1|2)");
       }
     }
@@ -311,7 +312,7 @@ class CudaEngine : public Engine, public EngineTiming {
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
   bool probe_pdl_ = true, probe_flag_kernel_ = false;
   bool probe_at_layer_end_ = true;      // probe_launch=attention or layer
-  bool probe_before_attention_ = true;  // probe_launch=attention
+  bool probe_before_attention_ = false;  // probe_launch=attention
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 3, mqa_kernel_ = 2;

@@ -46,7 +46,7 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   }
   EXPECT_NE(make_engine(EngineSpec::parse("cuda"))
                 ->options()
-                .find("probe_flag=memop,probe_hold_rows=256,probe_launch=attention,probe_pdl=1"),
+                .find("probe_flag=memop,probe_hold_rows=256,probe_launch=layer,probe_pdl=1"),
             std::string::npos);
   EXPECT_NE(cuda_engine("probe_pdl=0,probe_flag=kernel,probe_launch=stage,probe_hold_rows=512")
                 ->options()
@@ -63,7 +63,7 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
     cuda_engine("probe_launch=now");
     ADD_FAILURE() << "probe_launch=now was accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("probe_launch=now (expected attention, layer or stage)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("probe_launch=now (expected layer, attention or stage)"), std::string::npos)
         << e.what();
   }
   auto e = cuda_engine("sync_debug=1,poison=0,probe=host");

@@ -60,8 +60,8 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
   }
 }
 
-// Probes held and launched together — before the attention and at the end of the layer (probe_launch=attention,
-// the default), or all at the end (probe_launch=layer) — give the same records, bit for bit, as probes launched
+// Probes held and launched together — all at the end of the layer (probe_launch=layer, the default), or before the
+// attention and at the end (probe_launch=attention) — give the same records, bit for bit, as probes launched
 // after each stage (probe_launch=stage): every statistic, map, sketch and full tensor; over two layers (the second
 // layer's stages rewrite every tensor the first layer's probes read) and at tp 8 on one GPU.
 TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
@@ -77,9 +77,9 @@ TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
     const GpuRun run = make_run(c);
     auto each = cuda_engine("probe_launch=stage");
     const Capture b = capture(*each, run);
-    for (const char* launch : {"", "probe_launch=layer"}) {
+    for (const char* launch : {"", "probe_launch=attention"}) {
       auto held = cuda_engine(launch);
-      ASSERT_NE(held->options().find(*launch ? launch : "probe_launch=attention"), std::string::npos)
+      ASSERT_NE(held->options().find(*launch ? launch : "probe_launch=layer"), std::string::npos)
           << held->options();
       const Capture a = capture(*held, run);
       ASSERT_EQ(a.recs.size(), b.recs.size());

@@ -84,7 +84,7 @@ if rows:
     print("\nprobe overhead on the layer's wall (targets: sketch <= +10%, <= +5% at prefill T 4096; stats <= +5%)")
     print("| shape | layer wall, no probes | stats | sketch |\n|---|---|---|---|")
     print("\n".join(rows))
-    print("(held: probes held and launched together before the attention and after the last stage, cuda:probe_launch)")
+    print("(held: probes held to the end of the layer and launched together, cuda:probe_launch=layer)")
 PY
 fi
 # PyTorch anchors on the same GPU in the same call (bench/torch_anchor.py): the unfused absorbed decode, torch's

@@ -37,8 +37,9 @@ class EngineTiming {
   virtual ProbeBuildSeconds probe_build_seconds() const = 0;
   // The device's own limits, timed now.
   virtual std::vector<DeviceCeiling> measure_ceilings(int repeats) = 0;
-  // Whether probes of tensors with `rows` token rows are held and launched together (Engine::flush_probes: before
-  // the attention and at the end of the layer) rather than after their stage.
+  // Whether probes of tensors with `rows` token rows are held and launched together (Engine::flush_probes: at the
+  // end of the layer, and with the CUDA engine's probe_launch=attention also before the attention) rather than after
+  // their stage.
   virtual bool holds_probes_of(int64_t rows) const {
     (void)rows;
     return false;

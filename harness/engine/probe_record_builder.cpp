@@ -30,8 +30,7 @@ void ProbeRecordBuilder::push(Job job) {
 void ProbeRecordBuilder::take(std::vector<ProbeRecord>& out, bool wait) {
   if (wait) {
     // The end of a layer's wait is short (the last records' build after the device's last kernels): spinning on
-    // `settled_` for a while answers it without the wake-up of a blocked thread, which costs more than the build
-    // itself on some hosts.
+    // `settled_` for a while answers it without waiting for a blocked thread to be woken.
     const auto until = std::chrono::steady_clock::now() + kSpin;
     while (!settled_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
       std::this_thread::yield();

@@ -86,8 +86,9 @@ struct ProbeOverhead {
   };
   std::vector<AfterStage> after_stage;
   AfterStage after_span;  // the last stage and its probes (no time)
-  // Device engines: the probes were held and launched together, before the attention and after the last stage
-  // (EngineTiming::holds_probes_of): no gaps between the other stages, most of their cost on the wall's tail.
+  // Device engines: the probes were held and launched together after the last stage (and before the attention with
+  // probe_launch=attention; EngineTiming::holds_probes_of): no gaps between the other stages, their cost on the
+  // wall's tail.
   bool held = false;
 };
 

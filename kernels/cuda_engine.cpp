@@ -566,15 +566,16 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
   if (rank < 0 || rank >= tp_) throw EngineError("cuda engine: rank " + std::to_string(rank) + " out of range");
   try {
     DeviceGuard g(ranks_[rank].ctx->device());
+    // probe_launch=attention: the probes held so far go before the attention, so that their copy and records
+    // overlap it (before its timing event: their kernels are not the stage's).
+    if (probe_before_attention_ && !held_.empty() &&
+        (st.stage == Stage::Stage_attention_mha || st.stage == Stage::Stage_attention_mqa))
+      flush_probes();
     cudaEvent_t begin = nullptr;
     if (timing_) {
       begin = timing_event(rank);
       CUDA_CHECK(cudaEventRecord(begin, ranks_[rank].ctx->stream()));
     }
-    // The probes held so far go before the attention, so that their copy and records overlap it.
-    if (probe_before_attention_ && !held_.empty() &&
-        (st.stage == Stage::Stage_attention_mha || st.stage == Stage::Stage_attention_mqa))
-      flush_probes();
     run_stage_impl(st, layer, rank);
     if (holds_probes()) {  // where the device is, for a hang seen while the held records wait
       if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_pool_.resize(rank + 1);

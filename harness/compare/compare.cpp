@@ -652,17 +652,6 @@ int64_t excuse_tokens(Gathered& a, const Gathered& b, const std::vector<int64_t>
   return static_cast<int64_t>(rows.size());
 }
 
-namespace {
-
-std::string token_list(const std::vector<int64_t>& tokens, size_t max_items = 8) {
-  std::string s;
-  for (size_t i = 0; i < tokens.size() && i < max_items; ++i) s += (i ? ", " : "") + std::to_string(tokens[i]);
-  if (tokens.size() > max_items) s += ", ...";
-  return s;
-}
-
-}  // namespace
-
 bool reads_selection(const std::string& stage) {
   static const std::set<std::string> kStages = {"attention_mha", "attention_mqa", "v_up",
                                                 "o_proj",        "all_reduce",    "residual"};
@@ -866,12 +855,12 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
     if (r.excused_tokens > 0) {
       const auto n = r.excused_tokens;
       r.why += "; " + std::to_string(n) + (n == 1 ? " token excused (its" : " tokens excused (their") +
-               " selection swapped near-tied keys: " + token_list(excused) + ")";
+               " selection swapped near-tied keys: " + ranges(excused, 8) + ")";
       if (auto& sw = swapped[e.layer]; !sw.noted) {
         sw.noted = true;
         const auto k = static_cast<int64_t>(sw.tokens.size());
         rep.notes.push_back("layer " + std::to_string(e.layer) + ": " + std::to_string(k) +
-                            (k == 1 ? " token" : " tokens") + " (" + token_list(sw.tokens) + ") whose top-k swapped " +
+                            (k == 1 ? " token" : " tokens") + " (" + ranges(sw.tokens, 8) + ") whose top-k swapped " +
                             "near-tied keys " + (k == 1 ? "is" : "are") + " not compared in the probes after topk " +
                             "(they attend to other keys by design)");
       }

@@ -1,5 +1,6 @@
 // attention_mqa: the absorbed form over the paged cache (causal, bottom-right: query i of s_q sees
 // context + i + 1 rows).
+//   version 3 (MqaArgs::kernel = 3): the same plan on Hopper's wgmma with TMA loads (attention_mqa_wgmma.cu).
 //   version 2 (default, MqaArgs::kernel = 2): split-KV on the tensor cores plus a combine pass
 //     (attention_mqa_split.cu).
 //   version 1 (kernel = 1, the fallback the tests also run): the simple core of attention_core.cuh, then the
@@ -29,7 +30,9 @@ void launch_attention_mqa(const MqaArgs& a, RankContext& rc) {
     p.scale = a.scale;
     p.out = a.attn_latent;
     p.lse = a.lse;
-    launch_attention_mqa_split(p, rc);
+    p.cache_rows = a.cache_rows;
+    if (a.kernel == 3) launch_attention_mqa_wgmma(p, rc);
+    else launch_attention_mqa_split(p, rc);
     return;
   }
   const DeviceBatch& db = rc.batch();

@@ -1,4 +1,4 @@
-// attention_mqa version 2: split-KV over the paged latent cache on the tensor cores, then a combine pass.
+// attention_mqa versions 2 and 3: split-KV over the paged latent cache on the tensor cores, then a combine pass.
 #pragma once
 #include "kernels/rank_context.cuh"
 
@@ -9,6 +9,7 @@ struct MqaSplitParams {
   const bf16* q_pe = nullptr;      // [T, heads, R]
   const bf16* cache = nullptr;     // [blocks, 64, L+R]
   const int* block_table = nullptr;  // [B, max_blocks] device; nullptr: the batch's
+  int64_t cache_rows = 0;            // rows of the cache (pages · 64): version 3's TMA map
   int L = 0, R = 0, heads = 0, tokens = 0;
   float scale = 0.f;
   bf16* out = nullptr;   // [T, heads, L]
@@ -19,6 +20,10 @@ struct MqaSplitParams {
 bool mqa_split_supports(int L, int R);
 // Runs on rc's stream with rc's batch layout (causal, bottom-right) and scratch for the partial results.
 void launch_attention_mqa_split(const MqaSplitParams& p, RankContext& rc);
+// Version 3 (attention_mqa_wgmma.cu): the same split-KV plan on Hopper's wgmma and TMA. Available on an sm_90
+// device when the build carries sm_90a code (checked once per device).
+bool mqa_wgmma_available(int device);
+void launch_attention_mqa_wgmma(const MqaSplitParams& p, RankContext& rc);
 // The merge of `splits` normalised partial outputs o_part [splits, TH, L] (fp32, L a multiple of 4) by their lse
 // (log2 units, −inf: the split saw no key): out = Σ_s 2^(lse_s − lse)·o_s (bf16) and lse (natural log); a row no
 // split saw: 0 and −inf. One warp per (token, head) row; also DSA's sparse kernel's (attention_sparse.cu).

@@ -33,7 +33,9 @@
 //   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
 //                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
 //                    blocks, 1 the simple core
-//   mqa_kernel=1|2   attention_mqa version: 2 split-KV on the tensor cores (default), 1 the simple core
+//   mqa_kernel=1|2|3 attention_mqa version: 2 split-KV on the tensor cores (mma.sync; default), 3 the same on
+//                    Hopper's wgmma with TMA loads (an sm_90 GPU and an sm_90a build), 1 the simple core. DSA
+//                    runs its sparse kernel whatever the version.
 //
 // Planted bugs (--inject, docs/bugs.md): every entry that applies to a GPU path and needs no quantized weights is
 // planted in this engine's own computation — a wrong constant, a wrong flag or index of a kernel, a wrong
@@ -181,16 +183,14 @@ class CudaEngine : public Engine, public EngineTiming {
         }
         if (devices_opt_ <= 0) throw UsageError("cuda engine: devices=" + v + " (expected a positive count)");
       } else if (k == "mha_kernel" || k == "mqa_kernel") {
-        if (v != "1" && v != "2" && !(k == "mha_kernel" && v == "3"))
-          throw UsageError("cuda engine: " + k + "=" + v +
-                           (k == "mha_kernel" ? " (expected 1, 2 or 3)" : " (expected 1 or 2)"));
+        if (v != "1" && v != "2" && v != "3") throw UsageError("cuda engine: " + k + "=" + v + " (expected 1, 2 or 3)");
         (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
                          "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3, "
-                         "mqa_kernel=1|2)");
+                         "mqa_kernel=1|2|3)");
       }
     }
     const int n = cuda_device_count();
@@ -867,6 +867,7 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       a.q_latent = in(rank, "q_latent").bf();
       a.q_pe_rope = in(rank, "q_pe_rope").bf();
       a.cache = rs.cache.at(layer).bf();
+      a.cache_rows = static_cast<int64_t>(rs.cache.at(layer).bytes() / (sizeof(bf16) * (L + R)));
       if (planted("decode-empty-cache") && rs.bug_snapshot_layer == layer)  // this step's rows not yet written
         a.cache = static_cast<const bf16*>(rc.scratch("bug.cache_before_write", rs.cache.at(layer).bytes()));
       if (rs.bug_block_table.get()) a.block_table = static_cast<const int*>(rs.bug_block_table.get());

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, after scripts/gpu_check.sh built build-gpu/: `mla-bisect bench --engine cuda` on the
 # benchmark shapes (DeepSeek-V3 prefill T = 512 and 4096, decode B = 64/128 at L = 4096, the attention core
-# with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels and attention_mha version 2
-# (v2prefill*: mha_kernel=2, the 128-row flash kernel) for comparison. Each run
+# with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels, attention_mha version 2
+# (v2prefill*: mha_kernel=2, the 128-row flash kernel) and attention_mqa version 3 (mqa3decode*: mqa_kernel=3,
+# wgmma and TMA) for comparison. Each run
 # measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to $OUT/bench.log and
 # the JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT, build-gpu/bench/.
 #
@@ -36,6 +37,9 @@ shapes=(
   "v2prefill4096|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
   "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 10"
   "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 8192 --probe-level sketch --probe-repeats 10"
+  "mqa3decode64|--engine $E,mqa_kernel=3 --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
+  "mqa3decode128|--engine $E,mqa_kernel=3 --model deepseek-v3 --mode decode --batch 128 --context 8192 --probe-level stats --probe-repeats 1"
+  "mqa3decode16h|--engine $E,mqa_kernel=3 --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
   "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
   "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 5"
   "glm5decode64|--engine $E --model glm-5 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
@@ -92,9 +96,10 @@ fi
 if [[ "${MLA_BENCH_ANCHOR:-1}" != 0 ]] && command -v python3 >/dev/null 2>&1; then
   dec=() pre=()
   for name in "${ran[@]}"; do
-    case $name in decode64) dec+=(64x4096) ;; decode128) dec+=(128x8192) ;; prefill512) pre+=(512) ;;
+    case $name in *decode64) dec+=(64x4096) ;; *decode128) dec+=(128x8192) ;; prefill512) pre+=(512) ;;
       prefill4096) pre+=(4096) ;; esac
   done
+  mapfile -t dec < <(printf '%s\n' "${dec[@]}" | sort -u | grep .)
   if (( ${#dec[@]} + ${#pre[@]} > 0 )); then
     echo "=== gpu_bench: PyTorch anchors: bench/torch_anchor.py --decode ${dec[*]} --prefill ${pre[*]}" | tee -a "$log"
     if python3 bench/torch_anchor.py --json "$work/anchors.json" --decode "${dec[@]}" --prefill "${pre[@]}" 2>&1 |
@@ -108,13 +113,15 @@ def ours(shape, stage):
     if not os.path.exists(path): return None
     j = json.load(open(path))
     if stage == "layer": return j["layer"]["time"]["median_s"]
-    return next((s["time"]["median_s"] for s in j["stages"] if s["name"] == stage), None)
+    return next((s["time"]["median_s"] for s in j["stages"] if s["stage"] == stage), None)
 rows = []
 def row(shape, what, mine, theirs):
     if mine and theirs: rows.append(f"| {shape} | {what} | {mine * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / mine:.2f}x |")
 for bl, r in anchor["decode"].items():
     shape = {"64x4096": "decode64", "128x8192": "decode128"}[bl]
     row(shape, "attention_mqa vs unfused einsum + softmax", ours(shape, "attention_mqa"), r["attention_s"])
+    row("mqa3" + shape, "attention_mqa (mqa_kernel=3) vs the same", ours("mqa3" + shape, "attention_mqa"),
+        r["attention_s"])
 for t, r in anchor["prefill"].items():
     shape = f"prefill{t}"
     row(shape, "attention_mha vs torch sdpa", ours(shape, "attention_mha"), r["attention_s"])
@@ -124,6 +131,7 @@ if rows:
     print("| shape | what | ours | PyTorch | ratio |\n|---|---|---|---|---|")
     print("\n".join(rows))
 PY
+      (( PIPESTATUS[0] == 0 )) || { echo "gpu_bench: FAILED to tabulate the anchors" | tee -a "$log"; status=1; }
     fi
   fi
 fi

@@ -79,7 +79,7 @@ run_all() {
   deps_fallback dep_args
   local t0=$SECONDS
   if ! cmake -S . -B build-gpu -G Ninja -DMLA_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-         -DCMAKE_CUDA_ARCHITECTURES=90 "${py_args[@]}" "${dep_args[@]}"; then
+         -DCMAKE_CUDA_ARCHITECTURES=90a "${py_args[@]}" "${dep_args[@]}"; then
     echo "gpu_check: FAILED: configure"
     return 1
   fi

@@ -28,7 +28,8 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   EXPECT_THROW(cuda_engine("devices=0"), UsageError);
   EXPECT_THROW(cuda_engine("devices=4096"), UsageError);
   EXPECT_THROW(cuda_engine("mha_kernel=4"), UsageError);
-  EXPECT_THROW(cuda_engine("mqa_kernel=3"), UsageError);
+  EXPECT_THROW(cuda_engine("mqa_kernel=4"), UsageError);
+  EXPECT_NE(cuda_engine("mqa_kernel=3")->options().find("mqa_kernel=3"), std::string::npos);
   EXPECT_NE(cuda_engine("mha_kernel=2")->options().find("mha_kernel=2"), std::string::npos);
   EXPECT_THROW(cuda_engine("mqa_kernel=fast"), UsageError);
   EXPECT_THROW(cuda_engine("probe_stream=both"), UsageError);

@@ -26,13 +26,14 @@ TEST_P(CudaLayer, CudaIsEquivalentToRef) {
   const Capture ref = capture(*fp32, run);
   auto bf16 = reference_engine("bf16");
   const Capture noise = capture(*bf16, run);
-  auto cuda = cuda_engine();
+  auto cuda = cuda_engine(c.engine_options);
   const Capture got = capture(*cuda, run);
   expect_equivalent(run, got, noise, ref, kLayerTol, "whole layer " + c.describe());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaLayer, testing::ValuesIn(tiny_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(RealDims, CudaLayer, testing::ValuesIn(big_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(MqaV3, CudaLayer, testing::ValuesIn(mqa_version_cases()), case_name);
 
 // The same layer computed twice gives bit-identical probes (checksums): no races, no nondeterministic
 // reductions, on one rank and on eight sharing the GPU.

@@ -1,7 +1,8 @@
 // attention_mqa: the absorbed form over the paged cache (causal, bottom-right: query i of s_q sees
 // context + i + 1 rows).
-//   version 3 (MqaArgs::kernel = 3): the same plan on Hopper's wgmma with TMA loads (attention_mqa_wgmma.cu).
-//   version 2 (default, MqaArgs::kernel = 2): split-KV on the tensor cores plus a combine pass
+//   version 3 (MqaArgs::kernel = 3; the default where it can run): split-KV on Hopper's wgmma with TMA loads
+//     (attention_mqa_wgmma.cu).
+//   version 2 (MqaArgs::kernel = 2; the default elsewhere): the same plan on mma.sync, plus a combine pass
 //     (attention_mqa_split.cu).
 //   version 1 (kernel = 1, the fallback the tests also run): the simple core of attention_core.cuh, then the
 //     fp32 -> bf16 conversion.
@@ -17,7 +18,8 @@ constexpr int kNopePL = 16, kPePL = 2, kVPL = 16;  // L ≤ 512, R ≤ 64
 }
 
 void launch_attention_mqa(const MqaArgs& a, RankContext& rc) {
-  if (a.kernel >= 2 && mqa_split_supports(a.L, a.R)) {
+  const int kernel = a.kernel != 0 ? a.kernel : mqa_wgmma_available(rc.device()) ? 3 : 2;
+  if (kernel >= 2 && mqa_split_supports(a.L, a.R)) {
     MqaSplitParams p;
     p.q_latent = a.q_latent;
     p.q_pe = a.q_pe_rope;
@@ -31,7 +33,7 @@ void launch_attention_mqa(const MqaArgs& a, RankContext& rc) {
     p.out = a.attn_latent;
     p.lse = a.lse;
     p.cache_rows = a.cache_rows;
-    if (a.kernel == 3) launch_attention_mqa_wgmma(p, rc);
+    if (kernel == 3) launch_attention_mqa_wgmma(p, rc);
     else launch_attention_mqa_split(p, rc);
     return;
   }

@@ -13,8 +13,8 @@ struct MqaArgs {
   int T = 0, Nl = 0, L = 0, R = 0;
   float scale = 0.f;
   const int* block_table = nullptr;  // [B, max_blocks] device; nullptr: the batch's (another: a planted bug)
-  int kernel = 2;  // 3: split-KV on wgmma and TMA (attention_mqa_wgmma.cu, sm_90a); 2: split-KV on mma.sync
-                   // (attention_mqa_split.cu); 1: the simple core (fallback)
+  int kernel = 0;  // 3: split-KV on wgmma and TMA (attention_mqa_wgmma.cu, sm_90a); 2: split-KV on mma.sync
+                   // (attention_mqa_split.cu); 1: the simple core (fallback); 0: 3 where it can run, else 2
   bf16* attn_latent = nullptr;  // [T, Nl, L]
   float* lse = nullptr;         // [T, Nl]
 };

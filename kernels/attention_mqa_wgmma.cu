@@ -1,6 +1,7 @@
 // attention_mqa version 3 (mqa_kernel=3): the absorbed decode on Hopper's warpgroup MMA (wgmma) with TMA loads of
 // the cache pages — FlashMLA's plan. Same contract as version 2 (attention_mqa_split.cuh): split-KV over the paged
-// latent cache, each split's normalised partial output and lse, then the shared combine pass.
+// latent cache, each split's normalised partial output and lse, then the shared combine pass (with one split the
+// kernel writes the output and lse itself).
 //
 // A block owns 64 query rows (row = i·heads + h of one sequence) and one split of its pages; one page [64 keys,
 // 576 lanes] is one tile, brought by nine TMA loads (64 keys x 64 lanes each, 128-byte swizzle) into a two-page
@@ -40,7 +41,7 @@ constexpr int kQChunks = 8;                       // Q lanes 0..511 in shared me
 constexpr uint32_t kChunkBytes = kKeys * kChunk * 2;  // 8 KB
 constexpr uint32_t kTileBytes = kChunks * kChunkBytes;
 constexpr int kThreads = 256;  // two warpgroups
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 constexpr uint32_t kOffQ = 0, kOffKV = kOffQ + kQChunks * kChunkBytes, kOffP = kOffKV + 2 * kTileBytes,
                    kOffCorr = kOffP + 2 * kChunkBytes, kOffL = kOffCorr + kRows * 4, kOffM = kOffL + kRows * 4,
@@ -61,6 +62,8 @@ struct WgArgs {
   int tiles_per_split;
   float* o_part;    // [splits, T·heads, L]
   float* lse_part;  // [splits, T·heads] log2 units
+  bf16* out;        // one split: the output itself [T·heads, L] and its natural-log lse, no combine pass
+  float* lse;
 };
 
 // Byte offset of (row r, 16-byte unit j) in a 128-byte-swizzled chunk.
@@ -88,8 +91,15 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_wgmma_kernel(const __grid_con
   const int64_t out_row0 = static_cast<int64_t>(a.seq_new_start[b]) * p.heads + row0;
   const int n_tiles = (total + kKeys - 1) / kKeys;
   const int t_begin = split * a.tiles_per_split, t_end = min(n_tiles, t_begin + a.tiles_per_split);
-  if (t_begin >= t_end) {
-    for (int r = threadIdx.x; r < rows_valid; r += kThreads) a.lse_part[split * TH + out_row0 + r] = -INFINITY;
+  if (t_begin >= t_end) {  // a split past the sequence's pages (with one split: a sequence of no keys)
+    for (int r = threadIdx.x; r < rows_valid; r += kThreads) {
+      if (!a.out) {
+        a.lse_part[split * TH + out_row0 + r] = -INFINITY;
+        continue;
+      }
+      a.lse[out_row0 + r] = -INFINITY;
+      for (int d = 0; d < p.L; ++d) a.out[(out_row0 + r) * p.L + d] = __float2bfloat16_rn(0.f);
+    }
     return;
   }
   const int n = t_end - t_begin;
@@ -327,19 +337,34 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_wgmma_kernel(const __grid_con
     bar_sync(kBarRows, 256);
   }
 
-  // Each warpgroup writes its 256 lanes of the normalised partial output; warpgroup 0 the lse.
+  // Each warpgroup writes its 256 lanes of the normalised partial output; warpgroup 0 the lse. With one split,
+  // what the combine pass would make of it: the bf16 output and the natural-log lse (0 and −inf for a row that saw
+  // no key).
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = hf ? r1 : r0;
     if (r >= rows_valid) continue;
     const float l = sL[r], inv = l > 0.f ? 1.0f / l : 0.f;
-    float* dst = a.o_part + (split * TH + out_row0 + r) * p.L;
+    const int64_t orow = out_row0 + r;
+    if (a.out) {
+      bf16* dst = a.out + orow * p.L;
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      const int col = 256 * wg + 8 * k + 2 * t4;
-      if (col < p.L) *reinterpret_cast<float2*>(dst + col) = make_float2(o[4 * k + 2 * hf] * inv, o[4 * k + 2 * hf + 1] * inv);
+      for (int k = 0; k < 32; ++k) {
+        const int col = 256 * wg + 8 * k + 2 * t4;
+        if (col < p.L)
+          *reinterpret_cast<uint32_t*>(dst + col) = mma::pack_bf16(o[4 * k + 2 * hf] * inv, o[4 * k + 2 * hf + 1] * inv);
+      }
+      if (wg == 0 && t4 == 0) a.lse[orow] = l > 0.f ? (sM[r] + log2f(l)) * kLn2 : -INFINITY;
+    } else {
+      float* dst = a.o_part + (split * TH + orow) * p.L;
+#pragma unroll
+      for (int k = 0; k < 32; ++k) {
+        const int col = 256 * wg + 8 * k + 2 * t4;
+        if (col < p.L)
+          *reinterpret_cast<float2*>(dst + col) = make_float2(o[4 * k + 2 * hf] * inv, o[4 * k + 2 * hf + 1] * inv);
+      }
+      if (wg == 0 && t4 == 0) a.lse_part[split * TH + orow] = l > 0.f ? sM[r] + log2f(l) : -INFINITY;
     }
-    if (wg == 0 && t4 == 0) a.lse_part[split * TH + out_row0 + r] = l > 0.f ? sM[r] + log2f(l) : -INFINITY;
   }
 #else
   __trap();  // built without sm_90a code: mqa_wgmma_available() said no, and nothing launches this
@@ -442,15 +467,17 @@ void launch_attention_mqa_wgmma(const MqaSplitParams& p, RankContext& rc) {
   a.block_table = p.block_table ? p.block_table : db.i32(db.block_table);
   a.max_blocks = db.max_blocks;
   a.tiles_per_split = per;
-  a.o_part = rc.scratch_as<float>("mqa.o_part", splits * TH * p.L);
-  a.lse_part = rc.scratch_as<float>("mqa.lse_part", splits * TH);
+  a.out = splits == 1 ? p.out : nullptr;
+  a.lse = splits == 1 ? p.lse : nullptr;
+  a.o_part = splits == 1 ? nullptr : rc.scratch_as<float>("mqa.o_part", splits * TH * p.L);
+  a.lse_part = splits == 1 ? nullptr : rc.scratch_as<float>("mqa.lse_part", splits * TH);
   const CUtensorMap map = cache_map(p);
   CUDA_CHECK(cudaFuncSetAttribute(mqa_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes)));
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(splits), static_cast<unsigned>(db.seqs));
   mqa_wgmma_kernel<<<grid, kThreads, kSmemBytes, rc.stream()>>>(map, a);
   CUDA_CHECK_LAUNCH();
-  launch_mqa_combine(a.o_part, a.lse_part, splits, TH, p.L, p.out, p.lse, rc.stream());
+  if (splits > 1) launch_mqa_combine(a.o_part, a.lse_part, splits, TH, p.L, p.out, p.lse, rc.stream());
 }
 
 }  // namespace mla::cuda

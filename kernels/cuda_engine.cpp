@@ -33,9 +33,9 @@
 //   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
 //                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
 //                    blocks, 1 the simple core
-//   mqa_kernel=1|2|3 attention_mqa version: 2 split-KV on the tensor cores (mma.sync; default), 3 the same on
-//                    Hopper's wgmma with TMA loads (an sm_90 GPU and an sm_90a build), 1 the simple core. DSA
-//                    runs its sparse kernel whatever the version.
+//   mqa_kernel=auto|1|2|3  attention_mqa version: 3 split-KV on Hopper's wgmma with TMA loads (an sm_90 GPU and
+//                    an sm_90a build), 2 the same plan on mma.sync, 1 the simple core; auto (default): 3 where it
+//                    can run, else 2. DSA runs its sparse kernel whatever the version.
 //
 // Planted bugs (--inject, docs/bugs.md): every entry that applies to a GPU path and needs no quantized weights is
 // planted in this engine's own computation — a wrong constant, a wrong flag or index of a kernel, a wrong
@@ -183,14 +183,20 @@ class CudaEngine : public Engine, public EngineTiming {
         }
         if (devices_opt_ <= 0) throw UsageError("cuda engine: devices=" + v + " (expected a positive count)");
       } else if (k == "mha_kernel" || k == "mqa_kernel") {
-        if (v != "1" && v != "2" && v != "3") throw UsageError("cuda engine: " + k + "=" + v + " (expected 1, 2 or 3)");
-        (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
+        if (k == "mqa_kernel" && v == "auto") {
+          mqa_kernel_ = 0;
+        } else {
+          if (v != "1" && v != "2" && v != "3")
+            throw UsageError("cuda engine: " + k + "=" + v +
+                             (k == "mha_kernel" ? " (expected 1, 2 or 3)" : " (expected auto, 1, 2 or 3)"));
+          (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
+        }
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
                          "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3, "
-                         "mqa_kernel=1|2|3)");
+                         "mqa_kernel=auto|1|2|3)");
       }
     }
     const int n = cuda_device_count();
@@ -220,7 +226,7 @@ class CudaEngine : public Engine, public EngineTiming {
            ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
            ",probe_stream=" + (probe_side_stream_ ? "side" : "rank") +
            ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
-           ",mqa_kernel=" + std::to_string(mqa_kernel_);
+           ",mqa_kernel=" + (mqa_kernel_ == 0 ? std::string("auto") : std::to_string(mqa_kernel_));
   }
   std::string dtype() const override { return "bf16"; }
   DeviceMemory device_memory(int only_device) override {
@@ -315,7 +321,7 @@ class CudaEngine : public Engine, public EngineTiming {
   bool probe_before_attention_ = false;  // probe_launch=attention
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
-  int mha_kernel_ = 3, mqa_kernel_ = 2;
+  int mha_kernel_ = 3, mqa_kernel_ = 0;  // mqa 0: auto
   // Device timing (bench): an event pair around each run_stage, from per-rank pools reused between takes.
   struct TimedStage {
     Stage stage;

@@ -2,8 +2,8 @@
 # On the GPU machine, after scripts/gpu_check.sh built build-gpu/: `mla-bisect bench --engine cuda` on the
 # benchmark shapes (DeepSeek-V3 prefill T = 512 and 4096, decode B = 64/128 at L = 4096, the attention core
 # with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels, attention_mha version 2
-# (v2prefill*: mha_kernel=2, the 128-row flash kernel) and attention_mqa version 3 (mqa3decode*: mqa_kernel=3,
-# wgmma and TMA) for comparison. Each run
+# (v2prefill*: mha_kernel=2, the 128-row flash kernel) and attention_mqa version 2 (mqa2decode*: mqa_kernel=2,
+# mma.sync; the default is version 3 on wgmma and TMA) for comparison. Each run
 # measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to $OUT/bench.log and
 # the JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT, build-gpu/bench/.
 #
@@ -37,9 +37,9 @@ shapes=(
   "v2prefill4096|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
   "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 10"
   "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 8192 --probe-level sketch --probe-repeats 10"
-  "mqa3decode64|--engine $E,mqa_kernel=3 --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
-  "mqa3decode128|--engine $E,mqa_kernel=3 --model deepseek-v3 --mode decode --batch 128 --context 8192 --probe-level stats --probe-repeats 1"
-  "mqa3decode16h|--engine $E,mqa_kernel=3 --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
+  "mqa2decode64|--engine $E,mqa_kernel=2 --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
+  "mqa2decode128|--engine $E,mqa_kernel=2 --model deepseek-v3 --mode decode --batch 128 --context 8192 --probe-level stats --probe-repeats 1"
+  "mqa2decode16h|--engine $E,mqa_kernel=2 --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
   "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
   "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 5"
   "glm5decode64|--engine $E --model glm-5 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
@@ -120,7 +120,7 @@ def row(shape, what, mine, theirs):
 for bl, r in anchor["decode"].items():
     shape = {"64x4096": "decode64", "128x8192": "decode128"}[bl]
     row(shape, "attention_mqa vs unfused einsum + softmax", ours(shape, "attention_mqa"), r["attention_s"])
-    row("mqa3" + shape, "attention_mqa (mqa_kernel=3) vs the same", ours("mqa3" + shape, "attention_mqa"),
+    row("mqa2" + shape, "attention_mqa version 2 (mma.sync) vs the same", ours("mqa2" + shape, "attention_mqa"),
         r["attention_s"])
 for t, r in anchor["prefill"].items():
     shape = f"prefill{t}"

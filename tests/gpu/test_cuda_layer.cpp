@@ -33,7 +33,8 @@ TEST_P(CudaLayer, CudaIsEquivalentToRef) {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaLayer, testing::ValuesIn(tiny_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(RealDims, CudaLayer, testing::ValuesIn(big_cases()), case_name);
-INSTANTIATE_TEST_SUITE_P(MqaV3, CudaLayer, testing::ValuesIn(mqa_version_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(MqaV2, CudaLayer, testing::ValuesIn(mqa_version_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(MqaDefault, CudaLayer, testing::ValuesIn(mqa_extra_cases()), case_name);
 
 // The same layer computed twice gives bit-identical probes (checksums): no races, no nondeterministic
 // reductions, on one rank and on eight sharing the GPU.

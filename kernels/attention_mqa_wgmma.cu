@@ -352,7 +352,8 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_wgmma_kernel(const __grid_con
       for (int k = 0; k < 32; ++k) {
         const int col = 256 * wg + 8 * k + 2 * t4;
         if (col < p.L)
-          *reinterpret_cast<uint32_t*>(dst + col) = mma::pack_bf16(o[4 * k + 2 * hf] * inv, o[4 * k + 2 * hf + 1] * inv);
+          *reinterpret_cast<uint32_t*>(dst + col) =
+              mma::pack_bf16(o[4 * k + 2 * hf] * inv, o[4 * k + 2 * hf + 1] * inv);
       }
       if (wg == 0 && t4 == 0) a.lse[orow] = l > 0.f ? (sM[r] + log2f(l)) * kLn2 : -INFINITY;
     } else {
@@ -446,7 +447,8 @@ void launch_attention_mqa_wgmma(const MqaSplitParams& p, RankContext& rc) {
     throw EngineError("attention_mqa (wgmma): L " + std::to_string(p.L) + ", R " + std::to_string(p.R) +
                       " outside the kernel's L <= 512, L + R <= 576, multiples of 8");
   if (!mqa_wgmma_available(rc.device()))
-    throw EngineError("attention_mqa (wgmma): needs an sm_90 GPU and a build for sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)");
+    throw EngineError(
+        "attention_mqa (wgmma): needs an sm_90 GPU and a build for sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)");
   const DeviceBatch& db = rc.batch();
   if (p.tokens == 0 || p.heads == 0 || db.seqs == 0) return;
   const int rows_seq = db.max_new * p.heads;

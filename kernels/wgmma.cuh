@@ -106,7 +106,8 @@ __device__ __forceinline__ void mma_m64n256k16_ss_bmn(float (&d)[128], uint64_t 
 }
 
 // d (64x256) += A (registers) · B (shared, N-major)
-__device__ __forceinline__ void mma_m64n256k16_rs_bmn(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+__device__ __forceinline__ void mma_m64n256k16_rs_bmn(float (&d)[128], const uint32_t (&a)[4], uint64_t db,
+                                                      int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
@@ -144,7 +145,10 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Makes the initialised mbarriers visible to the async proxy (TMA) before a __syncthreads.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }

@@ -116,7 +116,8 @@ def ours(shape, stage):
     return next((s["time"]["median_s"] for s in j["stages"] if s["stage"] == stage), None)
 rows = []
 def row(shape, what, mine, theirs):
-    if mine and theirs: rows.append(f"| {shape} | {what} | {mine * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / mine:.2f}x |")
+    if mine and theirs:
+        rows.append(f"| {shape} | {what} | {mine * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / mine:.2f}x |")
 for bl, r in anchor["decode"].items():
     shape = {"64x4096": "decode64", "128x8192": "decode128"}[bl]
     row(shape, "attention_mqa vs unfused einsum + softmax", ours(shape, "attention_mqa"), r["attention_s"])

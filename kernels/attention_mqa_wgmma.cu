@@ -49,7 +49,7 @@ constexpr uint32_t kOffQ = 0, kOffKV = kOffQ + kQChunks * kChunkBytes, kOffP = k
 constexpr size_t kSmemBytes = kSmemUsed + 1024;  // room to align the base to an atom
 static_assert(kSmemBytes <= 232448, "a block's shared memory on sm_90");
 
-// Named barriers between the consumer warpgroups.
+// Named barriers between the two warpgroups (kBarWg0: warpgroup 0 alone).
 constexpr int kBarPReady = 1, kBarPFree = 2, kBarWg0 = 3, kBarRows = 4;
 
 struct WgArgs {

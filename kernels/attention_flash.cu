@@ -4,6 +4,8 @@
 //   3 (the default): attention_flash3_kernel, 256-row blocks of 8 warps × 32 query rows, for D ≤ 192 / V ≤ 128;
 //     wider dims (GLM) run version 2's D ≤ 256 / V ≤ 256 kernel.
 //   2: attention_flash_kernel, 128-row blocks of 8 warps × 16 query rows.
+//   4: the Hopper kernel on wgmma and TMA (attention_flash_wgmma.cu) for D 192 / V 128 and D 256 / V 256 on an
+//     sm_90a build; other dims and GPUs run version 3.
 //   1: not here: the simple core of attention_core.cuh (the fallback, and dims these kernels do not cover).
 //
 // A block owns BR query rows of one head of one sequence and walks 64-key tiles of K and V through shared memory,
@@ -20,6 +22,7 @@
 #include <cmath>
 
 #include "kernels/attention_flash.cuh"
+#include "kernels/attention_flash_store.cuh"
 #include "kernels/mma_util.cuh"
 
 namespace mla::cuda {
@@ -110,41 +113,6 @@ __device__ __forceinline__ bool flash_block_begin(const FlashParams& p, bool vec
   }
   cp_async_commit();
   return true;
-}
-
-// A query row's results from a warp's O accumulators, shared by both kernels: `o` is the row's 16-row MMA atom
-// (n-tiles of 8 columns; hf: the row is the fragment's g (0) or g + 8 (1)), `l` the row's sum of exponentials
-// (summed over its quad), the output O / l (0 where l is 0: no visible key) at token q_row0 + row, head `h`, as bf16
-// or fp32 (FlashParams::out_bf16 / out_f32), two columns a store where `pair` (V even), and the lse, lse_of(l) where
-// l > 0 else −inf, by the quad's lane t4 = 0.
-template <int NV, class LseOf>
-__device__ __forceinline__ void store_row(const FlashParams& p, int h, int64_t q_row0, int row,
-                                          const float (&o)[NV][4], int hf, float l, bool pair, int t4, LseOf lse_of) {
-  const float inv = l > 0.f ? 1.0f / l : 0.f;
-  const int64_t tok = q_row0 + row;
-  const int64_t base = (tok * p.heads + h) * p.V;
-#pragma unroll
-  for (int v = 0; v < NV; ++v) {
-    const int col = v * 8 + 2 * t4;
-    if (col >= p.V) continue;
-    const float x0 = o[v][2 * hf] * inv, x1 = o[v][2 * hf + 1] * inv;
-    if (p.out_bf16) {
-      if (pair) {
-        *reinterpret_cast<__nv_bfloat162*>(p.out_bf16 + base + col) = __floats2bfloat162_rn(x0, x1);
-      } else {
-        p.out_bf16[base + col] = __float2bfloat16_rn(x0);
-        if (col + 1 < p.V) p.out_bf16[base + col + 1] = __float2bfloat16_rn(x1);
-      }
-    } else {
-      if (pair) {
-        *reinterpret_cast<float2*>(p.out_f32 + base + col) = make_float2(x0, x1);
-      } else {
-        p.out_f32[base + col] = x0;
-        if (col + 1 < p.V) p.out_f32[base + col + 1] = x1;
-      }
-    }
-  }
-  if (t4 == 0) p.lse[tok * p.heads + h] = l > 0.f ? lse_of(l) : -INFINITY;
 }
 
 // BR query rows per block (BR / 16 warps); MIN_BLOCKS resident per SM.
@@ -597,8 +565,16 @@ void launch_attention_flash(const FlashParams& p, cudaStream_t stream) {
   // 128-row blocks (8 warps), one per SM. Measured on an H200: 64-row blocks of 4 warps, two per
   // SM (112 KB each), ran DeepSeek-V3's T = 4096 attention in 4.61 ms against 3.72 ms for these.
   // Version 3 (256-row blocks, 32 rows per warp) for D ≤ 192 / V ≤ 128; wider dims keep version 2's kernel.
+  if (p.version == 4) {  // the Hopper kernel where it covers the dims, else version 3
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (flash_wgmma_supports(p, device)) {
+      launch_attention_flash_wgmma(p, stream);
+      return;
+    }
+  }
   const bool narrow = p.P + p.R <= 192 && p.V <= 128;
-  if (narrow && p.version == 3) launch_impl3<192, 128>(args, stream);
+  if (narrow && p.version >= 3) launch_impl3<192, 128>(args, stream);
   else if (narrow) launch_impl<128, 192, 128, true, 1>(args, stream);
   else launch_impl<128, 256, 256, false, 1>(args, stream);
 }

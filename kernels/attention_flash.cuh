@@ -2,7 +2,8 @@
 // (mma.sync m16n8k16 bf16, fp32 accumulators, online softmax in fp32, natural-log lse); no Tq×Tk matrix is ever
 // stored. Used by attention_mha for the new tokens (causal) and for the cached context (not causal).
 // FlashParams::version 3 (the engine's default, mha_kernel=3) picks the 256-row, 32-rows-per-warp kernel where it
-// covers the dims; version 2 the 128-row, 16-rows-per-warp kernel.
+// covers the dims; version 2 the 128-row, 16-rows-per-warp kernel; version 4 the Hopper kernel on wgmma and TMA
+// (attention_flash_wgmma.cu) where flash_wgmma_supports() says so, else version 3.
 #pragma once
 #include "kernels/attention_core.cuh"  // AttnOperand
 
@@ -17,6 +18,7 @@ struct FlashParams {
   int P = 0, R = 0, V = 0;
   int heads = 0, seqs = 0;
   int max_q_len = 0;  // longest s_q of the batch (sizes the grid)
+  int64_t q_rows = 0, k_rows = 0;  // rows of the query and key tensors (version 4's TMA maps end there)
   float scale = 0.f;  // softmax scale (natural units; the kernel works in log2 units)
   const int* seq_q_start = nullptr;  // [B] first query token of each sequence
   const int* seq_q_len = nullptr;    // [B]
@@ -28,11 +30,16 @@ struct FlashParams {
   float* out_f32 = nullptr;          // [T, heads, V] (the chunked path merges two of these by lse)
   float* lse = nullptr;              // [T, heads] natural log; −inf for an empty key set (out 0)
   int version = 2;  // 2: 128-row blocks, 16 rows per warp; 3: 256-row blocks, 32 rows per warp (D ≤ 192, V ≤ 128;
-                    // wider dims run version 2)
+                    // wider dims run version 2); 4: wgmma (else 3)
 };
 
 // Whether an instantiated kernel covers these head dims (P + R ≤ 256, V ≤ 256).
 bool flash_supports(int P, int R, int V);
+// Whether version 4 runs these params on `device`: an sm_90a build on an sm_90 GPU, P and R multiples of 64 with
+// (P + R, V) = (192, 128) or (256, 256), every operand 16-byte aligned with strides a multiple of 8 elements.
+bool flash_wgmma_supports(const FlashParams& p, int device);
 void launch_attention_flash(const FlashParams& p, cudaStream_t stream);
+// Version 4 itself (launch_attention_flash dispatches to it).
+void launch_attention_flash_wgmma(const FlashParams& p, cudaStream_t stream);
 
 }  // namespace mla::cuda

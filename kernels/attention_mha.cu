@@ -4,6 +4,7 @@
 //   kernel = 3 (default, MhaArgs::kernel) or 2: the flash kernels of attention_flash.cu (tensor cores; 3 takes the
 //     256-row, 32-rows-per-warp kernel for D ≤ 192 / V ≤ 128, wider dims and 2 the 128-row kernel); with no context
 //     they write bf16 attn_out and lse directly, with context both parts go through the merge.
+//   kernel = 4: the same flow with the Hopper flash kernel (attention_flash_wgmma.cu) where it covers the dims.
 //   kernel = 1 (the fallback the tests also run, and dims the flash kernels do not cover): the simple core of
 //     attention_core.cuh, both parts through the merge.
 #include "kernels/attention_core.cuh"
@@ -31,6 +32,7 @@ struct KeySet {
   AttnOperand k_nope, k_pe, v;
   const int* seq_start = nullptr;  // [B] first key row of each sequence
   const int* seq_len = nullptr;    // [B]
+  int64_t rows = 0;                // rows of the key tensors
   bool causal = false;
   int window = 0;
   const char* what = "";  // names the pass in the core kernel's errors
@@ -43,6 +45,7 @@ KeySet new_token_keys(const MhaArgs& a, const DeviceBatch& db) {
   k.v = {a.v, static_cast<int64_t>(a.Nl) * a.V, a.V};
   k.seq_start = db.i32(db.seq_new_start);
   k.seq_len = db.i32(db.seq_new_len);
+  k.rows = a.T;
   k.causal = a.causal;
   k.window = a.window;
   k.what = "attention_mha";
@@ -75,6 +78,7 @@ ContextPass context_keys(const MhaArgs& a, RankContext& rc, int64_t rows) {
   c.keys.k_pe = {ctx + a.L, W, 0};
   c.keys.seq_start = db.i32(db.seq_ctx_start);
   c.keys.seq_len = db.i32(db.seq_ctx_len);
+  c.keys.rows = C;
   c.keys.causal = false;
   c.keys.window = 0;  // the context is never windowed (docs/bugs.md: sliding-window)
   c.keys.what = "attention_mha (context)";
@@ -96,6 +100,8 @@ void attend_flash(const MhaArgs& a, const DeviceBatch& db, const KeySet& keys, b
   p.heads = a.Nl;
   p.seqs = db.seqs;
   p.max_q_len = db.max_new;
+  p.q_rows = a.T;
+  p.k_rows = keys.rows;
   p.scale = a.scale;
   p.seq_q_start = db.i32(db.seq_new_start);
   p.seq_q_len = db.i32(db.seq_new_len);
@@ -103,7 +109,7 @@ void attend_flash(const MhaArgs& a, const DeviceBatch& db, const KeySet& keys, b
   p.seq_k_len = keys.seq_len;
   p.causal = keys.causal;
   p.window = keys.window;
-  p.version = a.kernel;  // 2 or 3 (attention_flash.cu)
+  p.version = a.kernel;  // 2, 3 or 4 (attention_flash.cu)
   p.out_bf16 = out_bf16;
   p.out_f32 = out_f32;
   p.lse = lse;

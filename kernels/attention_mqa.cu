@@ -10,6 +10,7 @@
 #include "kernels/attention_merge.cuh"
 #include "kernels/attention_mqa.cuh"
 #include "kernels/attention_mqa_split.cuh"
+#include "kernels/tensor_map.cuh"
 
 namespace mla::cuda {
 
@@ -18,7 +19,7 @@ constexpr int kNopePL = 16, kPePL = 2, kVPL = 16;  // L ≤ 512, R ≤ 64
 }
 
 void launch_attention_mqa(const MqaArgs& a, RankContext& rc) {
-  const int kernel = a.kernel != 0 ? a.kernel : mqa_wgmma_available(rc.device()) ? 3 : 2;
+  const int kernel = a.kernel != 0 ? a.kernel : sm90a_available(rc.device()) ? 3 : 2;
   if (kernel >= 2 && mqa_split_supports(a.L, a.R)) {
     MqaSplitParams p;
     p.q_latent = a.q_latent;

@@ -20,9 +20,8 @@ struct MqaSplitParams {
 bool mqa_split_supports(int L, int R);
 // Runs on rc's stream with rc's batch layout (causal, bottom-right) and scratch for the partial results.
 void launch_attention_mqa_split(const MqaSplitParams& p, RankContext& rc);
-// Version 3 (attention_mqa_wgmma.cu): the same split-KV plan on Hopper's wgmma and TMA. Available on an sm_90
-// device when the build carries sm_90a code (checked once per device).
-bool mqa_wgmma_available(int device);
+// Version 3 (attention_mqa_wgmma.cu): the same split-KV plan on Hopper's wgmma and TMA, where sm90a_available()
+// (tensor_map.cuh).
 void launch_attention_mqa_wgmma(const MqaSplitParams& p, RankContext& rc);
 // The merge of `splits` normalised partial outputs o_part [splits, TH, L] (fp32, L a multiple of 4) by their lse
 // (log2 units, −inf: the split saw no key): out = Σ_s 2^(lse_s − lse)·o_s (bf16) and lse (natural log); a row no

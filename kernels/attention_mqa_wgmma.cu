@@ -19,16 +19,13 @@
 //
 // Shared memory (bytes): Q 8 chunks x 8 KB (lanes 0..511), the ring 2 x 9 x 8 KB, P hi and lo 2 x 8 KB, the rows'
 // rescale, l and m, four mbarriers: 230,176 of the 232,448 a block may have.
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <mutex>
 
 #include "kernels/attention_mqa_split.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
+#include "kernels/tensor_map.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace mla::cuda {
@@ -41,7 +38,7 @@ constexpr int kQChunks = 8;                       // Q lanes 0..511 in shared me
 constexpr uint32_t kChunkBytes = kKeys * kChunk * 2;  // 8 KB
 constexpr uint32_t kTileBytes = kChunks * kChunkBytes;
 constexpr int kThreads = 256;  // two warpgroups
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 constexpr uint32_t kOffQ = 0, kOffKV = kOffQ + kQChunks * kChunkBytes, kOffP = kOffKV + 2 * kTileBytes,
                    kOffCorr = kOffP + 2 * kChunkBytes, kOffL = kOffCorr + kRows * 4, kOffM = kOffL + kRows * 4,
@@ -50,7 +47,7 @@ constexpr size_t kSmemBytes = kSmemUsed + 1024;  // room to align the base to an
 static_assert(kSmemBytes <= 232448, "a block's shared memory on sm_90");
 
 // Named barriers between the two warpgroups (kBarWg0: warpgroup 0 alone).
-constexpr int kBarPReady = 1, kBarPFree = 2, kBarWg0 = 3, kBarRows = 4;
+[[maybe_unused]] constexpr int kBarPReady = 1, kBarPFree = 2, kBarWg0 = 3, kBarRows = 4;
 
 struct WgArgs {
   MqaSplitParams p;
@@ -67,10 +64,10 @@ struct WgArgs {
 };
 
 // Byte offset of (row r, 16-byte unit j) in a 128-byte-swizzled chunk.
-__device__ __forceinline__ uint32_t swz(int r, int j) { return r * 128 + ((j ^ (r & 7)) << 4); }
+[[maybe_unused]] __device__ __forceinline__ uint32_t swz(int r, int j) { return r * 128 + ((j ^ (r & 7)) << 4); }
 
 // Two bf16 of query row `orow` at lanes d, d + 1 of [q_latent (L) | q_pe (R) | 0].
-__device__ __forceinline__ uint32_t q_pair(const MqaSplitParams& p, int64_t orow, int d) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t q_pair(const MqaSplitParams& p, int64_t orow, int d) {
   if (d < p.L) return *reinterpret_cast<const uint32_t*>(p.q_latent + orow * p.L + d);
   if (d < p.L + p.R) return *reinterpret_cast<const uint32_t*>(p.q_pe + orow * p.R + (d - p.L));
   return 0u;
@@ -368,85 +365,25 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_wgmma_kernel(const __grid_con
     }
   }
 #else
-  __trap();  // built without sm_90a code: mqa_wgmma_available() said no, and nothing launches this
+  __trap();  // built without sm_90a code: sm90a_available() said no, and nothing launches this
 #endif
-}
-
-// 1 when the kernels were compiled for sm_90a (run once per device by mqa_wgmma_available).
-__global__ void sm90a_probe_kernel(int* out) {
-#ifdef MLA_SM90A
-  *out = 1;
-#else
-  *out = 0;
-#endif
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  });
-  return fn;
 }
 
 // The cache [rows, L + R] bf16 as a 2-D tensor for TMA: boxes of 64 rows x 64 lanes, 128-byte swizzle, lanes past
 // L + R read as zeros.
 CUtensorMap cache_map(const MqaSplitParams& p) {
-  const auto encode = encode_fn();
-  if (!encode) throw EngineError("attention_mqa (wgmma): the driver has no cuTensorMapEncodeTiled");
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.L + p.R), static_cast<cuuint64_t>(p.cache_rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.L + p.R) * sizeof(bf16)};
-  const cuuint32_t box[2] = {kChunk, kKeys}, elem[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(p.cache), dims, strides, box,
-                            elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw EngineError("attention_mqa (wgmma): cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
-                      ") for a cache of " + std::to_string(p.cache_rows) + " rows x " + std::to_string(p.L + p.R) +
-                      " lanes");
-  return map;
+  const uint64_t dims[2] = {static_cast<uint64_t>(p.L + p.R), static_cast<uint64_t>(p.cache_rows)};
+  const uint64_t strides[1] = {static_cast<uint64_t>(p.L + p.R) * sizeof(bf16)};
+  const uint32_t box[2] = {kChunk, kKeys};
+  return tensor_map_bf16(p.cache, 2, dims, strides, box, "attention_mqa (wgmma): the latent cache");
 }
 }  // namespace
-
-bool mqa_wgmma_available(int device) {
-  static std::mutex mu;
-  static std::map<int, bool> known;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  int major = 0, minor = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  bool ok = major == 9 && minor == 0 && encode_fn() != nullptr;
-  if (ok) {
-    int prev = 0;
-    CUDA_CHECK(cudaGetDevice(&prev));
-    CUDA_CHECK(cudaSetDevice(device));
-    int* d = nullptr;
-    int h = 0;
-    CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
-    sm90a_probe_kernel<<<1, 1>>>(d);
-    CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(d));
-    CUDA_CHECK(cudaSetDevice(prev));
-    ok = h == 1;
-  }
-  known[device] = ok;
-  return ok;
-}
 
 void launch_attention_mqa_wgmma(const MqaSplitParams& p, RankContext& rc) {
   if (!mqa_split_supports(p.L, p.R))
     throw EngineError("attention_mqa (wgmma): L " + std::to_string(p.L) + ", R " + std::to_string(p.R) +
                       " outside the kernel's L <= 512, L + R <= 576, multiples of 8");
-  if (!mqa_wgmma_available(rc.device()))
+  if (!sm90a_available(rc.device()))
     throw EngineError(
         "attention_mqa (wgmma): needs an sm_90 GPU and a build for sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)");
   const DeviceBatch& db = rc.batch();

@@ -30,9 +30,10 @@
 //                    operation (memop, default; no SM needed), or a one-thread kernel (kernel; also taken where
 //                    the driver lacks the memory operation)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
-//   mha_kernel=1|2|3 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
+//   mha_kernel=1|2|3|4 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
 //                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
-//                    blocks, 1 the simple core
+//                    blocks, 1 the simple core, 4 flash on Hopper's wgmma with TMA loads (an sm_90 GPU, an
+//                    sm_90a build, D/V 192/128 or 256/256; else version 3)
 //   mqa_kernel=auto|1|2|3  attention_mqa version: 3 split-KV on Hopper's wgmma with TMA loads (an sm_90 GPU and
 //                    an sm_90a build), 2 the same plan on mma.sync, 1 the simple core; auto (default): 3 where it
 //                    can run, else 2. DSA runs its sparse kernel whatever the version.
@@ -186,16 +187,17 @@ class CudaEngine : public Engine, public EngineTiming {
         if (k == "mqa_kernel" && v == "auto") {
           mqa_kernel_ = 0;
         } else {
-          if (v != "1" && v != "2" && v != "3")
+          const bool ok = v == "1" || v == "2" || v == "3" || (k == "mha_kernel" && v == "4");
+          if (!ok)
             throw UsageError("cuda engine: " + k + "=" + v +
-                             (k == "mha_kernel" ? " (expected 1, 2 or 3)" : " (expected auto, 1, 2 or 3)"));
+                             (k == "mha_kernel" ? " (expected 1, 2, 3 or 4)" : " (expected auto, 1, 2 or 3)"));
           (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
         }
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
-                         "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3, "
+                         "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3|4, "
                          "mqa_kernel=auto|1|2|3)");
       }
     }

@@ -27,11 +27,12 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   EXPECT_THROW(cuda_engine("comm=carrier-pigeon"), UsageError);
   EXPECT_THROW(cuda_engine("devices=0"), UsageError);
   EXPECT_THROW(cuda_engine("devices=4096"), UsageError);
-  EXPECT_THROW(cuda_engine("mha_kernel=4"), UsageError);
+  EXPECT_THROW(cuda_engine("mha_kernel=5"), UsageError);
   EXPECT_THROW(cuda_engine("mqa_kernel=4"), UsageError);
   EXPECT_NE(cuda_engine("mqa_kernel=3")->options().find("mqa_kernel=3"), std::string::npos);
   EXPECT_NE(cuda_engine("mqa_kernel=2")->options().find("mqa_kernel=2"), std::string::npos);
   EXPECT_NE(cuda_engine("mha_kernel=2")->options().find("mha_kernel=2"), std::string::npos);
+  EXPECT_NE(cuda_engine("mha_kernel=4")->options().find("mha_kernel=4"), std::string::npos);
   EXPECT_THROW(cuda_engine("mqa_kernel=fast"), UsageError);
   EXPECT_THROW(cuda_engine("probe_stream=both"), UsageError);
   EXPECT_NE(cuda_engine()->options().find("probe_stream=rank"), std::string::npos);

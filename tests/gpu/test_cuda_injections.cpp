@@ -100,6 +100,12 @@ std::vector<Planted> planted_cases() {
   // The sparse gather from the wrong page: page-off-by-one in DSA's absorbed attention.
   v.push_back({"page-off-by-one", make_case("dsa_decode_tp1", "tiny-dsa", kDecode, kAbsorbed, 1, 1, 4,
                                             {100, 200, 300, 400})});
+  // The attention bugs under attention_mha version 4 (the Hopper kernel, DeepSeek-V3's head dims).
+  for (const char* n : {"sliding-window", "causal-off", "softmax-scale"}) {
+    Case c = make_case("dsv3_prefill_t40_tp8_v4", "deepseek-v3", kPrefill, kMha, 8, 40);
+    c.engine_options = "mha_kernel=4";
+    v.push_back({n, c});
+  }
   return v;
 }
 
@@ -119,13 +125,13 @@ TEST_P(CudaPlantedBug, MatchesTheReferenceWithTheSameBug) {
   auto bf16 = reference_engine("bf16");
   bf16->set_injections(inj);
   const Capture noise = capture(*bf16, run, iso);
-  auto cuda = cuda_engine();
+  auto cuda = cuda_engine(p.c.engine_options);
   cuda->set_injections(inj);
   const Capture got = capture(*cuda, run, iso);
   expect_equivalent(run, got, noise, ref, kLayerTol, p.inject + " planted, " + p.c.describe());
 
   // And the bug is really there: some probe of the CUDA run differs from a clean CUDA run.
-  auto clean = cuda_engine();
+  auto clean = cuda_engine(p.c.engine_options);
   const Capture base = capture(*clean, run);
   bool differs = false;
   for (const auto& [key, rec] : got.recs) differs = differs || rec.checksum != base.recs.at(key).checksum;

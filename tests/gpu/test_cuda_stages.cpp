@@ -1,8 +1,9 @@
 // Every stage of the CUDA engine on exactly the reference's inputs (isolation: before each stage the fp32
 // reference's input tensors are uploaded), against the fp32 reference, on the tiny preset and on the
 // DeepSeek-V3 and GLM-5 dims; the fast attention kernels also on shapes that cross their tiles (Long), and
-// the simple version-1 kernels they replaced (Fallback), attention_mha version 2 on every MHA case
-// (FlashVersions) and attention_mqa version 2 on every absorbed one (MqaV2; the default is version 3 on Hopper).
+// the simple version-1 kernels they replaced (Fallback), attention_mha version 2 on every MHA case and versions 3
+// and 4 on real dims (FlashVersions), and attention_mqa version 2 on every absorbed one (MqaV2; the default is
+// version 3 on Hopper).
 //
 // Tolerance (calibrated, per probe and rank): rel_l2(cuda, fp32) <= 4 x rel_l2(bf16 reference, fp32) + 2^-10,
 // and the worst token alike. Why: isolated, both bf16 engines see the same bf16 inputs and round each output
@@ -37,6 +38,23 @@ std::vector<Case> flash_version_cases() {
   auto long_dsv3 = make_case("v3_dsv3_prefill_t300_tp8", "deepseek-v3", kPrefill, kMha, 8, 300);
   long_dsv3.engine_options = "mha_kernel=3";
   v.push_back(long_dsv3);
+  // Version 4 (wgmma and TMA; it falls back to version 3 where it cannot run, so on a GPU other than sm_90 these
+  // test version 3): DeepSeek-V3's D 192 / V 128 over three query blocks with a ragged last key tile, two
+  // sequences whose tiles cross into each other's rows, the context path (non-causal, an empty context), and GLM-5's
+  // D 256 / V 256 with its DSA turned off (the dense attention_mha runs those dims only without DSA).
+  std::vector<Case> v4 = {
+      make_case("v4_dsv3_prefill_t300_tp8", "deepseek-v3", kPrefill, kMha, 8, 300),
+      make_case("v4_dsv3_prefill_b2_t130_tp8", "deepseek-v3", kPrefill, kMha, 8, 130, 2),
+      make_case("v4_dsv3_chunked_t150_tp8", "deepseek-v3", kChunked, kMha, 8, 150, 2, {200, 67}),
+      make_case("v4_dsv3_chunked_t40_tp8", "deepseek-v3", kChunked, kMha, 8, 40, 2, {0, 129}),
+      make_case("v4_glm5_dense_prefill_t200_tp8", "glm-5", kPrefill, kMha, 8, 200),
+      make_case("v4_glm5_dense_chunked_t70_tp8", "glm-5", kChunked, kMha, 8, 70, 2, {130, 5}),
+  };
+  for (auto& c : v4) {
+    c.engine_options = "mha_kernel=4";
+    if (c.model == "glm-5") c.tweak = [](MlaConfig& m) { m.index_topk = 0; };
+    v.push_back(c);
+  }
   return v;
 }
 

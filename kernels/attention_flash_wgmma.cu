@@ -1,0 +1,327 @@
+// attention_mha version 4 (mha_kernel=4): the flash attention of attention_flash.cu on Hopper's warpgroup MMA
+// (wgmma) with TMA loads — FlashAttention-3's plan, for the head dims of DeepSeek / Kimi (D = P + R = 192, V = 128)
+// and GLM-5 (256 / 256). Same contract as versions 2 and 3 (FlashParams): causal (bottom-right) or not, a sliding
+// window, bf16 or fp32 output and the natural-log lse.
+//
+// A block owns 128 query rows of one head of one sequence and walks BC-key tiles (128 keys for D 192, 64 for D 256,
+// so that S and O fit the registers) of K and V through a two-slot ring in shared memory. Nine warps:
+//   warps 0-7, two warpgroups of 64 query rows each: per tile S = Q·Kᵀ (wgmma, Q and K from shared memory, D / 16
+//     k-steps), the mask, the online softmax on the accumulators (fp32, log2 units: p = 2^(s·scale·log2e − m), one
+//     FFMA and one ex2 an element; O rescaled only where some row's max moved), P rounded to bf16 in registers, then
+//     O += P·V (wgmma with P from registers, V read N-major). The two warpgroups run the same tiles independently,
+//     so one's softmax overlaps the other's MMAs on the tensor cores;
+//   warp 8, the producer (D 192; GLM's 64 x 256 O needs more registers than nine warps leave a thread, and there
+//     warpgroup 1's first thread issues the loads between its tiles): one thread issues the TMA loads — Q once
+//     (3-D maps over [rows, heads, lanes], 64-lane boxes with the 128-byte swizzle that wgmma reads), then tile
+//     i + 2 into the slot tile i leaves, once all eight consumer warps have said so on the slot's "free" mbarrier;
+//     the "full" mbarrier counts the bytes in.
+// Keys past a sequence's end in its last tile are masked in S; their V rows (another sequence's or zeros) are set to
+// zero before P·V reads them, so that a NaN there cannot leak into this sequence (0 · NaN is NaN). A warpgroup skips
+// the tiles past its own rows' last key (the causal diagonal); query tiles are issued heaviest first.
+//
+// Shared memory: Q 128 rows x D, two slots of K (BC x D) and V (BC x V), five mbarriers: 213,032 bytes for D 192
+// (BC 128), 196,648 for D 256 (BC 64), of the 232,448 a block may have (plus 1 KB to align them).
+#include <cmath>
+
+#include "kernels/attention_flash.cuh"
+#include "kernels/attention_flash_store.cuh"
+#include "kernels/cuda_check.cuh"
+#include "kernels/mma_util.cuh"
+#include "kernels/tensor_map.cuh"
+#include "kernels/wgmma.cuh"
+
+namespace mla::cuda {
+
+namespace {
+
+constexpr int kBr = 128, kConsumerWarps = 8;
+[[maybe_unused]] constexpr int kWgRows = 64;
+[[maybe_unused]] constexpr int kBarZero = 1;  // named barrier of the 256 consumer threads (V rows zeroed)
+constexpr int kLanes = 64;                 // lanes of a TMA box and of a swizzled chunk row
+[[maybe_unused]] constexpr int kBarZero = 1;               // named barrier of the 256 consumer threads (V rows zeroed)
+[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+template <int DT, int VT, int BC>
+struct Shape {
+  static constexpr int kDChunks = DT / kLanes, kVChunks = VT / kLanes;
+  static constexpr uint32_t kQChunkBytes = kBr * 128, kKvChunkBytes = BC * 128;
+  static constexpr uint32_t kQBytes = kDChunks * kQChunkBytes;
+  static constexpr uint32_t kKBytes = kDChunks * kKvChunkBytes, kVBytes = kVChunks * kKvChunkBytes;
+  static constexpr uint32_t kSlotBytes = kKBytes + kVBytes;
+  static constexpr uint32_t kOffSlots = kQBytes, kOffBar = kOffSlots + 2 * kSlotBytes;
+  static constexpr size_t kSmemBytes = kOffBar + 5 * 8 + 1024;  // + room to align the base to a 1024-byte atom
+  // A ninth warp issues the loads where the consumers fit its register share (9 warps: 168 registers a thread);
+  // GLM's 64 x 256 O does not, and its loads come from a consumer thread.
+  static constexpr bool kProducerWarp = VT <= 128;
+  static constexpr int kThreads = (kConsumerWarps + (kProducerWarp ? 1 : 0)) * 32;
+  static_assert(kSmemBytes <= 232448, "a block's shared memory on sm_90");
+};
+
+struct WgArgs {
+  CUtensorMap qn, qp, kn, kp, v;  // q_nope, q_pe, k_nope, k_pe, v as [rows, heads (1 when shared), lanes]
+  FlashParams p;
+  int qp_head, kp_head;  // 1: q_pe / k_pe per head; 0: one vector per row (head coordinate 0)
+};
+
+template <int N>
+__device__ __forceinline__ void zero(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) d[i] = 0.f;
+}
+
+template <int DT, int VT, int BC>
+__global__ void __launch_bounds__(Shape<DT, VT, BC>::kThreads, 1) flash_wgmma_kernel(const __grid_constant__ WgArgs a) {
+#ifdef MLA_SM90A
+  using namespace sm90;
+  using S = Shape<DT, VT, BC>;
+  const FlashParams& p = a.p;
+  const int h = blockIdx.x, b = blockIdx.z;
+  const int q_len = p.seq_q_len[b];
+  const int q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBr;
+  if (q0 >= q_len) return;
+  const int k_len = p.seq_k_len[b];
+  const int q_rows = min(kBr, q_len - q0);
+  const int offset = k_len - q_len;  // causal: query i sees keys s < i + 1 + offset
+  const int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
+  const int n_tiles = (n_keys + BC - 1) / BC;
+  const int64_t q_row0 = p.seq_q_start[b] + q0;
+  const int k_row0 = p.seq_k_start[b];
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (mma::smem_u32(smem_raw) + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - mma::smem_u32(smem_raw));
+  const uint32_t sQ = base, sSlots = base + S::kOffSlots;
+  const uint32_t bar_q = base + S::kOffBar, bar_full = bar_q + 8, bar_free = bar_q + 24;  // full, free: [2] each
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_free + 8 * s, kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  // The loads, issued by one thread: Q, then tile i into slot i % 2 (after the slot's previous tile is released).
+  const int p_chunks = p.P / kLanes;  // chunks from q_nope / k_nope; the rest from q_pe / k_pe
+  auto load_q = [&] {
+    mbar_expect_tx(bar_q, S::kQBytes);
+    for (int c = 0; c < S::kDChunks; ++c) {
+      const uint32_t dst = sQ + c * S::kQChunkBytes;
+      if (c < p_chunks) tma_load_3d(dst, &a.qn, bar_q, c * kLanes, h, static_cast<int>(q_row0));
+      else tma_load_3d(dst, &a.qp, bar_q, (c - p_chunks) * kLanes, h * a.qp_head, static_cast<int>(q_row0));
+    }
+  };
+  auto load_tile = [&](int i) {
+    const int slot = i & 1;
+    if (i >= 2) mbar_wait(bar_free + 8 * slot, ((i >> 1) - 1) & 1);
+    const uint32_t full = bar_full + 8 * slot, sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
+    const int row = k_row0 + i * BC;
+    mbar_expect_tx(full, S::kSlotBytes);
+    for (int c = 0; c < S::kDChunks; ++c) {
+      const uint32_t dst = sK + c * S::kKvChunkBytes;
+      if (c < p_chunks) tma_load_3d(dst, &a.kn, full, c * kLanes, h, row);
+      else tma_load_3d(dst, &a.kp, full, (c - p_chunks) * kLanes, h * a.kp_head, row);
+    }
+    for (int c = 0; c < S::kVChunks; ++c) tma_load_3d(sV + c * S::kKvChunkBytes, &a.v, full, c * kLanes, h, row);
+  };
+  if constexpr (S::kProducerWarp) {
+    if (warp == kConsumerWarps) {
+      if (lane == 0) {
+        load_q();
+        for (int i = 0; i < n_tiles; ++i) load_tile(i);
+      }
+      return;
+    }
+  } else if (threadIdx.x == kIssuer) {
+    load_q();
+    for (int i = 0; i < min(2, n_tiles); ++i) load_tile(i);
+  }
+
+  // A consumer warpgroup: rows 64·wg .. 64·wg + 63 of the block; this thread's accumulator rows r0, r1 of them.
+  const int wg = warp >> 2, w = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const int r0 = 16 * w + g, r1 = r0 + 8;
+  const int wg_row = kWgRows * wg;
+  const int i0 = q0 + wg_row + r0, i1 = i0 + 8;  // query index among the sequence's new tokens
+  const int lim0 = p.causal ? min(k_len, i0 + 1 + offset) : k_len;
+  const int lim1 = p.causal ? min(k_len, i1 + 1 + offset) : k_len;
+  const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;
+  // Keys some row of this warpgroup sees (none when its rows are past the sequence), and keys all of them see.
+  const int wg_keys =
+      wg_row >= q_rows ? 0 : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len);
+  const int wg_full = p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len;
+  const float sl2 = p.scale * kLog2e;
+
+  float o[VT / 2];
+  zero(o);
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // m: raw score units; l: this lane's partial sum
+  mbar_wait(bar_q, 0);
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int slot = i & 1, kbase = i * BC;
+    const uint32_t sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
+    mbar_wait(bar_full + 8 * slot, (i >> 1) & 1);
+    if (kbase + BC > k_len) {  // the sequence's last tile: its V rows past the end to zero (both warpgroups)
+      const int valid = k_len - kbase;
+      for (int k = threadIdx.x; k < (BC - valid) * S::kVChunks * 8; k += kConsumerWarps * 32) {
+        const int r = valid + k / (S::kVChunks * 8), u = k % (S::kVChunks * 8);
+        *reinterpret_cast<uint4*>(smem + (sV - base) + (u >> 3) * S::kKvChunkBytes + r * 128 + (u & 7) * 16) =
+            make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async();
+      bar_sync(kBarZero, kConsumerWarps * 32);
+    }
+    if (kbase < wg_keys) {  // warpgroup-uniform
+      float s[BC / 2];
+      zero(s);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < DT / 16; ++ks) {
+        const uint32_t koff = (ks & 3) * 32;  // k-step within the 64-lane chunk ks / 4
+        const uint64_t da = smem_desc(sQ + (ks >> 2) * S::kQChunkBytes + wg_row * 128 + koff, 16, 1024);
+        const uint64_t db = smem_desc(sK + (ks >> 2) * S::kKvChunkBytes + koff, 16, 1024);
+        if constexpr (BC == 128) mma_m64n128k16_ss(s, da, db, 1);
+        else mma_m64n64k16_ss(s, da, db, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+
+      // Mask (raw units) only where some row's last key, or the window's first, is crossed.
+      if (kbase + BC > wg_full || p.window > 0) {
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = kbase + 8 * j + 2 * t4 + e;
+            if (key >= lim0 || key < lo0) s[4 * j + e] = -INFINITY;
+            if (key >= lim1 || key < lo1) s[4 * j + 2 + e] = -INFINITY;
+          }
+      }
+      // Online softmax over rows r0 (s[4j], s[4j + 1]) and r1 (s[4j + 2], s[4j + 3]); a row's max over its quad.
+      float mx0 = m0, mx1 = m1;
+#pragma unroll
+      for (int j = 0; j < BC / 8; ++j) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+      }
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+      }
+      const float nb0 = mx0 == -INFINITY ? 0.f : -mx0 * sl2, nb1 = mx1 == -INFINITY ? 0.f : -mx1 * sl2;
+      if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
+        const float c0 = mma::exp2_approx(fmaf(m0, sl2, nb0)), c1 = mma::exp2_approx(fmaf(m1, sl2, nb1));
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int k = 0; k < VT / 8; ++k) {
+          o[4 * k] *= c0;
+          o[4 * k + 1] *= c0;
+          o[4 * k + 2] *= c1;
+          o[4 * k + 3] *= c1;
+        }
+      }
+      m0 = mx0;
+      m1 = mx1;
+      uint32_t pa[BC / 16][4];  // P's A fragments, 16 keys a k-step
+#pragma unroll
+      for (int j = 0; j < BC / 8; ++j) {
+        const float e00 = mma::exp2_approx(fmaf(s[4 * j], sl2, nb0));
+        const float e01 = mma::exp2_approx(fmaf(s[4 * j + 1], sl2, nb0));
+        const float e10 = mma::exp2_approx(fmaf(s[4 * j + 2], sl2, nb1));
+        const float e11 = mma::exp2_approx(fmaf(s[4 * j + 3], sl2, nb1));
+        l0 += e00 + e01;
+        l1 += e10 + e11;
+        pa[j >> 1][2 * (j & 1)] = mma::pack_bf16(e00, e01);
+        pa[j >> 1][2 * (j & 1) + 1] = mma::pack_bf16(e10, e11);
+      }
+
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        const uint64_t dv = smem_desc(sV + kk * 2048, S::kKvChunkBytes, 1024);
+        if constexpr (VT == 128) mma_m64n128k16_rs_bmn(o, pa[kk], dv, 1);
+        else mma_m64n256k16_rs_bmn(o, pa[kk], dv, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_free + 8 * slot);
+    if constexpr (!S::kProducerWarp)
+      if (threadIdx.x == kIssuer && i + 2 < n_tiles) load_tile(i + 2);  // waits for the slot's release
+  }
+
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  const auto& o4 = *reinterpret_cast<const float(*)[VT / 8][4]>(o);
+  const bool pair = (p.V & 1) == 0;
+  if (wg_row + r0 < q_rows)
+    store_row(p, h, q_row0, wg_row + r0, o4, 0, l0, pair, t4, [&](float l) { return (m0 * sl2 + log2f(l)) * kLn2; });
+  if (wg_row + r1 < q_rows)
+    store_row(p, h, q_row0, wg_row + r1, o4, 1, l1, pair, t4, [&](float l) { return (m1 * sl2 + log2f(l)) * kLn2; });
+#else
+  __trap();  // built without sm_90a code: sm90a_available() said no, and nothing launches this
+#endif
+}
+
+// An operand [rows, heads, width] (head_stride 0: [rows, width], one vector a row) as a 3-D TMA map of boxes of
+// `box_rows` rows x 1 head x 64 lanes.
+CUtensorMap operand_map(const AttnOperand& o, int width, int heads, int64_t rows, int box_rows, const char* what) {
+  const bool shared = o.head_stride == 0;
+  const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(shared ? 1 : heads),
+                            static_cast<uint64_t>(rows)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(shared ? o.row_stride : o.head_stride) * sizeof(bf16),
+                               static_cast<uint64_t>(o.row_stride) * sizeof(bf16)};
+  const uint32_t box[3] = {kLanes, 1, static_cast<uint32_t>(box_rows)};
+  return tensor_map_bf16(o.ptr, 3, dims, strides, box, what);
+}
+
+template <int DT, int VT, int BC>
+void launch_impl(const FlashParams& p, cudaStream_t stream) {
+  WgArgs a;
+  a.p = p;
+  a.qn = operand_map(p.q_nope, p.P, p.heads, p.q_rows, kBr, "attention_mha (wgmma): q_nope");
+  a.qp = operand_map(p.q_pe, p.R, p.heads, p.q_rows, kBr, "attention_mha (wgmma): q_pe");
+  a.kn = operand_map(p.k_nope, p.P, p.heads, p.k_rows, BC, "attention_mha (wgmma): k_nope");
+  a.kp = operand_map(p.k_pe, p.R, p.heads, p.k_rows, BC, "attention_mha (wgmma): k_pe");
+  a.v = operand_map(p.v, p.V, p.heads, p.k_rows, BC, "attention_mha (wgmma): v");
+  a.qp_head = p.q_pe.head_stride != 0;
+  a.kp_head = p.k_pe.head_stride != 0;
+  constexpr size_t smem = Shape<DT, VT, BC>::kSmemBytes;
+  auto kernel = flash_wgmma_kernel<DT, VT, BC>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>((p.max_q_len + kBr - 1) / kBr),
+                  static_cast<unsigned>(p.seqs));
+  kernel<<<grid, Shape<DT, VT, BC>::kThreads, smem, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+bool tma_operand(const AttnOperand& o) {
+  return (reinterpret_cast<uintptr_t>(o.ptr) & 15u) == 0 && o.row_stride % 8 == 0 && o.head_stride % 8 == 0 &&
+         o.row_stride > 0;
+}
+}  // namespace
+
+bool flash_wgmma_supports(const FlashParams& p, int device) {
+  const int D = p.P + p.R;
+  const bool dims = p.P > 0 && p.R > 0 && p.P % kLanes == 0 && p.R % kLanes == 0 &&
+                    ((D == 192 && p.V == 128) || (D == 256 && p.V == 256));
+  return dims && p.q_rows > 0 && p.k_rows > 0 && tma_operand(p.q_nope) && tma_operand(p.q_pe) &&
+         tma_operand(p.k_nope) && tma_operand(p.k_pe) && tma_operand(p.v) && sm90a_available(device);
+}
+
+void launch_attention_flash_wgmma(const FlashParams& p, cudaStream_t stream) {
+  if (p.heads == 0 || p.seqs == 0 || p.max_q_len == 0) return;
+  if (p.P + p.R == 192) launch_impl<192, 128, 128>(p, stream);
+  else launch_impl<256, 256, 64>(p, stream);
+}
+
+}  // namespace mla::cuda

@@ -36,9 +36,10 @@ namespace {
 
 constexpr int kBr = 128, kConsumerWarps = 8;
 [[maybe_unused]] constexpr int kWgRows = 64;
+constexpr int kLanes = 64;  // lanes of a TMA box and of a swizzled chunk row
+// Without a producer warp, the thread that issues the loads (warpgroup 1's first).
+[[maybe_unused]] constexpr int kIssuer = 128;
 [[maybe_unused]] constexpr int kBarZero = 1;  // named barrier of the 256 consumer threads (V rows zeroed)
-constexpr int kLanes = 64;                 // lanes of a TMA box and of a swizzled chunk row
-[[maybe_unused]] constexpr int kBarZero = 1;               // named barrier of the 256 consumer threads (V rows zeroed)
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 template <int DT, int VT, int BC>

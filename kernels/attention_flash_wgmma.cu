@@ -22,6 +22,8 @@
 // Shared memory: Q 128 rows x D, two slots of K (BC x D) and V (BC x V), five mbarriers: 213,032 bytes for D 192
 // (BC 128), 196,648 for D 256 (BC 64), of the 232,448 a block may have (plus 1 KB to align them).
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_flash_store.cuh"
@@ -39,7 +41,6 @@ constexpr int kBr = 128, kConsumerWarps = 8;
 constexpr int kLanes = 64;  // lanes of a TMA box and of a swizzled chunk row
 // Without a producer warp, the thread that issues the loads (warpgroup 1's first).
 [[maybe_unused]] constexpr int kIssuer = 128;
-[[maybe_unused]] constexpr int kBarZero = 1;  // named barrier of the 256 consumer threads (V rows zeroed)
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 template <int DT, int VT, int BC>
@@ -50,7 +51,7 @@ struct Shape {
   static constexpr uint32_t kKBytes = kDChunks * kKvChunkBytes, kVBytes = kVChunks * kKvChunkBytes;
   static constexpr uint32_t kSlotBytes = kKBytes + kVBytes;
   static constexpr uint32_t kOffSlots = kQBytes, kOffBar = kOffSlots + 2 * kSlotBytes;
-  static constexpr size_t kSmemBytes = kOffBar + 5 * 8 + 1024;  // + room to align the base to a 1024-byte atom
+  static constexpr size_t kSmemBytes = kOffBar + 9 * 8 + 1024;  // + room to align the base to a 1024-byte atom
   // A ninth warp issues the loads where the consumers fit its register share (9 warps: 168 registers a thread);
   // GLM's 64 x 256 O does not, and its loads come from a consumer thread.
   static constexpr bool kProducerWarp = VT <= 128;
@@ -68,6 +69,94 @@ template <int N>
 __device__ __forceinline__ void zero(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) d[i] = 0.f;
+}
+
+// One tile's online softmax on a thread's two rows r0 (s[4j], s[4j + 1]) and r1 (s[4j + 2], s[4j + 3]), keys
+// kbase + 8j + 2t4 + (0, 1): the mask where asked (keys at or past lim, or before lo), the rows' max over the quad
+// (raw score units), s replaced by p = 2^(s·sl2 − m·sl2), l by l·c + Σp, and c = 2^((m_old − m)·sl2), the factor
+// O is to be rescaled by; returns whether any row of the warp moved its max (else c is 1 for all of them).
+template <int BC>
+__device__ __forceinline__ bool tile_softmax(float (&s)[BC / 2], int kbase, bool mask, int lim0, int lo0, int lim1,
+                                             int lo1, int t4, float sl2, float& m0, float& m1, float& l0, float& l1,
+                                             float& c0, float& c1) {
+  if (mask) {
+#pragma unroll
+    for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = kbase + 8 * j + 2 * t4 + e;
+        if (key >= lim0 || key < lo0) s[4 * j + e] = -INFINITY;
+        if (key >= lim1 || key < lo1) s[4 * j + 2 + e] = -INFINITY;
+      }
+  }
+  float mx0 = m0, mx1 = m1;
+#pragma unroll
+  for (int j = 0; j < BC / 8; ++j) {
+    mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+    mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+  }
+  const float nb0 = mx0 == -INFINITY ? 0.f : -mx0 * sl2, nb1 = mx1 == -INFINITY ? 0.f : -mx1 * sl2;
+  const bool moved = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
+  c0 = c1 = 1.f;
+  if (moved) {
+    c0 = mma::exp2_approx(fmaf(m0, sl2, nb0));  // 0 while m was −inf
+    c1 = mma::exp2_approx(fmaf(m1, sl2, nb1));
+  }
+  m0 = mx0;
+  m1 = mx1;
+  float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < BC / 8; ++j) {
+    s[4 * j] = mma::exp2_approx(fmaf(s[4 * j], sl2, nb0));
+    s[4 * j + 1] = mma::exp2_approx(fmaf(s[4 * j + 1], sl2, nb0));
+    s[4 * j + 2] = mma::exp2_approx(fmaf(s[4 * j + 2], sl2, nb1));
+    s[4 * j + 3] = mma::exp2_approx(fmaf(s[4 * j + 3], sl2, nb1));
+    sum0 += s[4 * j] + s[4 * j + 1];
+    sum1 += s[4 * j + 2] + s[4 * j + 3];
+  }
+  l0 = l0 * c0 + sum0;
+  l1 = l1 * c1 + sum1;
+  return moved;
+}
+
+// The sequence's last tile: V rows `valid` .. BC − 1 (past its keys) set to zero by this warpgroup alone, then its
+// 128 threads meet (named barrier 1 + wg). Both warpgroups write the same zeros, so neither waits for the other.
+template <int BC, int V_CHUNKS>
+__device__ __forceinline__ void zero_rows_past(unsigned char* v_tile, int valid, int wg) {
+#ifdef MLA_SM90A
+  for (int k = threadIdx.x & 127; k < (BC - valid) * V_CHUNKS * 8; k += 128) {
+    const int r = valid + k / (V_CHUNKS * 8), u = k % (V_CHUNKS * 8);
+    *reinterpret_cast<uint4*>(v_tile + (u >> 3) * (BC * 128) + r * 128 + (u & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  sm90::fence_proxy_async();
+  sm90::bar_sync(1 + wg, 128);
+#endif
+}
+
+// P (bf16) as the A fragments of P·V's k-steps of 16 keys.
+template <int BC>
+__device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&pa)[BC / 16][4]) {
+#pragma unroll
+  for (int j = 0; j < BC / 8; ++j) {
+    pa[j >> 1][2 * (j & 1)] = mma::pack_bf16(s[4 * j], s[4 * j + 1]);
+    pa[j >> 1][2 * (j & 1) + 1] = mma::pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+  }
+}
+
+template <int NV>
+__device__ __forceinline__ void rescale(float (&o)[NV], float c0, float c1) {
+#pragma unroll
+  for (int k = 0; k < NV / 4; ++k) {
+    o[4 * k] *= c0;
+    o[4 * k + 1] *= c0;
+    o[4 * k + 2] *= c1;
+    o[4 * k + 3] *= c1;
+  }
 }
 
 template <int DT, int VT, int BC>
@@ -163,17 +252,8 @@ __global__ void __launch_bounds__(Shape<DT, VT, BC>::kThreads, 1) flash_wgmma_ke
     const int slot = i & 1, kbase = i * BC;
     const uint32_t sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
     mbar_wait(bar_full + 8 * slot, (i >> 1) & 1);
-    if (kbase + BC > k_len) {  // the sequence's last tile: its V rows past the end to zero (both warpgroups)
-      const int valid = k_len - kbase;
-      for (int k = threadIdx.x; k < (BC - valid) * S::kVChunks * 8; k += kConsumerWarps * 32) {
-        const int r = valid + k / (S::kVChunks * 8), u = k % (S::kVChunks * 8);
-        *reinterpret_cast<uint4*>(smem + (sV - base) + (u >> 3) * S::kKvChunkBytes + r * 128 + (u & 7) * 16) =
-            make_uint4(0u, 0u, 0u, 0u);
-      }
-      fence_proxy_async();
-      bar_sync(kBarZero, kConsumerWarps * 32);
-    }
     if (kbase < wg_keys) {  // warpgroup-uniform
+      if (kbase + BC > k_len) zero_rows_past<BC, S::kVChunks>(smem + (sV - base), k_len - kbase, wg);
       float s[BC / 2];
       zero(s);
       wgmma_fence();
@@ -189,56 +269,13 @@ __global__ void __launch_bounds__(Shape<DT, VT, BC>::kThreads, 1) flash_wgmma_ke
       wgmma_wait<0>();
       fence_regs(s);
 
-      // Mask (raw units) only where some row's last key, or the window's first, is crossed.
-      if (kbase + BC > wg_full || p.window > 0) {
-#pragma unroll
-        for (int j = 0; j < BC / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = kbase + 8 * j + 2 * t4 + e;
-            if (key >= lim0 || key < lo0) s[4 * j + e] = -INFINITY;
-            if (key >= lim1 || key < lo1) s[4 * j + 2 + e] = -INFINITY;
-          }
-      }
-      // Online softmax over rows r0 (s[4j], s[4j + 1]) and r1 (s[4j + 2], s[4j + 3]); a row's max over its quad.
-      float mx0 = m0, mx1 = m1;
-#pragma unroll
-      for (int j = 0; j < BC / 8; ++j) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-      }
-#pragma unroll
-      for (int off = 1; off < 4; off <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-      }
-      const float nb0 = mx0 == -INFINITY ? 0.f : -mx0 * sl2, nb1 = mx1 == -INFINITY ? 0.f : -mx1 * sl2;
-      if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
-        const float c0 = mma::exp2_approx(fmaf(m0, sl2, nb0)), c1 = mma::exp2_approx(fmaf(m1, sl2, nb1));
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int k = 0; k < VT / 8; ++k) {
-          o[4 * k] *= c0;
-          o[4 * k + 1] *= c0;
-          o[4 * k + 2] *= c1;
-          o[4 * k + 3] *= c1;
-        }
-      }
-      m0 = mx0;
-      m1 = mx1;
-      uint32_t pa[BC / 16][4];  // P's A fragments, 16 keys a k-step
-#pragma unroll
-      for (int j = 0; j < BC / 8; ++j) {
-        const float e00 = mma::exp2_approx(fmaf(s[4 * j], sl2, nb0));
-        const float e01 = mma::exp2_approx(fmaf(s[4 * j + 1], sl2, nb0));
-        const float e10 = mma::exp2_approx(fmaf(s[4 * j + 2], sl2, nb1));
-        const float e11 = mma::exp2_approx(fmaf(s[4 * j + 3], sl2, nb1));
-        l0 += e00 + e01;
-        l1 += e10 + e11;
-        pa[j >> 1][2 * (j & 1)] = mma::pack_bf16(e00, e01);
-        pa[j >> 1][2 * (j & 1) + 1] = mma::pack_bf16(e10, e11);
-      }
+      // Mask only where some row's last key, or the window's first, is crossed.
+      float c0, c1;
+      if (tile_softmax<BC>(s, kbase, kbase + BC > wg_full || p.window > 0, lim0, lo0, lim1, lo1, t4, sl2, m0, m1,
+                           l0, l1, c0, c1))
+        rescale(o, c0, c1);
+      uint32_t pa[BC / 16][4];
+      pack_p<BC>(s, pa);
 
       wgmma_fence();
 #pragma unroll
@@ -273,6 +310,180 @@ __global__ void __launch_bounds__(Shape<DT, VT, BC>::kThreads, 1) flash_wgmma_ke
 #endif
 }
 
+// The warp-specialized, overlapped form: three warpgroups, the first the producer (its registers given back to the
+// consumers), K and V with mbarriers of their own so that K(i + 2) loads once both consumers' S(i) is done and V(i + 2)
+// once their P·V(i) is; each consumer issues S(i + 1) before P·V(i) and runs softmax(i + 1) while P·V(i) is on the
+// tensor cores (FlashAttention-3's intra-warpgroup overlap).
+constexpr int kWsThreads = 384;
+template <int DT, int VT, int BC>
+__global__ void __launch_bounds__(kWsThreads, 1) flash_ws_kernel(const __grid_constant__ WgArgs a) {
+#ifdef MLA_SM90A
+  using namespace sm90;
+  using S = Shape<DT, VT, BC>;
+  const FlashParams& p = a.p;
+  const int h = blockIdx.x, b = blockIdx.z;
+  const int q_len = p.seq_q_len[b];
+  const int q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBr;
+  if (q0 >= q_len) return;
+  const int k_len = p.seq_k_len[b];
+  const int q_rows = min(kBr, q_len - q0);
+  const int offset = k_len - q_len;
+  const int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
+  const int n_tiles = (n_keys + BC - 1) / BC;
+  const int64_t q_row0 = p.seq_q_start[b] + q0;
+  const int k_row0 = p.seq_k_start[b];
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (mma::smem_u32(smem_raw) + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - mma::smem_u32(smem_raw));
+  const uint32_t sQ = base, sSlots = base + S::kOffSlots;
+  // mbarriers: Q, then [2] each of K full, V full, K free, V free.
+  const uint32_t bar_q = base + S::kOffBar, full_k = bar_q + 8, full_v = bar_q + 24, free_k = bar_q + 40,
+                 free_v = bar_q + 56;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(full_k + 8 * i, 1);
+      mbar_init(full_v + 8 * i, 1);
+      mbar_init(free_k + 8 * i, kConsumerWarps);
+      mbar_init(free_v + 8 * i, kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp < 4) {  // the producer
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      const int p_chunks = p.P / kLanes;
+      mbar_expect_tx(bar_q, S::kQBytes);
+      for (int c = 0; c < S::kDChunks; ++c) {
+        const uint32_t dst = sQ + c * S::kQChunkBytes;
+        if (c < p_chunks) tma_load_3d(dst, &a.qn, bar_q, c * kLanes, h, static_cast<int>(q_row0));
+        else tma_load_3d(dst, &a.qp, bar_q, (c - p_chunks) * kLanes, h * a.qp_head, static_cast<int>(q_row0));
+      }
+      for (int i = 0; i < n_tiles; ++i) {
+        const int slot = i & 1, row = k_row0 + i * BC;
+        const uint32_t sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
+        if (i >= 2) mbar_wait(free_k + 8 * slot, ((i >> 1) - 1) & 1);
+        mbar_expect_tx(full_k + 8 * slot, S::kKBytes);
+        for (int c = 0; c < S::kDChunks; ++c) {
+          const uint32_t dst = sK + c * S::kKvChunkBytes;
+          if (c < p_chunks) tma_load_3d(dst, &a.kn, full_k + 8 * slot, c * kLanes, h, row);
+          else tma_load_3d(dst, &a.kp, full_k + 8 * slot, (c - p_chunks) * kLanes, h * a.kp_head, row);
+        }
+        if (i >= 2) mbar_wait(free_v + 8 * slot, ((i >> 1) - 1) & 1);
+        mbar_expect_tx(full_v + 8 * slot, S::kVBytes);
+        for (int c = 0; c < S::kVChunks; ++c)
+          tma_load_3d(sV + c * S::kKvChunkBytes, &a.v, full_v + 8 * slot, c * kLanes, h, row);
+      }
+    }
+    return;
+  }
+  setmaxnreg_inc<232>();
+
+  const int wg = (warp >> 2) - 1, w = warp & 3, g = lane >> 2, t4 = lane & 3;
+  const int r0 = 16 * w + g, r1 = r0 + 8;
+  const int wg_row = kWgRows * wg;
+  const int i0 = q0 + wg_row + r0, i1 = i0 + 8;
+  const int lim0 = p.causal ? min(k_len, i0 + 1 + offset) : k_len;
+  const int lim1 = p.causal ? min(k_len, i1 + 1 + offset) : k_len;
+  const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;
+  const int wg_keys =
+      wg_row >= q_rows ? 0 : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len);
+  const int wg_full = p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len;
+  const int n_wg = (wg_keys + BC - 1) / BC;  // the tiles this warpgroup computes (the first n_wg)
+  const float sl2 = p.scale * kLog2e;
+
+  float o[VT / 2], s[BC / 2];
+  uint32_t pa[BC / 16][4];
+  zero(o);
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  auto release = [&](uint32_t bar, int i) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar + 8 * (i & 1));
+  };
+  auto issue_s = [&](int i) {  // S(i) = Q·K(i)ᵀ, committed, not waited for
+    const uint32_t sK = sSlots + (i & 1) * S::kSlotBytes;
+    mbar_wait(full_k + 8 * (i & 1), (i >> 1) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < DT / 16; ++ks) {  // the first k-step overwrites S (scale-d 0)
+      const uint32_t koff = (ks & 3) * 32;
+      const uint64_t da = smem_desc(sQ + (ks >> 2) * S::kQChunkBytes + wg_row * 128 + koff, 16, 1024);
+      const uint64_t db = smem_desc(sK + (ks >> 2) * S::kKvChunkBytes + koff, 16, 1024);
+      if constexpr (BC == 128) mma_m64n128k16_ss(s, da, db, ks > 0);
+      else mma_m64n64k16_ss(s, da, db, ks > 0);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int i) {  // O += P(i)·V(i), committed
+    const uint32_t sV = sSlots + (i & 1) * S::kSlotBytes + S::kKBytes;
+    mbar_wait(full_v + 8 * (i & 1), (i >> 1) & 1);
+    if (i * BC + BC > k_len) zero_rows_past<BC, S::kVChunks>(smem + (sV - base), k_len - i * BC, wg);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      const uint64_t dv = smem_desc(sV + kk * 2048, S::kKvChunkBytes, 1024);
+      if constexpr (VT == 128) mma_m64n128k16_rs_bmn(o, pa[kk], dv, 1);
+      else mma_m64n256k16_rs_bmn(o, pa[kk], dv, 1);
+    }
+    wgmma_commit();
+  };
+  auto mask_of = [&](int i) { return i * BC + BC > wg_full || p.window > 0; };
+
+  mbar_wait(bar_q, 0);
+  if (n_wg > 0) {
+    float c0, c1;
+    issue_s(0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    release(free_k, 0);
+    tile_softmax<BC>(s, 0, mask_of(0), lim0, lo0, lim1, lo1, t4, sl2, m0, m1, l0, l1, c0, c1);  // O is 0 still
+    pack_p<BC>(s, pa);
+    for (int i = 0; i + 1 < n_wg; ++i) {  // (the last tile after the loop: no branch inside keeps ptxas overlapping)
+      issue_s(i + 1);
+      issue_pv(i);
+      wgmma_wait<1>();  // S(i + 1); P·V(i) may still run
+      fence_regs(s);
+      release(free_k, i + 1);
+      const bool moved = tile_softmax<BC>(s, (i + 1) * BC, mask_of(i + 1), lim0, lo0, lim1, lo1, t4, sl2, m0, m1,
+                                          l0, l1, c0, c1);
+      wgmma_wait<0>();
+      fence_regs(o);
+      release(free_v, i);
+      if (moved) rescale(o, c0, c1);
+      pack_p<BC>(s, pa);
+    }
+    issue_pv(n_wg - 1);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(free_v, n_wg - 1);
+  }
+  for (int i = n_wg; i < n_tiles; ++i) {  // tiles past this warpgroup's rows: released as they land
+    mbar_wait(full_k + 8 * (i & 1), (i >> 1) & 1);
+    release(free_k, i);
+    mbar_wait(full_v + 8 * (i & 1), (i >> 1) & 1);
+    release(free_v, i);
+  }
+
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  const auto& o4 = *reinterpret_cast<const float(*)[VT / 8][4]>(o);
+  const bool pair = (p.V & 1) == 0;
+  if (wg_row + r0 < q_rows)
+    store_row(p, h, q_row0, wg_row + r0, o4, 0, l0, pair, t4, [&](float l) { return (m0 * sl2 + log2f(l)) * kLn2; });
+  if (wg_row + r1 < q_rows)
+    store_row(p, h, q_row0, wg_row + r1, o4, 1, l1, pair, t4, [&](float l) { return (m1 * sl2 + log2f(l)) * kLn2; });
+#else
+  __trap();
+#endif
+}
+
 // An operand [rows, heads, width] (head_stride 0: [rows, width], one vector a row) as a 3-D TMA map of boxes of
 // `box_rows` rows x 1 head x 64 lanes.
 CUtensorMap operand_map(const AttnOperand& o, int width, int heads, int64_t rows, int box_rows, const char* what) {
@@ -297,11 +508,13 @@ void launch_impl(const FlashParams& p, cudaStream_t stream) {
   a.qp_head = p.q_pe.head_stride != 0;
   a.kp_head = p.k_pe.head_stride != 0;
   constexpr size_t smem = Shape<DT, VT, BC>::kSmemBytes;
-  auto kernel = flash_wgmma_kernel<DT, VT, BC>;
+  const char* variant = std::getenv("MLA_FLASH4_VARIANT");
+  const bool ws = !(variant && std::string(variant) == "simple");
+  auto kernel = ws ? flash_ws_kernel<DT, VT, BC> : flash_wgmma_kernel<DT, VT, BC>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>((p.max_q_len + kBr - 1) / kBr),
                   static_cast<unsigned>(p.seqs));
-  kernel<<<grid, Shape<DT, VT, BC>::kThreads, smem, stream>>>(a);
+  kernel<<<grid, ws ? kWsThreads : Shape<DT, VT, BC>::kThreads, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 

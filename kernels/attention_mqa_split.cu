@@ -238,6 +238,18 @@ void launch_split(const SplitArgs& a, int groups, int splits, int seqs, cudaStre
 }
 }  // namespace
 
+MqaSplitPlan mqa_split_plan(const RankContext& rc, int groups, int page_keys) {
+  const DeviceBatch& db = rc.batch();
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, rc.device()));
+  const int n_tiles = std::max(1, (db.max_total + page_keys - 1) / page_keys);
+  const int want = std::min(n_tiles, std::max(1, sms / std::max(1, db.seqs * groups)));
+  MqaSplitPlan plan;
+  plan.tiles_per_split = (n_tiles + want - 1) / want;
+  plan.splits = (n_tiles + plan.tiles_per_split - 1) / plan.tiles_per_split;
+  return plan;
+}
+
 bool mqa_split_supports(int L, int R) { return L > 0 && L <= kVT && L + R <= kDT && L % 8 == 0 && R % 8 == 0; }
 
 void launch_attention_mqa_split(const MqaSplitParams& p, RankContext& rc) {
@@ -249,13 +261,8 @@ void launch_attention_mqa_split(const MqaSplitParams& p, RankContext& rc) {
   const int rows_seq = db.max_new * p.heads;
   const int mt = rows_seq <= 16 ? 1 : 2;
   const int groups = (rows_seq + 16 * mt - 1) / (16 * mt);
-  // Splits: fill the multiprocessors about once (one resident block each), whole pages per split.
-  int sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, rc.device()));
-  const int n_tiles = std::max(1, (db.max_total + kBc - 1) / kBc);
-  const int want = std::max(1, sms / std::max(1, db.seqs * groups));
-  const int per = (n_tiles + std::min(want, n_tiles) - 1) / std::min(want, n_tiles);
-  const int splits = (n_tiles + per - 1) / per;
+  const MqaSplitPlan plan = mqa_split_plan(rc, groups, kBc);
+  const int splits = plan.splits, per = plan.tiles_per_split;
 
   const int64_t TH = static_cast<int64_t>(p.tokens) * p.heads;
   SplitArgs a;

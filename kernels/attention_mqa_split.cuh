@@ -20,6 +20,13 @@ struct MqaSplitParams {
 bool mqa_split_supports(int L, int R);
 // Runs on rc's stream with rc's batch layout (causal, bottom-right) and scratch for the partial results.
 void launch_attention_mqa_split(const MqaSplitParams& p, RankContext& rc);
+// How a launch of versions 2 and 3 splits the keys: blocks of `groups` query-row groups per sequence, `splits`
+// splits of `tiles_per_split` pages each (whole pages of `page_keys`), enough to fill the multiprocessors about once
+// with one resident block each.
+struct MqaSplitPlan {
+  int splits = 1, tiles_per_split = 1;
+};
+MqaSplitPlan mqa_split_plan(const RankContext& rc, int groups, int page_keys);
 // Version 3 (attention_mqa_wgmma.cu): the same split-KV plan on Hopper's wgmma and TMA, where sm90a_available()
 // (tensor_map.cuh).
 void launch_attention_mqa_wgmma(const MqaSplitParams& p, RankContext& rc);

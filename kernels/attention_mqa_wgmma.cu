@@ -390,12 +390,8 @@ void launch_attention_mqa_wgmma(const MqaSplitParams& p, RankContext& rc) {
   if (p.tokens == 0 || p.heads == 0 || db.seqs == 0) return;
   const int rows_seq = db.max_new * p.heads;
   const int groups = (rows_seq + kRows - 1) / kRows;
-  int sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, rc.device()));
-  const int n_tiles = std::max(1, (db.max_total + kKeys - 1) / kKeys);
-  const int want = std::max(1, sms / std::max(1, db.seqs * groups));
-  const int per = (n_tiles + std::min(want, n_tiles) - 1) / std::min(want, n_tiles);
-  const int splits = (n_tiles + per - 1) / per;
+  const MqaSplitPlan plan = mqa_split_plan(rc, groups, kKeys);
+  const int splits = plan.splits, per = plan.tiles_per_split;
 
   const int64_t TH = static_cast<int64_t>(p.tokens) * p.heads;
   WgArgs a;

@@ -1,11 +1,11 @@
 // The flash kernels of attention_mha: FlashAttention-2 on mma.sync (bf16, fp32 accumulators, online softmax in
 // fp32, natural-log lse), no Tq×Tk matrix ever stored. attention_mha's kernel versions, picked by the CUDA engine's
 // option mha_kernel= (MhaArgs::kernel, FlashParams::version):
-//   3 (the default): attention_flash3_kernel, 256-row blocks of 8 warps × 32 query rows, for D ≤ 192 / V ≤ 128;
-//     wider dims (GLM) run version 2's D ≤ 256 / V ≤ 256 kernel.
+//   4 (the default): the Hopper kernel on wgmma and TMA (attention_flash_wgmma.cu) for D 192 / V 128 and
+//     D 256 / V 256 on an sm_90 GPU with an sm_90a build; other dims and GPUs run version 3.
+//   3: attention_flash3_kernel, 256-row blocks of 8 warps × 32 query rows, for D ≤ 192 / V ≤ 128; wider dims (GLM)
+//     run version 2's D ≤ 256 / V ≤ 256 kernel.
 //   2: attention_flash_kernel, 128-row blocks of 8 warps × 16 query rows.
-//   4: the Hopper kernel on wgmma and TMA (attention_flash_wgmma.cu) for D 192 / V 128 and D 256 / V 256 on an
-//     sm_90a build; other dims and GPUs run version 3.
 //   1: not here: the simple core of attention_core.cuh (the fallback, and dims these kernels do not cover).
 //
 // A block owns BR query rows of one head of one sequence and walks 64-key tiles of K and V through shared memory,

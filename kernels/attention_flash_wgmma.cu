@@ -4,26 +4,25 @@
 // window, bf16 or fp32 output and the natural-log lse.
 //
 // A block owns 128 query rows of one head of one sequence and walks BC-key tiles (128 keys for D 192, 64 for D 256,
-// so that S and O fit the registers) of K and V through a two-slot ring in shared memory. Nine warps:
-//   warps 0-7, two warpgroups of 64 query rows each: per tile S = Q·Kᵀ (wgmma, Q and K from shared memory, D / 16
-//     k-steps), the mask, the online softmax on the accumulators (fp32, log2 units: p = 2^(s·scale·log2e − m), one
-//     FFMA and one ex2 an element; O rescaled only where some row's max moved), P rounded to bf16 in registers, then
-//     O += P·V (wgmma with P from registers, V read N-major). The two warpgroups run the same tiles independently,
-//     so one's softmax overlaps the other's MMAs on the tensor cores;
-//   warp 8, the producer (D 192; GLM's 64 x 256 O needs more registers than nine warps leave a thread, and there
-//     warpgroup 1's first thread issues the loads between its tiles): one thread issues the TMA loads — Q once
-//     (3-D maps over [rows, heads, lanes], 64-lane boxes with the 128-byte swizzle that wgmma reads), then tile
-//     i + 2 into the slot tile i leaves, once all eight consumer warps have said so on the slot's "free" mbarrier;
-//     the "full" mbarrier counts the bytes in.
-// Keys past a sequence's end in its last tile are masked in S; their V rows (another sequence's or zeros) are set to
-// zero before P·V reads them, so that a NaN there cannot leak into this sequence (0 · NaN is NaN). A warpgroup skips
-// the tiles past its own rows' last key (the causal diagonal); query tiles are issued heaviest first.
+// so that S and O fit the registers) of K and V through a two-slot ring in shared memory. Three warpgroups:
+//   the producer (warpgroup 0, its registers given back to the others: setmaxnreg 40 / 232): one thread issues the
+//     TMA loads — Q once (3-D maps over [rows, heads, lanes], 64-lane boxes with the 128-byte swizzle that wgmma
+//     reads), then K(i) and V(i), each on an mbarrier of its own ("full" counts the bytes in); K(i + 2) waits until
+//     both consumers' S(i) is done, V(i + 2) until their P·V(i) is ("free", eight warps);
+//   two consumers of 64 query rows each: S(0) = Q·K(0)ᵀ first, then per tile i: S(i + 1) issued (wgmma, Q and K from
+//     shared memory, D / 16 k-steps), O += P(i)·V(i) issued behind it (P from registers, V read N-major), the
+//     softmax of tile i + 1 on S(i + 1)'s accumulators while P·V(i) runs on the tensor cores (FlashAttention-3's
+//     intra-warpgroup overlap), then O rescaled and P(i + 1) packed to bf16. The softmax: the mask, the rows' max,
+//     p = 2^(s·scale·log2e − m) as one FFMA and one ex2, in fp32 log2 units; O rescaled only where some row's max
+//     moved. The two consumers run the same tiles independently, so one's softmax also overlaps the other's MMAs.
+// Keys past a sequence's end in its last tile are masked in S; their V rows (another sequence's or zeros) are zeroed
+// by the producer's warp before the tile is handed over, so that a NaN there cannot leak into this sequence
+// (0 · NaN is NaN). A consumer skips the tiles past its own rows' last key (the causal diagonal), releasing them as
+// they land; query tiles are issued heaviest first.
 //
-// Shared memory: Q 128 rows x D, two slots of K (BC x D) and V (BC x V), five mbarriers: 213,032 bytes for D 192
-// (BC 128), 196,648 for D 256 (BC 64), of the 232,448 a block may have (plus 1 KB to align them).
+// Shared memory: Q 128 rows x D, two slots of K (BC x D) and V (BC x V), ten mbarriers: 213,072 bytes for D 192
+// (BC 128), 196,688 for D 256 (BC 64), of the 232,448 a block may have (plus 1 KB to align them).
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_flash_store.cuh"
@@ -36,11 +35,10 @@ namespace mla::cuda {
 
 namespace {
 
-constexpr int kBr = 128, kConsumerWarps = 8;
+constexpr int kBr = 128;
+[[maybe_unused]] constexpr int kConsumerWarps = 8;
 [[maybe_unused]] constexpr int kWgRows = 64;
 constexpr int kLanes = 64;  // lanes of a TMA box and of a swizzled chunk row
-// Without a producer warp, the thread that issues the loads (warpgroup 1's first).
-[[maybe_unused]] constexpr int kIssuer = 128;
 [[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 template <int DT, int VT, int BC>
@@ -51,11 +49,7 @@ struct Shape {
   static constexpr uint32_t kKBytes = kDChunks * kKvChunkBytes, kVBytes = kVChunks * kKvChunkBytes;
   static constexpr uint32_t kSlotBytes = kKBytes + kVBytes;
   static constexpr uint32_t kOffSlots = kQBytes, kOffBar = kOffSlots + 2 * kSlotBytes;
-  static constexpr size_t kSmemBytes = kOffBar + 9 * 8 + 1024;  // + room to align the base to a 1024-byte atom
-  // A ninth warp issues the loads where the consumers fit its register share (9 warps: 168 registers a thread);
-  // GLM's 64 x 256 O does not, and its loads come from a consumer thread.
-  static constexpr bool kProducerWarp = VT <= 128;
-  static constexpr int kThreads = (kConsumerWarps + (kProducerWarp ? 1 : 0)) * 32;
+  static constexpr size_t kSmemBytes = kOffBar + 10 * 8 + 1024;  // + room to align the base to a 1024-byte atom
   static_assert(kSmemBytes <= 232448, "a block's shared memory on sm_90");
 };
 
@@ -124,20 +118,6 @@ __device__ __forceinline__ bool tile_softmax(float (&s)[BC / 2], int kbase, bool
   return moved;
 }
 
-// The sequence's last tile: V rows `valid` .. BC − 1 (past its keys) set to zero by this warpgroup alone, then its
-// 128 threads meet (named barrier 1 + wg). Both warpgroups write the same zeros, so neither waits for the other.
-template <int BC, int V_CHUNKS>
-__device__ __forceinline__ void zero_rows_past(unsigned char* v_tile, int valid, int wg) {
-#ifdef MLA_SM90A
-  for (int k = threadIdx.x & 127; k < (BC - valid) * V_CHUNKS * 8; k += 128) {
-    const int r = valid + k / (V_CHUNKS * 8), u = k % (V_CHUNKS * 8);
-    *reinterpret_cast<uint4*>(v_tile + (u >> 3) * (BC * 128) + r * 128 + (u & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
-  }
-  sm90::fence_proxy_async();
-  sm90::bar_sync(1 + wg, 128);
-#endif
-}
-
 // P (bf16) as the A fragments of P·V's k-steps of 16 keys.
 template <int BC>
 __device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&pa)[BC / 16][4]) {
@@ -159,164 +139,9 @@ __device__ __forceinline__ void rescale(float (&o)[NV], float c0, float c1) {
   }
 }
 
+constexpr int kThreads = 384;  // three warpgroups
 template <int DT, int VT, int BC>
-__global__ void __launch_bounds__(Shape<DT, VT, BC>::kThreads, 1) flash_wgmma_kernel(const __grid_constant__ WgArgs a) {
-#ifdef MLA_SM90A
-  using namespace sm90;
-  using S = Shape<DT, VT, BC>;
-  const FlashParams& p = a.p;
-  const int h = blockIdx.x, b = blockIdx.z;
-  const int q_len = p.seq_q_len[b];
-  const int q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBr;
-  if (q0 >= q_len) return;
-  const int k_len = p.seq_k_len[b];
-  const int q_rows = min(kBr, q_len - q0);
-  const int offset = k_len - q_len;  // causal: query i sees keys s < i + 1 + offset
-  const int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
-  const int n_tiles = (n_keys + BC - 1) / BC;
-  const int64_t q_row0 = p.seq_q_start[b] + q0;
-  const int k_row0 = p.seq_k_start[b];
-
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (mma::smem_u32(smem_raw) + 1023u) & ~1023u;
-  unsigned char* smem = smem_raw + (base - mma::smem_u32(smem_raw));
-  const uint32_t sQ = base, sSlots = base + S::kOffSlots;
-  const uint32_t bar_q = base + S::kOffBar, bar_full = bar_q + 8, bar_free = bar_q + 24;  // full, free: [2] each
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_free + 8 * s, kConsumerWarps);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-
-  // The loads, issued by one thread: Q, then tile i into slot i % 2 (after the slot's previous tile is released).
-  const int p_chunks = p.P / kLanes;  // chunks from q_nope / k_nope; the rest from q_pe / k_pe
-  auto load_q = [&] {
-    mbar_expect_tx(bar_q, S::kQBytes);
-    for (int c = 0; c < S::kDChunks; ++c) {
-      const uint32_t dst = sQ + c * S::kQChunkBytes;
-      if (c < p_chunks) tma_load_3d(dst, &a.qn, bar_q, c * kLanes, h, static_cast<int>(q_row0));
-      else tma_load_3d(dst, &a.qp, bar_q, (c - p_chunks) * kLanes, h * a.qp_head, static_cast<int>(q_row0));
-    }
-  };
-  auto load_tile = [&](int i) {
-    const int slot = i & 1;
-    if (i >= 2) mbar_wait(bar_free + 8 * slot, ((i >> 1) - 1) & 1);
-    const uint32_t full = bar_full + 8 * slot, sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
-    const int row = k_row0 + i * BC;
-    mbar_expect_tx(full, S::kSlotBytes);
-    for (int c = 0; c < S::kDChunks; ++c) {
-      const uint32_t dst = sK + c * S::kKvChunkBytes;
-      if (c < p_chunks) tma_load_3d(dst, &a.kn, full, c * kLanes, h, row);
-      else tma_load_3d(dst, &a.kp, full, (c - p_chunks) * kLanes, h * a.kp_head, row);
-    }
-    for (int c = 0; c < S::kVChunks; ++c) tma_load_3d(sV + c * S::kKvChunkBytes, &a.v, full, c * kLanes, h, row);
-  };
-  if constexpr (S::kProducerWarp) {
-    if (warp == kConsumerWarps) {
-      if (lane == 0) {
-        load_q();
-        for (int i = 0; i < n_tiles; ++i) load_tile(i);
-      }
-      return;
-    }
-  } else if (threadIdx.x == kIssuer) {
-    load_q();
-    for (int i = 0; i < min(2, n_tiles); ++i) load_tile(i);
-  }
-
-  // A consumer warpgroup: rows 64·wg .. 64·wg + 63 of the block; this thread's accumulator rows r0, r1 of them.
-  const int wg = warp >> 2, w = warp & 3, g = lane >> 2, t4 = lane & 3;
-  const int r0 = 16 * w + g, r1 = r0 + 8;
-  const int wg_row = kWgRows * wg;
-  const int i0 = q0 + wg_row + r0, i1 = i0 + 8;  // query index among the sequence's new tokens
-  const int lim0 = p.causal ? min(k_len, i0 + 1 + offset) : k_len;
-  const int lim1 = p.causal ? min(k_len, i1 + 1 + offset) : k_len;
-  const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;
-  // Keys some row of this warpgroup sees (none when its rows are past the sequence), and keys all of them see.
-  const int wg_keys =
-      wg_row >= q_rows ? 0 : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len);
-  const int wg_full = p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len;
-  const float sl2 = p.scale * kLog2e;
-
-  float o[VT / 2];
-  zero(o);
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // m: raw score units; l: this lane's partial sum
-  mbar_wait(bar_q, 0);
-
-  for (int i = 0; i < n_tiles; ++i) {
-    const int slot = i & 1, kbase = i * BC;
-    const uint32_t sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
-    mbar_wait(bar_full + 8 * slot, (i >> 1) & 1);
-    if (kbase < wg_keys) {  // warpgroup-uniform
-      if (kbase + BC > k_len) zero_rows_past<BC, S::kVChunks>(smem + (sV - base), k_len - kbase, wg);
-      float s[BC / 2];
-      zero(s);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < DT / 16; ++ks) {
-        const uint32_t koff = (ks & 3) * 32;  // k-step within the 64-lane chunk ks / 4
-        const uint64_t da = smem_desc(sQ + (ks >> 2) * S::kQChunkBytes + wg_row * 128 + koff, 16, 1024);
-        const uint64_t db = smem_desc(sK + (ks >> 2) * S::kKvChunkBytes + koff, 16, 1024);
-        if constexpr (BC == 128) mma_m64n128k16_ss(s, da, db, 1);
-        else mma_m64n64k16_ss(s, da, db, 1);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(s);
-
-      // Mask only where some row's last key, or the window's first, is crossed.
-      float c0, c1;
-      if (tile_softmax<BC>(s, kbase, kbase + BC > wg_full || p.window > 0, lim0, lo0, lim1, lo1, t4, sl2, m0, m1,
-                           l0, l1, c0, c1))
-        rescale(o, c0, c1);
-      uint32_t pa[BC / 16][4];
-      pack_p<BC>(s, pa);
-
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-        const uint64_t dv = smem_desc(sV + kk * 2048, S::kKvChunkBytes, 1024);
-        if constexpr (VT == 128) mma_m64n128k16_rs_bmn(o, pa[kk], dv, 1);
-        else mma_m64n256k16_rs_bmn(o, pa[kk], dv, 1);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_free + 8 * slot);
-    if constexpr (!S::kProducerWarp)
-      if (threadIdx.x == kIssuer && i + 2 < n_tiles) load_tile(i + 2);  // waits for the slot's release
-  }
-
-#pragma unroll
-  for (int off = 1; off < 4; off <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-  }
-  const auto& o4 = *reinterpret_cast<const float(*)[VT / 8][4]>(o);
-  const bool pair = (p.V & 1) == 0;
-  if (wg_row + r0 < q_rows)
-    store_row(p, h, q_row0, wg_row + r0, o4, 0, l0, pair, t4, [&](float l) { return (m0 * sl2 + log2f(l)) * kLn2; });
-  if (wg_row + r1 < q_rows)
-    store_row(p, h, q_row0, wg_row + r1, o4, 1, l1, pair, t4, [&](float l) { return (m1 * sl2 + log2f(l)) * kLn2; });
-#else
-  __trap();  // built without sm_90a code: sm90a_available() said no, and nothing launches this
-#endif
-}
-
-// The warp-specialized, overlapped form: three warpgroups, the first the producer (its registers given back to the
-// consumers), K and V with mbarriers of their own so that K(i + 2) loads once both consumers' S(i) is done and V(i + 2)
-// once their P·V(i) is; each consumer issues S(i + 1) before P·V(i) and runs softmax(i + 1) while P·V(i) is on the
-// tensor cores (FlashAttention-3's intra-warpgroup overlap).
-constexpr int kWsThreads = 384;
-template <int DT, int VT, int BC>
-__global__ void __launch_bounds__(kWsThreads, 1) flash_ws_kernel(const __grid_constant__ WgArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_constant__ WgArgs a) {
 #ifdef MLA_SM90A
   using namespace sm90;
   using S = Shape<DT, VT, BC>;
@@ -337,9 +162,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) flash_ws_kernel(const __grid_co
   const uint32_t base = (mma::smem_u32(smem_raw) + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - mma::smem_u32(smem_raw));
   const uint32_t sQ = base, sSlots = base + S::kOffSlots;
-  // mbarriers: Q, then [2] each of K full, V full, K free, V free.
+  // mbarriers: Q, then [2] each of K full, V full, K free, V free, then the last tile's V before its zeroing.
   const uint32_t bar_q = base + S::kOffBar, full_k = bar_q + 8, full_v = bar_q + 24, free_k = bar_q + 40,
-                 free_v = bar_q + 56;
+                 free_v = bar_q + 56, bar_tail = bar_q + 72;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     mbar_init(bar_q, 1);
@@ -349,23 +174,31 @@ __global__ void __launch_bounds__(kWsThreads, 1) flash_ws_kernel(const __grid_co
       mbar_init(free_k + 8 * i, kConsumerWarps);
       mbar_init(free_v + 8 * i, kConsumerWarps);
     }
+    mbar_init(bar_tail, 1);
     mbar_init_fence();
   }
   __syncthreads();
 
-  if (warp < 4) {  // the producer
+  if (warp < 4) {  // the producer: its first warp (lane 0 issues, all 32 lanes zero the tail)
     setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
-      const int p_chunks = p.P / kLanes;
+    if (warp != 0) return;
+    const int p_chunks = p.P / kLanes;  // chunks from q_nope / k_nope; the rest from q_pe / k_pe
+    if (lane == 0) {
       mbar_expect_tx(bar_q, S::kQBytes);
       for (int c = 0; c < S::kDChunks; ++c) {
         const uint32_t dst = sQ + c * S::kQChunkBytes;
         if (c < p_chunks) tma_load_3d(dst, &a.qn, bar_q, c * kLanes, h, static_cast<int>(q_row0));
         else tma_load_3d(dst, &a.qp, bar_q, (c - p_chunks) * kLanes, h * a.qp_head, static_cast<int>(q_row0));
       }
-      for (int i = 0; i < n_tiles; ++i) {
-        const int slot = i & 1, row = k_row0 + i * BC;
-        const uint32_t sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
+    }
+    for (int i = 0; i < n_tiles; ++i) {
+      const int slot = i & 1, row = k_row0 + i * BC;
+      const uint32_t sK = sSlots + slot * S::kSlotBytes, sV = sK + S::kKBytes;
+      // The sequence's last tile when it ends inside it (one per block at most): its V lands on bar_tail, the warp
+      // zeroes the rows past the keys, then full_v is arrived on by hand.
+      const bool tail = i * BC + BC > k_len;
+      const uint32_t v_bar = tail ? bar_tail : full_v + 8 * slot;
+      if (lane == 0) {
         if (i >= 2) mbar_wait(free_k + 8 * slot, ((i >> 1) - 1) & 1);
         mbar_expect_tx(full_k + 8 * slot, S::kKBytes);
         for (int c = 0; c < S::kDChunks; ++c) {
@@ -374,9 +207,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) flash_ws_kernel(const __grid_co
           else tma_load_3d(dst, &a.kp, full_k + 8 * slot, (c - p_chunks) * kLanes, h * a.kp_head, row);
         }
         if (i >= 2) mbar_wait(free_v + 8 * slot, ((i >> 1) - 1) & 1);
-        mbar_expect_tx(full_v + 8 * slot, S::kVBytes);
-        for (int c = 0; c < S::kVChunks; ++c)
-          tma_load_3d(sV + c * S::kKvChunkBytes, &a.v, full_v + 8 * slot, c * kLanes, h, row);
+        mbar_expect_tx(v_bar, S::kVBytes);
+        for (int c = 0; c < S::kVChunks; ++c) tma_load_3d(sV + c * S::kKvChunkBytes, &a.v, v_bar, c * kLanes, h, row);
+      }
+      if (tail) {
+        mbar_wait(bar_tail, 0);
+        const int valid = k_len - i * BC;
+        for (int k = lane; k < (BC - valid) * S::kVChunks * 8; k += 32) {
+          const int r = valid + k / (S::kVChunks * 8), u = k % (S::kVChunks * 8);
+          *reinterpret_cast<uint4*>(smem + (sV - base) + (u >> 3) * S::kKvChunkBytes + r * 128 + (u & 7) * 16) =
+              make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(full_v + 8 * slot);
       }
     }
     return;
@@ -421,7 +265,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) flash_ws_kernel(const __grid_co
   auto issue_pv = [&](int i) {  // O += P(i)·V(i), committed
     const uint32_t sV = sSlots + (i & 1) * S::kSlotBytes + S::kKBytes;
     mbar_wait(full_v + 8 * (i & 1), (i >> 1) & 1);
-    if (i * BC + BC > k_len) zero_rows_past<BC, S::kVChunks>(smem + (sV - base), k_len - i * BC, wg);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
@@ -480,7 +323,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) flash_ws_kernel(const __grid_co
   if (wg_row + r1 < q_rows)
     store_row(p, h, q_row0, wg_row + r1, o4, 1, l1, pair, t4, [&](float l) { return (m1 * sl2 + log2f(l)) * kLn2; });
 #else
-  __trap();
+  __trap();  // built without sm_90a code: sm90a_available() said no, and nothing launches this
 #endif
 }
 
@@ -508,13 +351,11 @@ void launch_impl(const FlashParams& p, cudaStream_t stream) {
   a.qp_head = p.q_pe.head_stride != 0;
   a.kp_head = p.k_pe.head_stride != 0;
   constexpr size_t smem = Shape<DT, VT, BC>::kSmemBytes;
-  const char* variant = std::getenv("MLA_FLASH4_VARIANT");
-  const bool ws = !(variant && std::string(variant) == "simple");
-  auto kernel = ws ? flash_ws_kernel<DT, VT, BC> : flash_wgmma_kernel<DT, VT, BC>;
+  auto kernel = flash_wgmma_kernel<DT, VT, BC>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>((p.max_q_len + kBr - 1) / kBr),
                   static_cast<unsigned>(p.seqs));
-  kernel<<<grid, ws ? kWsThreads : Shape<DT, VT, BC>::kThreads, smem, stream>>>(a);
+  kernel<<<grid, kThreads, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 

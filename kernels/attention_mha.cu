@@ -1,10 +1,11 @@
 // attention_mha: new tokens causal among themselves, the context (cache rows up-projected through kv_b,
 // rounded to bf16 like any GEMM output here) without a mask, then the LSE merge. D = P + R and V may
 // differ (192/128 DeepSeek, 256/256 GLM-5). The same flow for every kernel, the attention of each key set by:
-//   kernel = 3 (default, MhaArgs::kernel) or 2: the flash kernels of attention_flash.cu (tensor cores; 3 takes the
+//   kernel = 3 or 2: the flash kernels of attention_flash.cu (tensor cores; 3 takes the
 //     256-row, 32-rows-per-warp kernel for D ≤ 192 / V ≤ 128, wider dims and 2 the 128-row kernel); with no context
 //     they write bf16 attn_out and lse directly, with context both parts go through the merge.
-//   kernel = 4: the same flow with the Hopper flash kernel (attention_flash_wgmma.cu) where it covers the dims.
+//   kernel = 4 (default, MhaArgs::kernel): the same flow with the Hopper flash kernel (attention_flash_wgmma.cu)
+//     where it runs (an sm_90 GPU, an sm_90a build, D/V 192/128 or 256/256), else version 3.
 //   kernel = 1 (the fallback the tests also run, and dims the flash kernels do not cover): the simple core of
 //     attention_core.cuh, both parts through the merge.
 #include "kernels/attention_core.cuh"

@@ -18,8 +18,8 @@ struct MhaArgs {
   bool causal = true;        // false plants causal-off (no mask among the new tokens)
   bool lse_base2 = false;    // true plants lse-base2 (the context merge reads the LSEs as base 2)
   int window = 0;            // > 0 plants sliding-window: each new token sees its last `window` new-token keys
-  int kernel = 3;  // 4/3/2: flash on the tensor cores (attention_flash.cu; the engine passes its mha_kernel
-                   // option, 3 unless asked); 1: the simple core
+  int kernel = 4;  // 4/3/2: flash on the tensor cores (attention_flash.cu; the engine passes its mha_kernel
+                   // option, 4 unless asked); 1: the simple core
   bf16* attn_out = nullptr;  // [T, Nl, V]
   float* lse = nullptr;      // [T, Nl]
 };

@@ -30,10 +30,10 @@
 //                    operation (memop, default; no SM needed), or a one-thread kernel (kernel; also taken where
 //                    the driver lacks the memory operation)
 //   devices=N        use the first N visible GPUs (default: all); rank r runs on device r % N
-//   mha_kernel=1|2|3|4 attention_mha version: 3 flash with 256-row blocks and 32 rows per warp (default; for
-//                    D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel), 2 flash with 128-row
-//                    blocks, 1 the simple core, 4 flash on Hopper's wgmma with TMA loads (an sm_90 GPU, an
-//                    sm_90a build, D/V 192/128 or 256/256; else version 3)
+//   mha_kernel=1|2|3|4 attention_mha version: 4 flash on Hopper's wgmma with TMA loads (default; an sm_90 GPU,
+//                    an sm_90a build and D/V 192/128 or 256/256, else version 3), 3 flash with 256-row blocks
+//                    and 32 rows per warp (for D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel),
+//                    2 flash with 128-row blocks, 1 the simple core
 //   mqa_kernel=auto|1|2|3  attention_mqa version: 3 split-KV on Hopper's wgmma with TMA loads (an sm_90 GPU and
 //                    an sm_90a build), 2 the same plan on mma.sync, 1 the simple core; auto (default): 3 where it
 //                    can run, else 2. DSA runs its sparse kernel whatever the version.
@@ -323,7 +323,7 @@ class CudaEngine : public Engine, public EngineTiming {
   bool probe_before_attention_ = false;  // probe_launch=attention
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
-  int mha_kernel_ = 3, mqa_kernel_ = 0;  // mqa 0: auto
+  int mha_kernel_ = 4, mqa_kernel_ = 0;  // mqa 0: auto
   // Device timing (bench): an event pair around each run_stage, from per-rank pools reused between takes.
   struct TimedStage {
     Stage stage;

@@ -37,7 +37,7 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   EXPECT_THROW(cuda_engine("probe_stream=both"), UsageError);
   EXPECT_NE(cuda_engine()->options().find("probe_stream=rank"), std::string::npos);
   EXPECT_NE(cuda_engine("probe_stream=side")->options().find("probe_stream=side"), std::string::npos);
-  EXPECT_NE(cuda_engine()->options().find("mha_kernel=3,mqa_kernel=auto"), std::string::npos);
+  EXPECT_NE(cuda_engine()->options().find("mha_kernel=4,mqa_kernel=auto"), std::string::npos);
   // The probe launch options: programmatic dependent launches and the done flag's writer (defaults 1 and memop).
   EXPECT_THROW(cuda_engine("probe_pdl=maybe"), UsageError);
   try {

@@ -1,7 +1,8 @@
 // attention_mha version 4 (mha_kernel=4): the flash attention of attention_flash.cu on Hopper's warpgroup MMA
 // (wgmma) with TMA loads — FlashAttention-3's plan, for the head dims of DeepSeek / Kimi (D = P + R = 192, V = 128)
-// and GLM-5 (256 / 256). Same contract as versions 2 and 3 (FlashParams): causal (bottom-right) or not, a sliding
-// window, bf16 or fp32 output and the natural-log lse.
+// and GLM-4.7-Flash / GLM-5 (256 / 256; GLM-5's DSA attends through its sparse kernel instead). Same contract as
+// versions 2 and 3 (FlashParams): causal (bottom-right) or not, a sliding window, bf16 or fp32 output and the
+// natural-log lse.
 //
 // A block owns 128 query rows of one head of one sequence and walks BC-key tiles (128 keys for D 192, 64 for D 256,
 // so that S and O fit the registers) of K and V through a two-slot ring in shared memory. Three warpgroups:

@@ -22,10 +22,10 @@ namespace {
 constexpr Tolerance kStageTol{4.0, 1.0 / 1024};
 
 // attention_mha's default (version 4 on Hopper at real dims, else version 3: the 256-row flash kernel, 32 rows per
-// warp) runs every case of the suites above; version 2 (mha_kernel=2, 128-row blocks) on every MHA case here: tiny dims zero-padded
-// (scalar and cp.async loads), the long tiny shapes (several blocks, ragged tiles, chunked prefill's context
-// path), DeepSeek-V3 and GLM-5 dims. GLM's D 256 / V 256 and tiny_wide run version 2's wide kernel under
-// either. Plus real DeepSeek-V3 head dims across two 256-row blocks and the causal diagonal under version 3.
+// warp) runs every case of the suites above; version 2 (mha_kernel=2, 128-row blocks) on every MHA case here: tiny
+// dims zero-padded (scalar and cp.async loads), the long tiny shapes (several blocks, ragged tiles, chunked prefill's
+// context path), DeepSeek-V3 and GLM-5 dims. GLM's D 256 / V 256 and tiny_wide run version 2's wide kernel under
+// versions 2 and 3. Plus real DeepSeek-V3 head dims across two 256-row blocks and the causal diagonal under version 3.
 std::vector<Case> flash_version_cases() {
   std::vector<Case> v;
   for (const auto& list : {tiny_cases(), long_cases(), big_cases()})
@@ -39,9 +39,10 @@ std::vector<Case> flash_version_cases() {
   long_dsv3.engine_options = "mha_kernel=3";
   v.push_back(long_dsv3);
   // Version 4 (wgmma and TMA; it falls back to version 3 where it cannot run, so on a GPU other than sm_90 these
-  // test version 3), asked for by name: DeepSeek-V3's D 192 / V 128 over three query blocks with a ragged last key tile, two
-  // sequences whose tiles cross into each other's rows, the context path (non-causal, an empty context), and GLM-5's
-  // D 256 / V 256 with its DSA turned off (the dense attention_mha runs those dims only without DSA).
+  // test version 3), asked for by name: DeepSeek-V3's D 192 / V 128 over three query blocks with a ragged last key
+  // tile, two sequences whose tiles cross into each other's rows, the context path (non-causal, an empty context),
+  // and GLM-5's D 256 / V 256 with its DSA turned off (GLM-4.7-Flash's head dims: with DSA, GLM-5 attends by its
+  // sparse kernel).
   std::vector<Case> v4 = {
       make_case("v4_dsv3_prefill_t300_tp8", "deepseek-v3", kPrefill, kMha, 8, 300),
       make_case("v4_dsv3_prefill_b2_t130_tp8", "deepseek-v3", kPrefill, kMha, 8, 130, 2),

@@ -559,12 +559,6 @@ void launch_attention_flash(const FlashParams& p, cudaStream_t stream) {
     throw EngineError("attention_mha (flash): head dims " + std::to_string(p.P) + " + " + std::to_string(p.R) +
                       ", v " + std::to_string(p.V) + " exceed the kernel's 256 / 256");
   if (p.heads == 0 || p.seqs == 0 || p.max_q_len == 0) return;
-  FlashKernelArgs args{p, false};
-  args.vec = p.P % 8 == 0 && p.R % 8 == 0 && p.V % 8 == 0 && operand_vec(p.q_nope) && operand_vec(p.q_pe) &&
-             operand_vec(p.k_nope) && operand_vec(p.k_pe) && operand_vec(p.v);
-  // 128-row blocks (8 warps), one per SM. Measured on an H200: 64-row blocks of 4 warps, two per
-  // SM (112 KB each), ran DeepSeek-V3's T = 4096 attention in 4.61 ms against 3.72 ms for these.
-  // Version 3 (256-row blocks, 32 rows per warp) for D ≤ 192 / V ≤ 128; wider dims keep version 2's kernel.
   if (p.version == 4) {  // the Hopper kernel where it covers the dims, else version 3
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
@@ -573,6 +567,12 @@ void launch_attention_flash(const FlashParams& p, cudaStream_t stream) {
       return;
     }
   }
+  FlashKernelArgs args{p, false};
+  args.vec = p.P % 8 == 0 && p.R % 8 == 0 && p.V % 8 == 0 && operand_vec(p.q_nope) && operand_vec(p.q_pe) &&
+             operand_vec(p.k_nope) && operand_vec(p.k_pe) && operand_vec(p.v);
+  // 128-row blocks (8 warps), one per SM. Measured on an H200: 64-row blocks of 4 warps, two per
+  // SM (112 KB each), ran DeepSeek-V3's T = 4096 attention in 4.61 ms against 3.72 ms for these.
+  // Version 3 (256-row blocks, 32 rows per warp) for D ≤ 192 / V ≤ 128; wider dims keep version 2's kernel.
   const bool narrow = p.P + p.R <= 192 && p.V <= 128;
   if (narrow && p.version >= 3) launch_impl3<192, 128>(args, stream);
   else if (narrow) launch_impl<128, 192, 128, true, 1>(args, stream);

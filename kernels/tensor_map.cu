@@ -8,14 +8,15 @@
 #include <string>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/wgmma.cuh"  // MLA_SM90A
 
 namespace mla::cuda {
 
 namespace {
 
-// 1 when the kernels were compiled for sm_90a (MLA_SM90A in wgmma.cuh).
+// 1 when the kernels were compiled for sm_90a (MLA_SM90A, as the Hopper kernels are guarded).
 __global__ void sm90a_probe_kernel(int* out) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#ifdef MLA_SM90A
   *out = 1;
 #else
   *out = 0;

@@ -37,6 +37,10 @@
 //   mqa_kernel=auto|1|2|3  attention_mqa version: 3 split-KV on Hopper's wgmma with TMA loads (an sm_90 GPU and
 //                    an sm_90a build), 2 the same plan on mma.sync, 1 the simple core; auto (default): 3 where it
 //                    can run, else 2. DSA runs its sparse kernel whatever the version.
+//   head_split=gemm|copy  how q_b_proj and kv_b_proj write their per-head parts (q_nope | q_pe, k_nope | v): a
+//                    GEMM per part batched over the heads, each head's rows written where they belong (gemm,
+//                    default), or one GEMM into a scratch followed by a per-head copy (copy: the plain way, which
+//                    reads and writes the whole output once more)
 //
 // Planted bugs (--inject, docs/bugs.md): every entry that applies to a GPU path and needs no quantized weights is
 // planted in this engine's own computation — a wrong constant, a wrong flag or index of a kernel, a wrong
@@ -193,12 +197,16 @@ class CudaEngine : public Engine, public EngineTiming {
                              (k == "mha_kernel" ? " (expected 1, 2, 3 or 4)" : " (expected auto, 1, 2 or 3)"));
           (k == "mha_kernel" ? mha_kernel_ : mqa_kernel_) = v[0] - '0';
         }
+      } else if (k == "head_split") {
+        if (v != "gemm" && v != "copy")
+          throw UsageError("cuda engine: head_split=" + v + " (expected gemm or copy)");
+        head_split_copy_ = v == "copy";
       } else {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
                          "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3|4, "
-                         "mqa_kernel=auto|1|2|3)");
+                         "mqa_kernel=auto|1|2|3, head_split=gemm|copy)");
       }
     }
     const int n = cuda_device_count();
@@ -228,7 +236,8 @@ class CudaEngine : public Engine, public EngineTiming {
            ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
            ",probe_stream=" + (probe_side_stream_ ? "side" : "rank") +
            ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
-           ",mqa_kernel=" + (mqa_kernel_ == 0 ? std::string("auto") : std::to_string(mqa_kernel_));
+           ",mqa_kernel=" + (mqa_kernel_ == 0 ? std::string("auto") : std::to_string(mqa_kernel_)) +
+           ",head_split=" + (head_split_copy_ ? "copy" : "gemm");
   }
   std::string dtype() const override { return "bf16"; }
   DeviceMemory device_memory(int only_device) override {
@@ -324,6 +333,7 @@ class CudaEngine : public Engine, public EngineTiming {
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 4, mqa_kernel_ = 0;  // mqa 0: auto
+  bool head_split_copy_ = false;
   // Device timing (bench): an event pair around each run_stage, from per-rank pools reused between takes.
   struct TimedStage {
     Stage stage;
@@ -699,9 +709,9 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       const DeviceTensor& x = in(rank, lora ? "q_c" : "x");
       DeviceTensor& q_nope = out(rank, "q_nope", {T, Nl, P});
       DeviceTensor& q_pe = out(rank, "q_pe", {T, Nl, R});
-      bf16* scratch = rc.scratch_as<bf16>("q_b_proj.y", T * Nl * (P + R));
+      bf16* scratch = head_split_copy_ ? rc.scratch_as<bf16>("q_b_proj.y", T * Nl * (P + R)) : nullptr;
       cuda::launch_q_b_proj(hb, s, x.bf(), W.q_b_proj.bf(), scratch, q_nope.bf(), q_pe.bf(), T, lora ? Lq : H, Nl, P,
-                            R);
+                            R, head_split_copy_);
       break;
     }
     case Stage::Stage_kv_a_proj: {
@@ -825,9 +835,10 @@ void CudaEngine::run_stage_impl(const StageSpec& st, int layer, int rank) {
       const DeviceTensor& kv = in(rank, "kv_c_norm");
       DeviceTensor& k_nope = out(rank, "k_nope", {T, Nl, P});
       DeviceTensor& v = out(rank, "v", {T, Nl, V});
-      bf16* scratch = rc.scratch_as<bf16>("kv_b_proj.y", T * Nl * (P + V));
+      const bool by_block = planted("kv-b-split");
+      bf16* scratch = head_split_copy_ || by_block ? rc.scratch_as<bf16>("kv_b_proj.y", T * Nl * (P + V)) : nullptr;
       cuda::launch_kv_b_proj(hb, s, kv.bf(), W.kv_b_proj.bf(), scratch, k_nope.bf(), v.bf(), T, L, Nl, P, V,
-                             /*split_by_block=*/planted("kv-b-split"));
+                             head_split_copy_, by_block);
       break;
     }
     case Stage::Stage_attention_mha: {

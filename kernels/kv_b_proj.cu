@@ -1,4 +1,5 @@
-// kv_b_proj, version 1: one GEMM into a [T, Nl·(P+V)] scratch, then the per-head split copy.
+// kv_b_proj: the heads' k_nope and v parts each as one GEMM batched over the heads, written where they belong; or
+// one GEMM into a [T, Nl·(P+V)] scratch, then the per-head split copy.
 #include "kernels/kv_b_proj.cuh"
 
 namespace mla::cuda {
@@ -11,7 +12,11 @@ void launch_kv_b_up(cublasHandle_t h, const bf16* kv_c_norm, int64_t ld_in, cons
 
 void launch_kv_b_proj(cublasHandle_t h, cudaStream_t s, const bf16* kv_c_norm, const bf16* w_kvb, bf16* scratch,
                       bf16* k_nope, bf16* v, int64_t T, int64_t L, int64_t Nl, int64_t P, int64_t V,
-                      bool split_by_block) {
+                      bool split_copy, bool split_by_block) {
+  if (!split_copy && !split_by_block) {
+    gemm_xwt_heads(h, kv_c_norm, L, w_kvb, T, L, Nl, P, V, k_nope, v);
+    return;
+  }
   launch_kv_b_up(h, kv_c_norm, L, w_kvb, scratch, T, L, Nl, P, V);
   if (split_by_block) launch_split_last(scratch, T, 1, Nl * P, Nl * V, k_nope, v, s);
   else launch_split_last(scratch, T, Nl, P, V, k_nope, v, s);

@@ -39,6 +39,14 @@ void gemm_batched(cublasHandle_t h, const bf16* a, int64_t lda, int64_t stride_a
       CUDA_R_16BF, as_int(ldc, "ldc"), stride_c, as_int(batch, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+void gemm_xwt_heads(cublasHandle_t h, const bf16* x, int64_t ldx, const bf16* w, int64_t T, int64_t K, int64_t Nl,
+                    int64_t A, int64_t B, bf16* a, bf16* b) {
+  // Head n of part a: a[:, n, :] [T, A] (row stride Nl·A) = x [T, K] · W_n[A, K]ᵀ, W_n = w + n·(A+B)·K; x is
+  // shared by every head (stride 0).
+  gemm_batched(h, x, ldx, 0, w, K, (A + B) * K, /*w_transposed=*/true, a, Nl * A, A, T, K, A, Nl);
+  gemm_batched(h, x, ldx, 0, w + A * K, K, (A + B) * K, /*w_transposed=*/true, b, Nl * B, B, T, K, B, Nl);
+}
+
 namespace {
 __global__ void split_last_kernel(const bf16* __restrict__ y, int64_t n_rows, int64_t A, int64_t B,
                                   bf16* __restrict__ a, bf16* __restrict__ b) {

@@ -21,6 +21,13 @@ void gemm_batched(cublasHandle_t h, const bf16* a, int64_t lda, int64_t stride_a
                   int64_t stride_w, bool w_transposed, bf16* c, int64_t ldc, int64_t stride_c, int64_t T, int64_t k,
                   int64_t n, int64_t batch);
 
+// A projection whose weight rows are grouped per head, [Nl, A+B, K], written straight into its two per-head parts:
+// a [T, Nl, A] = x·(W rows 0..A-1 of each head)ᵀ and b [T, Nl, B] = x·(rows A..A+B-1)ᵀ, x [T, K] (row stride ldx).
+// Two strided-batched GEMMs over the heads, no scratch and no copy: the same products as gemm_xwt into [T, Nl·(A+B)]
+// followed by launch_split_last, without the copy's read and write of the whole output.
+void gemm_xwt_heads(cublasHandle_t h, const bf16* x, int64_t ldx, const bf16* w, int64_t T, int64_t K, int64_t Nl,
+                    int64_t A, int64_t B, bf16* a, bf16* b);
+
 // y [rows, G, A+B] -> a [rows, G, A], b [rows, G, B] (a plain strided copy; values unchanged).
 void launch_split_last(const bf16* y, int64_t rows, int64_t groups, int64_t A, int64_t B, bf16* a, bf16* b,
                        cudaStream_t stream);

@@ -37,7 +37,9 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   EXPECT_THROW(cuda_engine("probe_stream=both"), UsageError);
   EXPECT_NE(cuda_engine()->options().find("probe_stream=rank"), std::string::npos);
   EXPECT_NE(cuda_engine("probe_stream=side")->options().find("probe_stream=side"), std::string::npos);
-  EXPECT_NE(cuda_engine()->options().find("mha_kernel=4,mqa_kernel=auto"), std::string::npos);
+  EXPECT_NE(cuda_engine()->options().find("mha_kernel=4,mqa_kernel=auto,head_split=gemm"), std::string::npos);
+  EXPECT_NE(cuda_engine("head_split=copy")->options().find("head_split=copy"), std::string::npos);
+  EXPECT_THROW(cuda_engine("head_split=scatter"), UsageError);
   // The probe launch options: programmatic dependent launches and the done flag's writer (defaults 1 and memop).
   EXPECT_THROW(cuda_engine("probe_pdl=maybe"), UsageError);
   try {

@@ -3,7 +3,7 @@
 // DeepSeek-V3 and GLM-5 dims; the fast attention kernels also on shapes that cross their tiles (Long), and
 // the simple version-1 kernels they replaced (Fallback), attention_mha version 2 on every MHA case and versions 3
 // and 4 on real dims (FlashVersions), and attention_mqa version 2 on every absorbed one (MqaV2; the default is
-// version 3 on Hopper).
+// version 3 on Hopper), and the per-head projections' plain GEMM-and-copy path (HeadSplit).
 //
 // Tolerance (calibrated, per probe and rank): rel_l2(cuda, fp32) <= 4 x rel_l2(bf16 reference, fp32) + 2^-10,
 // and the worst token alike. Why: isolated, both bf16 engines see the same bf16 inputs and round each output
@@ -59,6 +59,20 @@ std::vector<Case> flash_version_cases() {
   return v;
 }
 
+// head_split=copy: q_b_proj and kv_b_proj as one GEMM and a per-head copy (the default writes each head's parts with
+// GEMMs batched over the heads): the tiny cases and DeepSeek-V3's dims, prefill and decode.
+std::vector<Case> head_split_copy_cases() {
+  std::vector<Case> v;
+  for (auto c : tiny_cases()) v.push_back(c);
+  for (auto c : big_cases())
+    if (c.model == "deepseek-v3") v.push_back(c);
+  for (auto& c : v) {
+    c.name = "copy_" + c.name;
+    c.engine_options = "head_split=copy";
+  }
+  return v;
+}
+
 class CudaStage : public testing::TestWithParam<Case> {};
 
 TEST_P(CudaStage, CudaIsEquivalentToRef) {
@@ -81,6 +95,7 @@ INSTANTIATE_TEST_SUITE_P(Fallback, CudaStage, testing::ValuesIn(fallback_cases()
 INSTANTIATE_TEST_SUITE_P(MqaV2, CudaStage, testing::ValuesIn(mqa_version_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(MqaDefault, CudaStage, testing::ValuesIn(mqa_extra_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(FlashVersions, CudaStage, testing::ValuesIn(flash_version_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(HeadSplit, CudaStage, testing::ValuesIn(head_split_copy_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Dsa, CudaStage, testing::ValuesIn(dsa_cases()), case_name);
 
 }  // namespace

@@ -23,6 +23,7 @@
 //
 // Shared memory: Q 128 rows x D, two slots of K (BC x D) and V (BC x V), ten mbarriers: 213,072 bytes for D 192
 // (BC 128), 196,688 for D 256 (BC 64), of the 232,448 a block may have (plus 1 KB to align them).
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention_flash.cuh"
@@ -58,6 +59,8 @@ struct WgArgs {
   CUtensorMap qn, qp, kn, kp, v;  // q_nope, q_pe, k_nope, k_pe, v as [rows, heads (1 when shared), lanes]
   FlashParams p;
   int qp_head, kp_head;  // 1: q_pe / k_pe per head; 0: one vector per row (head coordinate 0)
+  int n_qblocks;         // query blocks of the longest sequence
+  int head_group;        // heads whose blocks run together (the block order below)
 };
 
 template <int N>
@@ -147,9 +150,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   using namespace sm90;
   using S = Shape<DT, VT, BC>;
   const FlashParams& p = a.p;
-  const int h = blockIdx.x, b = blockIdx.z;
+  // Block order: heads in groups of head_group, and within a group the query blocks longest first (the causal
+  // diagonal's longest walks start first), the group's heads side by side. The blocks on the GPU at once then read
+  // the K and V of a few heads, which stay in L2, instead of one query block of every head, whose K and V
+  // together do not fit and came from DRAM again for every wave of blocks.
+  const int b = blockIdx.z, nq = a.n_qblocks, id = blockIdx.x;
+  const int g0 = id / (a.head_group * nq) * a.head_group, gh = min(a.head_group, p.heads - g0);
+  const int rem = id - g0 * nq, h = g0 + rem % gh;
   const int q_len = p.seq_q_len[b];
-  const int q0 = (static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)) * kBr;
+  const int q0 = (nq - 1 - rem / gh) * kBr;
   if (q0 >= q_len) return;
   const int k_len = p.seq_k_len[b];
   const int q_rows = min(kBr, q_len - q0);
@@ -340,6 +349,17 @@ CUtensorMap operand_map(const AttnOperand& o, int width, int heads, int64_t rows
   return tensor_map_bf16(o.ptr, 3, dims, strides, box, what);
 }
 
+// Heads per group of the block order: as many as keep their K and V (one sequence's keys, P + V lanes a head) within
+// about half of L2, the rest of it left to the shared k_pe, Q and the outputs.
+int head_group(const FlashParams& p) {
+  int dev = 0, l2 = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const int64_t keys = std::max<int64_t>(1, p.k_rows / std::max(1, p.seqs));
+  const int64_t per_head = keys * (p.P + p.V) * static_cast<int64_t>(sizeof(bf16));
+  return static_cast<int>(std::clamp<int64_t>(l2 / 2 / per_head, 1, p.heads));
+}
+
 template <int DT, int VT, int BC>
 void launch_impl(const FlashParams& p, cudaStream_t stream) {
   WgArgs a;
@@ -354,8 +374,9 @@ void launch_impl(const FlashParams& p, cudaStream_t stream) {
   constexpr size_t smem = Shape<DT, VT, BC>::kSmemBytes;
   auto kernel = flash_wgmma_kernel<DT, VT, BC>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>((p.max_q_len + kBr - 1) / kBr),
-                  static_cast<unsigned>(p.seqs));
+  a.n_qblocks = (p.max_q_len + kBr - 1) / kBr;
+  a.head_group = head_group(p);
+  const dim3 grid(static_cast<unsigned>(p.heads * a.n_qblocks), 1, static_cast<unsigned>(p.seqs));
   kernel<<<grid, kThreads, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }

@@ -29,6 +29,7 @@
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_flash_store.cuh"
 #include "kernels/cuda_check.cuh"
+#include "kernels/flash_block_order.h"
 #include "kernels/mma_util.cuh"
 #include "kernels/tensor_map.cuh"
 #include "kernels/wgmma.cuh"
@@ -150,15 +151,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   using namespace sm90;
   using S = Shape<DT, VT, BC>;
   const FlashParams& p = a.p;
-  // Block order: heads in groups of head_group, and within a group the query blocks longest first (the causal
-  // diagonal's longest walks start first), the group's heads side by side. The blocks on the GPU at once then read
-  // the K and V of a few heads, which stay in L2, instead of one query block of every head, whose K and V
-  // together do not fit and came from DRAM again for every wave of blocks.
-  const int b = blockIdx.z, nq = a.n_qblocks, id = blockIdx.x;
-  const int g0 = id / (a.head_group * nq) * a.head_group, gh = min(a.head_group, p.heads - g0);
-  const int rem = id - g0 * nq, h = g0 + rem % gh;
+  // Blocks in groups of heads that share L2 (kernels/flash_block_order.h).
+  const FlashBlock blk = flash_block(static_cast<int>(blockIdx.x), a.n_qblocks, p.heads, a.head_group);
+  const int h = blk.head, b = blockIdx.z;
   const int q_len = p.seq_q_len[b];
-  const int q0 = (nq - 1 - rem / gh) * kBr;
+  const int q0 = blk.qblock * kBr;
   if (q0 >= q_len) return;
   const int k_len = p.seq_k_len[b];
   const int q_rows = min(kBr, q_len - q0);
@@ -349,15 +346,12 @@ CUtensorMap operand_map(const AttnOperand& o, int width, int heads, int64_t rows
   return tensor_map_bf16(o.ptr, 3, dims, strides, box, what);
 }
 
-// Heads per group of the block order: as many as keep their K and V (one sequence's keys, P + V lanes a head) within
-// about half of L2, the rest of it left to the shared k_pe, Q and the outputs.
+// Heads per group of the block order, for one sequence's share of the keys.
 int head_group(const FlashParams& p) {
   int dev = 0, l2 = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const int64_t keys = std::max<int64_t>(1, p.k_rows / std::max(1, p.seqs));
-  const int64_t per_head = keys * (p.P + p.V) * static_cast<int64_t>(sizeof(bf16));
-  return static_cast<int>(std::clamp<int64_t>(l2 / 2 / per_head, 1, p.heads));
+  return flash_head_group(l2, p.k_rows / std::max(1, p.seqs), p.P, p.V, p.heads);
 }
 
 template <int DT, int VT, int BC>

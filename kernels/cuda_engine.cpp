@@ -405,7 +405,7 @@ DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) c
 }
 
 // A projection as stored (--weight-format, checkpoints), uploaded packed and dequantized to bf16 on the rank's
-// device (kernels/dequant.cu), then cut to the rows or columns shard_layer gives the rank. The whole
+// device (kernels/dequant.cu), then cut to the rows or columns head_shards gives the rank. The whole
 // tensor is dequantized before slicing: block-quantized formats do not split on block boundaries for every tp
 // (a 256-element K-quant block across o_proj's column shards, a 128x128 fp8 scale block across q_b_proj's
 // row shards); slicing the exact full result gives each rank exactly the host path's bf16 shard.
@@ -482,12 +482,14 @@ void CudaEngine::prepare(const RunContext& ctx) {
     }
     rs.bug_snapshot_layer = -1;
     for (const auto& global : *ctx.weights) {
-      // Sharded by the harness's own shard_layer, the definition the reference uses too.
+      // The head-sharded projections by the harness's own head_shards, the definition the reference uses too;
+      // the replicated weights read from the global layer.
       LayerWeights shard;
-      if (tp_ > 1) shard = shard_layer(global, cfg_, tp_, r);
+      if (tp_ > 1) shard = head_shards(global, cfg_, tp_, r);
       // tp-head-offset: rank r >= 1 loads the q_b_proj head block of rank r-1 (a wrong shard offset).
-      if (tp_ > 1 && r >= 1 && planted("tp-head-offset")) shard.q_b_proj = shard_layer(global, cfg_, tp_, r - 1).q_b_proj;
-      const LayerWeights& w = tp_ > 1 ? shard : global;
+      if (tp_ > 1 && r >= 1 && planted("tp-head-offset")) shard.q_b_proj = head_shards(global, cfg_, tp_, r - 1).q_b_proj;
+      const LayerWeights& w = global;
+      const LayerWeights& heads = tp_ > 1 ? shard : global;
       auto up = [&](const Tensor& t) { return t.empty() ? DeviceTensor{} : to_device(rc, t, DType::DType_bf16); };
       // Projections the run holds packed (RunContext::packed) are dequantized here, the run's bugs applied on
       // the device; the others (and the norms) are the host's FP32 rounded to bf16.
@@ -502,11 +504,11 @@ void CudaEngine::prepare(const RunContext& ctx) {
       d.input_norm = up(w.input_norm);
       d.q_a_proj = proj("q_a_proj", w.q_a_proj);
       d.q_a_norm = up(w.q_a_norm);
-      d.q_b_proj = proj("q_b_proj", w.q_b_proj);
+      d.q_b_proj = proj("q_b_proj", heads.q_b_proj);
       d.kv_a_proj = proj("kv_a_proj", w.kv_a_proj);
       d.kv_a_norm = up(w.kv_a_norm);
-      d.kv_b_proj = proj("kv_b_proj", w.kv_b_proj);
-      d.o_proj = proj("o_proj", w.o_proj);
+      d.kv_b_proj = proj("kv_b_proj", heads.kv_b_proj);
+      d.o_proj = proj("o_proj", heads.o_proj);
       d.idx_wq_b = up(w.idx_wq_b);
       d.idx_wk = up(w.idx_wk);
       d.idx_k_norm = up(w.idx_k_norm);

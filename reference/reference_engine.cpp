@@ -62,14 +62,7 @@ void ReferenceEngine::prepare(const RunContext& ctx) {
     rs.index_cache = ctx.inputs->index_cache;
     for (auto& c : rs.index_cache) round_in_place(c, precision_);
     if (tp > 1)
-      for (const auto& w : *weights_) {
-        LayerWeights s;
-        const auto full = shard_layer(w, cfg, tp, r);
-        s.q_b_proj = full.q_b_proj;
-        s.kv_b_proj = full.kv_b_proj;
-        s.o_proj = full.o_proj;
-        rs.shards.push_back(std::move(s));
-      }
+      for (const auto& w : *weights_) rs.shards.push_back(head_shards(w, cfg, tp, r));
     Tensor x = ctx.inputs->x;
     round_in_place(x, precision_);
     rs.tensors[ctx.graph->stages.front().outputs.front()] = std::move(x);

@@ -1,5 +1,5 @@
 // Synthetic weights (harness/model/weights.cpp): the fast bf16 generator gives fill_normal's values rounded, bit
-// for bit, and the values are the normal numbers they claim to be.
+// for bit, and the values are the normal numbers they claim to be; and a rank's head shards of a layer.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,6 +67,32 @@ TEST(SyntheticWeights, ValuesAreNormalWithTheFanInScale) {
   // Another seed gives other weights; the same seed the same ones.
   EXPECT_NE(synthetic_weights(cfg, 1, true, 8)[0].kv_b_proj.data, t.data);
   EXPECT_EQ(synthetic_weights(cfg, 1, true, 7)[0].kv_b_proj.data, t.data);
+}
+
+// head_shards: rank r of tp holds rows [r·Nl·(P+R), (r+1)·Nl·(P+R)) of q_b_proj, the same head block of kv_b_proj's
+// rows and of o_proj's columns, element for element; nothing else (the replicated weights stay global).
+TEST(SyntheticWeights, HeadShardsAreTheRanksHeadBlocks) {
+  const MlaConfig cfg = load_model_config("tiny");
+  const auto w = synthetic_weights(cfg, 1, true, 7)[0];
+  const int tp = 2;
+  const int64_t Nl = cfg.heads / tp, D = cfg.qk_head(), PV = cfg.qk_nope + cfg.v_head, V = cfg.v_head;
+  for (int r = 0; r < tp; ++r) {
+    const LayerWeights s = head_shards(w, cfg, tp, r);
+    ASSERT_EQ(s.q_b_proj.shape, (std::vector<int64_t>{Nl * D, w.q_b_proj.shape[1]}));
+    ASSERT_EQ(s.kv_b_proj.shape, (std::vector<int64_t>{Nl * PV, w.kv_b_proj.shape[1]}));
+    ASSERT_EQ(s.o_proj.shape, (std::vector<int64_t>{w.o_proj.shape[0], Nl * V}));
+    const int64_t kq = w.q_b_proj.shape[1], kk = w.kv_b_proj.shape[1], H = w.o_proj.shape[0], NV = w.o_proj.shape[1];
+    for (int64_t i = 0; i < Nl * D; ++i)
+      for (int64_t k = 0; k < kq; ++k) ASSERT_EQ(s.q_b_proj.data[i * kq + k], w.q_b_proj.data[(r * Nl * D + i) * kq + k]);
+    for (int64_t i = 0; i < Nl * PV; ++i)
+      for (int64_t k = 0; k < kk; ++k)
+        ASSERT_EQ(s.kv_b_proj.data[i * kk + k], w.kv_b_proj.data[(r * Nl * PV + i) * kk + k]);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < Nl * V; ++j) ASSERT_EQ(s.o_proj.data[h * Nl * V + j], w.o_proj.data[h * NV + r * Nl * V + j]);
+    EXPECT_TRUE(s.q_a_proj.empty());
+    EXPECT_TRUE(s.kv_a_proj.empty());
+    EXPECT_TRUE(s.input_norm.empty());
+  }
 }
 
 }  // namespace

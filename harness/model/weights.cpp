@@ -144,10 +144,9 @@ std::vector<const Tensor*> LayerWeights::tensors() const {
   return {all.begin(), all.end()};
 }
 
-LayerWeights shard_layer(const LayerWeights& w, const MlaConfig& c, int tp, int rank) {
-  if (tp == 1) return w;
+LayerWeights head_shards(const LayerWeights& w, const MlaConfig& c, int tp, int rank) {
   const int64_t Nl = c.heads / tp, D = c.qk_head(), PV = c.qk_nope + c.v_head, V = c.v_head;
-  LayerWeights s = w;
+  LayerWeights s;
   s.q_b_proj = slice_rows(w.q_b_proj, rank * Nl * D, (rank + 1) * Nl * D);
   s.kv_b_proj = slice_rows(w.kv_b_proj, rank * Nl * PV, (rank + 1) * Nl * PV);
   s.o_proj = slice_cols(w.o_proj, rank * Nl * V, (rank + 1) * Nl * V);

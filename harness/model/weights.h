@@ -35,9 +35,10 @@ struct LayerWeights {
 // q_b_proj field); nullptr for a name that is not a layer weight.
 Tensor LayerWeights::*weight_field(const std::string& name);
 
-// Rank `rank` of `tp`: column-parallel slices of q_b/q_proj and kv_b (head blocks), the row-parallel
-// slice of o_proj (its input columns), everything else replicated.
-LayerWeights shard_layer(const LayerWeights& w, const MlaConfig& cfg, int tp, int rank);
+// Rank `rank` of `tp`: the column-parallel slices of q_b/q_proj and kv_b (its head blocks) and the row-parallel
+// slice of o_proj (its input columns); the other fields are left empty: every other weight is replicated, and the
+// engines read it from the global layer rather than holding a copy per rank.
+LayerWeights head_shards(const LayerWeights& w, const MlaConfig& cfg, int tp, int rank);
 
 // Seeded synthetic weights: N(0,1)/sqrt(fan_in), norm weights 1 + N(0, 0.1); bf16-exact values
 // (checkpoints are bf16, so a bf16 engine sees exactly what the FP32 reference sees).

@@ -3,9 +3,9 @@
 # benchmark shapes (DeepSeek-V3 prefill T = 512 and 4096, decode B = 64/128 at L = 4096, the attention core
 # with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels, attention_mha versions 2 and 3
 # (v2prefill*, v3prefill*: mha_kernel=2 and 3, the flash kernels on mma.sync; the default is version 4 on wgmma and
-# TMA) and attention_mqa version 2 (mqa2decode*: mqa_kernel=2, mma.sync; the default is version 3 on wgmma and TMA)
-# for comparison. Each run measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to
-# $OUT/bench.log and the JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT,
+# TMA), attention_mqa version 2 (mqa2decode*: mqa_kernel=2, mma.sync; the default is version 3 on wgmma and TMA) and
+# q_b_proj / kv_b_proj as one GEMM and a per-head copy (copyprefill4096: head_split=copy) for comparison. Each run
+# measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to $OUT/bench.log and the JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT,
 # build-gpu/bench/.
 #
 #   MLA_BENCH_ONLY='prefill4096 decode16h'   run only these shape names (see the list below)
@@ -37,6 +37,7 @@ shapes=(
   "prefill4096|--engine $E --model deepseek-v3 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 10"
   "v2prefill4096|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
   "v3prefill4096|--engine $E,mha_kernel=3 --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
+  "copyprefill4096|--engine $E,head_split=copy --model deepseek-v3 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 1"
   "v3prefill512|--engine $E,mha_kernel=3 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"
   "decode64|--engine $E --model deepseek-v3 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 10"
   "decode128|--engine $E --model deepseek-v3 --mode decode --batch 128 --context 8192 --probe-level sketch --probe-repeats 10"
@@ -100,7 +101,7 @@ if [[ "${MLA_BENCH_ANCHOR:-1}" != 0 ]] && command -v python3 >/dev/null 2>&1; th
   dec=() pre=()
   for name in "${ran[@]}"; do
     case $name in *decode64) dec+=(64x4096) ;; *decode128) dec+=(128x8192) ;; prefill512) pre+=(512) ;;
-      prefill4096|v3prefill4096) pre+=(4096) ;; v3prefill512) pre+=(512) ;; esac
+      prefill4096|v3prefill4096|copyprefill4096) pre+=(4096) ;; v3prefill512) pre+=(512) ;; esac
   done
   mapfile -t dec < <(printf '%s\n' "${dec[@]}" | sort -u | grep .)
   mapfile -t pre < <(printf '%s\n' "${pre[@]}" | sort -u | grep .)
@@ -134,6 +135,8 @@ for t, r in anchor["prefill"].items():
     row("v3" + shape, "attention_mha version 3 (mma.sync) vs torch sdpa", ours("v3" + shape, "attention_mha"),
         r["attention_s"])
     row("v3" + shape, "layer with version 3 vs HF DeepseekV3Attention", ours("v3" + shape, "layer"), r.get("layer_s"))
+    row("copy" + shape, "layer with head_split=copy vs HF DeepseekV3Attention", ours("copy" + shape, "layer"),
+        r.get("layer_s"))
 if rows:
     print(f"\nagainst PyTorch {anchor['torch']} on {anchor['device']} (ratio: its time over ours)")
     print("| shape | what | ours | PyTorch | ratio |\n|---|---|---|---|---|")

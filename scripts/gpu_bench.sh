@@ -6,7 +6,7 @@
 # TMA), attention_mqa version 2 (mqa2decode*: mqa_kernel=2, mma.sync; the default is version 3 on wgmma and TMA) and
 # q_b_proj / kv_b_proj as one GEMM and a per-head copy (copyprefill4096: head_split=copy) for comparison. Each run
 # measures its own ceilings (cuBLAS GEMM 8192^3, device copy). Every run's table goes to $OUT/bench.log and the
-# JSON files into $OUT/bench_json.tar.gz (the device tool returns few files); without OUT, build-gpu/bench/.
+# JSON files into $OUT/bench_json.tar.gz (one archive rather than a file per run); without OUT, build-gpu/bench/.
 #
 #   MLA_BENCH_ONLY='prefill4096 decode16h'   run only these shape names (see the list below)
 #   MLA_BENCH_EXTRA='--repeats 30'           extra arguments for every run

@@ -22,7 +22,8 @@
 #                          used only for a package the machine lacks (default: build-deps/ when present, a copy
 #                          of this machine's Debian packages carried along for an offline GPU machine)
 #
-# The whole log goes to $OUT/gpu_check.log (OUT: a folder for results, when the caller sets one), else build-gpu/gpu_check.log.
+# The whole log goes to $OUT/gpu_check.log (OUT: a folder for results, when the caller sets one), else
+# build-gpu/gpu_check.log.
 # Exit status: 0 when the build and every suite that ran passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -16,9 +16,8 @@ using cuda::flash_head_group;
 TEST(FlashBlockOrder, EveryHeadAndQueryBlockExactlyOnce) {
   for (const int heads : {1, 2, 3, 7, 16, 128, 130})
     for (const int nq : {1, 2, 5, 32})
-      for (const int group : {1, 2, 3, 8, 16, 128, 200}) {
-        if (group > heads && group != 200) continue;
-        const int g = group > heads ? heads : group;  // flash_head_group never returns more than heads
+      for (const int g : {1, 2, 3, 8, 16, 128, heads}) {
+        if (g > heads) continue;  // flash_head_group never returns more than the heads
         std::vector<int> seen(static_cast<size_t>(heads * nq), 0);
         for (int id = 0; id < heads * nq; ++id) {
           const auto b = flash_block(id, nq, heads, g);

@@ -49,6 +49,22 @@ TEST(ZooEntries, EachIsLocalizedAndItsPatternNamed) {
   }
 }
 
+// q-norm-width is planted in the q LoRA's norm: on a model without q LoRA (DeepSeek-V2-Lite) the zoo leaves it out
+// rather than count a bug with nothing to plant it in as missed; the entry beside it still runs.
+TEST(ZooEntries, QNormWidthNeedsQLora) {
+  static const mla::test::ScratchDir root("zoo_q_lora");
+  const auto r = mla::test::run_cli("zoo --model deepseek-v2-lite --tokens 4 --candidate reference:precision=bf16 "
+                                    "--only q-norm-width,kv-norm-no-weight --workdir " +
+                                        root.dir().string() + " --json " + (root.dir() / "zoo.json").string(),
+                                    {.merge_stderr = true, .timeout_s = 0});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream f(root.dir() / "zoo.json");
+  ASSERT_TRUE(f) << r.out;
+  std::set<std::string> seen;
+  for (const auto& row : nlohmann::json::parse(f)) seen.insert(row["inject"].get<std::string>());
+  EXPECT_EQ(seen, (std::set<std::string>{"kv-norm-no-weight"}));
+}
+
 // Like every named entry, they take no argument: NAME:ARG is refused (exit 2, naming it).
 TEST(ZooEntries, TakeNoArgument) {
   for (const char* e : kEntries) {

@@ -88,8 +88,8 @@ int run_zoo(ZooCmdOptions o) {
       if (o.run.model != "tiny") continue;
       ro.model = "tiny-dsa";
     }
-    // q-norm-width plants in the q LoRA's norm: a model without q LoRA (DeepSeek-V2-Lite) has none to plant it in.
-    if (e.name == "q-norm-width" && !cfg.has_q_lora()) continue;
+    // A bug of the q LoRA's norm has nothing to be planted in on a model without q LoRA (DeepSeek-V2-Lite).
+    if (e.needs_q_lora && !cfg.has_q_lora()) continue;
     if (e.needs_quantized) ro.weight_format = zoo_weight_format(e.name, cfg);
     if (!e.mode.empty()) ro.mode = e.mode;
     if (!e.form.empty()) ro.attention = e.form;

@@ -34,6 +34,7 @@ struct ZooEntry {
   int min_tp = 1;                     // 2 for sharding bugs
   bool needs_quantized = false;       // needs --weight-format (a weight injection)
   bool needs_dsa = false;             // a bug of DSA's indexer: needs a model with index_topk (the zoo: tiny-dsa)
+  bool needs_q_lora = false;          // planted in the q LoRA's norm: needs a model with q_lora_rank
 };
 const std::vector<ZooEntry>& bug_zoo();
 

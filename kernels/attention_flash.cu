@@ -1,5 +1,6 @@
 // The flash kernels of attention_mha: FlashAttention-2 on mma.sync (bf16, fp32 accumulators, online softmax in
-// fp32, natural-log lse), no Tq×Tk matrix ever stored. attention_mha's kernel versions, picked by the CUDA engine's
+// fp32, natural-log lse), no Tq×Tk matrix ever stored. The mask: causal (bottom-right), a sliding window, or a
+// selection's bitmaps (FlashParams::keep, DSA's top-k). attention_mha's kernel versions, picked by the CUDA engine's
 // option mha_kernel= (MhaArgs::kernel, FlashParams::version):
 //   4 (the default): the Hopper kernel on wgmma and TMA (attention_flash_wgmma.cu) for D 192 / V 128 and
 //     D 256 / V 256 on an sm_90 GPU with an sm_90a build; other dims and GPUs run version 3.
@@ -81,6 +82,16 @@ struct FlashKernelArgs {
   bool vec;
 };
 
+// A selection's row (FlashParams::keep) of query `row` of a block whose first query is token q_row0: nullptr for a
+// row past the block's rows (none of its keys is kept), unused without a selection.
+__device__ __forceinline__ const uint32_t* keep_row(const FlashParams& p, int64_t q_row0, int row, int q_rows) {
+  return p.keep && row < q_rows ? p.keep + (q_row0 + row) * p.keep_words : nullptr;
+}
+// Whether a selection keeps `key` of a row (keep_row's pointer; nullptr keeps none).
+__device__ __forceinline__ bool kept(const uint32_t* row, int key) {
+  return row != nullptr && ((__ldg(row + (key >> 5)) >> (key & 31)) & 1u) != 0;
+}
+
 // A block's place (head h, sequence b, its first query row q0 of BR) and key range, with its first tiles on the
 // way: Q as one cp.async group, then key/value tile 0 as the next (both kernels begin so). False when the
 // block has no query rows.
@@ -150,6 +161,7 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
   const int lim0 = p.causal ? min(k_len, i0 + 1 + offset) : k_len;
   const int lim1 = p.causal ? min(k_len, i1 + 1 + offset) : k_len;
   const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;  // sliding window
+  const uint32_t *keep0 = keep_row(p, q_row0, wrow + g, q_rows), *keep1 = keep_row(p, q_row0, wrow + g + 8, q_rows);
   const float sl2 = p.scale * kLog2e;
 
   uint32_t qf[QREG ? KQ : 1][4];
@@ -206,7 +218,7 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
 
     // Scale to log2 units and mask (only tiles that reach past some row's last visible key).
     const int kbase = j * kBc;
-    const bool need_mask = kbase + kBc > full_keys || p.window > 0;
+    const bool need_mask = kbase + kBc > full_keys || p.window > 0 || p.keep;
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -215,6 +227,7 @@ __global__ void __launch_bounds__(BR * 2, MIN_BLOCKS) attention_flash_kernel(con
         if (need_mask) {
           const int key = kbase + n * 8 + 2 * t4 + (e & 1);
           if (key >= (e < 2 ? lim0 : lim1) || key < (e < 2 ? lo0 : lo1)) x = -INFINITY;
+          if (p.keep && !kept(e < 2 ? keep0 : keep1, key)) x = -INFINITY;
         }
         s[n][e] = x;
       }
@@ -341,11 +354,13 @@ __global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const Fl
 
   // Row r = 2·a + hf of this thread: query q0 + wrow + 16a + 8hf + g; lim = its number of visible keys.
   int lim[4], lo[4];  // lo: the first visible key (0 unless a sliding window)
+  const uint32_t* keep[4];  // the rows of a selection
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int i = q0 + wrow + 16 * (r >> 1) + 8 * (r & 1) + g;
     lim[r] = p.causal ? min(k_len, i + 1 + offset) : k_len;
     lo[r] = p.window > 0 ? lim[r] - p.window : 0;
+    keep[r] = keep_row(p, q_row0, i - q0, q_rows);
   }
   // Keys some row of this warp sees (none when all its rows are past the sequence), and keys all its rows see.
   const int warp_keys =
@@ -415,15 +430,15 @@ __global__ void __launch_bounds__(kThreads3, 1) attention_flash3_kernel(const Fl
       }
 
       // Mask (raw units; −inf stays −inf through the positive scale) only where a row's last key is crossed.
-      if (kbase + 32 > warp_full || p.window > 0) {
+      if (kbase + 32 > warp_full || p.window > 0 || p.keep) {
 #pragma unroll
         for (int a = 0; a < 2; ++a)
 #pragma unroll
           for (int n = 0; n < 4; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int key = kbase + n * 8 + 2 * t4 + (e & 1);
-              if (key >= lim[2 * a + (e >> 1)] || key < lo[2 * a + (e >> 1)]) s[a][n][e] = -INFINITY;
+              const int key = kbase + n * 8 + 2 * t4 + (e & 1), r = 2 * a + (e >> 1);
+              if (key >= lim[r] || key < lo[r] || (p.keep && !kept(keep[r], key))) s[a][n][e] = -INFINITY;
             }
       }
 

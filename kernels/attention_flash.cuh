@@ -1,6 +1,7 @@
 // The flash kernels of attention_mha (attention_flash.cu): FlashAttention-2-style tiled kernels on the tensor cores
 // (mma.sync m16n8k16 bf16, fp32 accumulators, online softmax in fp32, natural-log lse); no Tq×Tk matrix is ever
-// stored. Used by attention_mha for the new tokens (causal) and for the cached context (not causal).
+// stored. Used by attention_mha for the new tokens (causal) and for the cached context (not causal), and by DSA's
+// sparse attention with the selection as the mask of both.
 // FlashParams::version 3 (the engine's default, mha_kernel=3) picks the 256-row, 32-rows-per-warp kernel where it
 // covers the dims; version 2 the 128-row, 16-rows-per-warp kernel; version 4 the Hopper kernel on wgmma and TMA
 // (attention_flash_wgmma.cu) where flash_wgmma_supports() says so, else version 3.
@@ -26,6 +27,12 @@ struct FlashParams {
   const int* seq_k_len = nullptr;    // [B]
   bool causal = false;               // query i of s_q sees keys s < i + 1 + k_len − s_q (bottom-right)
   int window = 0;                    // > 0: and only the last `window` of those (sliding-window, docs/bugs.md)
+  // A selection (DSA's top-k as a mask; with causal false): query token t (its row in the query tensors) sees key s
+  // of its sequence only where bit s % 32 of keep[t·keep_words + s / 32] is set. keep_reach[t]: its last selected
+  // key + 1 (0: none); version 4 skips the key tiles past a block's last. keep_words: a multiple of 4.
+  const uint32_t* keep = nullptr;
+  const int* keep_reach = nullptr;
+  int keep_words = 0;
   bf16* out_bf16 = nullptr;          // [T, heads, V] when set; else
   float* out_f32 = nullptr;          // [T, heads, V] (the chunked path merges two of these by lse)
   float* lse = nullptr;              // [T, heads] natural log; −inf for an empty key set (out 0)

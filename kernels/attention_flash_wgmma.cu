@@ -1,8 +1,7 @@
 // attention_mha version 4 (mha_kernel=4): the flash attention of attention_flash.cu on Hopper's warpgroup MMA
 // (wgmma) with TMA loads — FlashAttention-3's plan, for the head dims of DeepSeek / Kimi (D = P + R = 192, V = 128)
-// and GLM-4.7-Flash / GLM-5 (256 / 256; GLM-5's DSA attends through its sparse kernel instead). Same contract as
-// versions 2 and 3 (FlashParams): causal (bottom-right) or not, a sliding window, bf16 or fp32 output and the
-// natural-log lse.
+// and GLM-4.7-Flash / GLM-5 (256 / 256). Same contract as versions 2 and 3 (FlashParams): causal (bottom-right) or
+// not, a sliding window or a selection's bitmaps (DSA's top-k), bf16 or fp32 output and the natural-log lse.
 //
 // A block owns 128 query rows of one head of one sequence and walks BC-key tiles (128 keys for D 192, 64 for D 256,
 // so that S and O fit the registers) of K and V through a two-slot ring in shared memory. Three warpgroups:
@@ -19,7 +18,9 @@
 // Keys past a sequence's end in its last tile are masked in S; their V rows (another sequence's or zeros) are zeroed
 // by the producer's warp before the tile is handed over, so that a NaN there cannot leak into this sequence
 // (0 · NaN is NaN). A consumer skips the tiles past its own rows' last key (the causal diagonal), releasing them as
-// they land; query tiles are issued heaviest first.
+// they land; query tiles are issued heaviest first. With a selection a block walks the tiles up to its rows' last
+// selected key (FlashParams::keep_reach) and each consumer loads the tile's bits of its rows from global memory
+// while the previous tile's P·V runs.
 //
 // Shared memory: Q 128 rows x D, two slots of K (BC x D) and V (BC x V), ten mbarriers: 213,072 bytes for D 192
 // (BC 128), 196,688 for D 256 (BC 64), of the 232,448 a block may have (plus 1 KB to align them).
@@ -70,22 +71,46 @@ __device__ __forceinline__ void zero(float (&d)[N]) {
   for (int i = 0; i < N; ++i) d[i] = 0.f;
 }
 
+// A selection's bits (FlashParams::keep) of one row for the BC keys of a tile: word j / 4 holds key 8j + 2t4 + e at
+// bit 8(j % 4) + 2t4 + e.
+template <int BC>
+struct TileKeep {
+  uint32_t w[BC / 32];
+};
+// Row `row`'s bits for the tile from key kbase (a multiple of BC; the row's words 16-byte aligned); none for nullptr.
+template <int BC>
+__device__ __forceinline__ TileKeep<BC> load_keep(const uint32_t* row, int kbase) {
+  TileKeep<BC> k{};
+  if (row == nullptr) return k;
+  if constexpr (BC == 128) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + kbase / 32));
+    k.w[0] = v.x, k.w[1] = v.y, k.w[2] = v.z, k.w[3] = v.w;
+  } else {
+    static_assert(BC == 64);
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + kbase / 32));
+    k.w[0] = v.x, k.w[1] = v.y;
+  }
+  return k;
+}
+
 // One tile's online softmax on a thread's two rows r0 (s[4j], s[4j + 1]) and r1 (s[4j + 2], s[4j + 3]), keys
-// kbase + 8j + 2t4 + (0, 1): the mask where asked (keys at or past lim, or before lo), the rows' max over the quad
-// (raw score units), s replaced by p = 2^(s·sl2 − m·sl2), l by l·c + Σp, and c = 2^((m_old − m)·sl2), the factor
-// O is to be rescaled by; returns whether any row of the warp moved its max (else c is 1 for all of them).
+// kbase + 8j + 2t4 + (0, 1): the mask where asked (keys at or past lim, or before lo, or, with a selection (sel),
+// whose bit in k0 / k1 is clear), the rows' max over the quad (raw score units), s replaced by p = 2^(s·sl2 − m·sl2),
+// l by l·c + Σp, and c = 2^((m_old − m)·sl2), the factor O is to be rescaled by; returns whether any row of the warp
+// moved its max (else c is 1 for all of them).
 template <int BC>
 __device__ __forceinline__ bool tile_softmax(float (&s)[BC / 2], int kbase, bool mask, int lim0, int lo0, int lim1,
-                                             int lo1, int t4, float sl2, float& m0, float& m1, float& l0, float& l1,
-                                             float& c0, float& c1) {
+                                             int lo1, bool sel, const TileKeep<BC>& k0, const TileKeep<BC>& k1,
+                                             int t4, float sl2, float& m0, float& m1, float& l0, float& l1, float& c0,
+                                             float& c1) {
   if (mask) {
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int key = kbase + 8 * j + 2 * t4 + e;
-        if (key >= lim0 || key < lo0) s[4 * j + e] = -INFINITY;
-        if (key >= lim1 || key < lo1) s[4 * j + 2 + e] = -INFINITY;
+        const int key = kbase + 8 * j + 2 * t4 + e, bit = 8 * (j & 3) + 2 * t4 + e;
+        if (key >= lim0 || key < lo0 || (sel && !((k0.w[j >> 2] >> bit) & 1u))) s[4 * j + e] = -INFINITY;
+        if (key >= lim1 || key < lo1 || (sel && !((k1.w[j >> 2] >> bit) & 1u))) s[4 * j + 2 + e] = -INFINITY;
       }
   }
   float mx0 = m0, mx1 = m1;
@@ -160,10 +185,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   const int k_len = p.seq_k_len[b];
   const int q_rows = min(kBr, q_len - q0);
   const int offset = k_len - q_len;
-  const int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
-  const int n_tiles = (n_keys + BC - 1) / BC;
   const int64_t q_row0 = p.seq_q_start[b] + q0;
   const int k_row0 = p.seq_k_start[b];
+  int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
+  if (p.keep) {  // a selection: the keys up to the block's last selected one (each warp finds it)
+    int reach = 0;
+    for (int r = threadIdx.x & 31; r < q_rows; r += 32) reach = max(reach, __ldg(p.keep_reach + q_row0 + r));
+    n_keys = min(k_len, __reduce_max_sync(0xffffffffu, reach));
+  }
+  const int n_tiles = (n_keys + BC - 1) / BC;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (mma::smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -242,10 +272,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   const int lim1 = p.causal ? min(k_len, i1 + 1 + offset) : k_len;
   const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;
   const int wg_keys =
-      wg_row >= q_rows ? 0 : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len);
-  const int wg_full = p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len;
+      wg_row >= q_rows ? 0
+                       : (p.keep ? n_keys
+                                 : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len));
+  const int wg_full = p.keep ? 0 : (p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len);
   const int n_wg = (wg_keys + BC - 1) / BC;  // the tiles this warpgroup computes (the first n_wg)
   const float sl2 = p.scale * kLog2e;
+  const bool sel = p.keep != nullptr;
+  const uint32_t* keep0 = sel && wg_row + r0 < q_rows ? p.keep + (q_row0 + wg_row + r0) * p.keep_words : nullptr;
+  const uint32_t* keep1 = sel && wg_row + r1 < q_rows ? p.keep + (q_row0 + wg_row + r1) * p.keep_words : nullptr;
+  TileKeep<BC> k0{}, k1{};  // the selection's bits of the tile the next softmax masks
 
   float o[VT / 2], s[BC / 2];
   uint32_t pa[BC / 16][4];
@@ -281,25 +317,34 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
     }
     wgmma_commit();
   };
-  auto mask_of = [&](int i) { return i * BC + BC > wg_full || p.window > 0; };
+  auto mask_of = [&](int i) { return i * BC + BC > wg_full || p.window > 0; };  // always with a selection
+  auto keep_of = [&](int i) {  // its bits of tile i, loaded while the tensor cores run
+    if (sel) {
+      k0 = load_keep<BC>(keep0, i * BC);
+      k1 = load_keep<BC>(keep1, i * BC);
+    }
+  };
 
   mbar_wait(bar_q, 0);
   if (n_wg > 0) {
     float c0, c1;
+    keep_of(0);
     issue_s(0);
     wgmma_wait<0>();
     fence_regs(s);
     release(free_k, 0);
-    tile_softmax<BC>(s, 0, mask_of(0), lim0, lo0, lim1, lo1, t4, sl2, m0, m1, l0, l1, c0, c1);  // O is 0 still
+    tile_softmax<BC>(s, 0, mask_of(0), lim0, lo0, lim1, lo1, sel, k0, k1, t4, sl2, m0, m1, l0, l1, c0,
+                     c1);  // O is 0 still
     pack_p<BC>(s, pa);
     for (int i = 0; i + 1 < n_wg; ++i) {  // (the last tile after the loop: no branch inside keeps ptxas overlapping)
       issue_s(i + 1);
       issue_pv(i);
+      keep_of(i + 1);
       wgmma_wait<1>();  // S(i + 1); P·V(i) may still run
       fence_regs(s);
       release(free_k, i + 1);
-      const bool moved = tile_softmax<BC>(s, (i + 1) * BC, mask_of(i + 1), lim0, lo0, lim1, lo1, t4, sl2, m0, m1,
-                                          l0, l1, c0, c1);
+      const bool moved = tile_softmax<BC>(s, (i + 1) * BC, mask_of(i + 1), lim0, lo0, lim1, lo1, sel, k0, k1, t4,
+                                          sl2, m0, m1, l0, l1, c0, c1);
       wgmma_wait<0>();
       fence_regs(o);
       release(free_v, i);

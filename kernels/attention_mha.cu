@@ -8,6 +8,10 @@
 //     where it runs (an sm_90 GPU, an sm_90a build, D/V 192/128 or 256/256), else version 3.
 //   kernel = 1 (the fallback the tests also run, and dims the flash kernels do not cover): the simple core of
 //     attention_core.cuh, both parts through the merge.
+// With a selection (MhaArgs::selection, DSA) the flash kernels mask both parts by its bitmaps instead of the causal
+// mask; the simple core has no such mask.
+#include <string>
+
 #include "kernels/attention_core.cuh"
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_merge.cuh"
@@ -36,6 +40,9 @@ struct KeySet {
   int64_t rows = 0;                // rows of the key tensors
   bool causal = false;
   int window = 0;
+  const uint32_t* keep = nullptr;  // a selection's bitmaps over these keys (FlashParams::keep)
+  const int* keep_reach = nullptr;
+  int keep_words = 0;
   const char* what = "";  // names the pass in the core kernel's errors
 };
 
@@ -49,6 +56,13 @@ KeySet new_token_keys(const MhaArgs& a, const DeviceBatch& db) {
   k.rows = a.T;
   k.causal = a.causal;
   k.window = a.window;
+  if (a.selection) {
+    k.causal = false;
+    k.window = 0;
+    k.keep = a.selection->keep_new;
+    k.keep_reach = a.selection->reach_new;
+    k.keep_words = a.selection->words_new;
+  }
   k.what = "attention_mha";
   return k;
 }
@@ -82,6 +96,11 @@ ContextPass context_keys(const MhaArgs& a, RankContext& rc, int64_t rows) {
   c.keys.rows = C;
   c.keys.causal = false;
   c.keys.window = 0;  // the context is never windowed (docs/bugs.md: sliding-window)
+  if (a.selection) {
+    c.keys.keep = a.selection->keep_ctx;
+    c.keys.keep_reach = a.selection->reach_ctx;
+    c.keys.keep_words = a.selection->words_ctx;
+  }
   c.keys.what = "attention_mha (context)";
   return c;
 }
@@ -110,6 +129,9 @@ void attend_flash(const MhaArgs& a, const DeviceBatch& db, const KeySet& keys, b
   p.seq_k_len = keys.seq_len;
   p.causal = keys.causal;
   p.window = keys.window;
+  p.keep = keys.keep;
+  p.keep_reach = keys.keep_reach;
+  p.keep_words = keys.keep_words;
   p.version = a.kernel;  // 2, 3 or 4 (attention_flash.cu)
   p.out_bf16 = out_bf16;
   p.out_f32 = out_f32;
@@ -149,6 +171,10 @@ void launch_attention_mha(const MhaArgs& a, RankContext& rc) {
   const DeviceBatch& db = rc.batch();
   cudaStream_t s = rc.stream();
   const bool flash = a.kernel >= 2 && flash_supports(a.P, a.R, a.V);
+  if (a.selection && !flash)
+    throw EngineError("attention_mha: a selection runs on the flash kernels only (kernel " + std::to_string(a.kernel) +
+                      ", head dims " + std::to_string(a.P) + " + " + std::to_string(a.R) + ", v " +
+                      std::to_string(a.V) + ")");
   const int64_t rows = static_cast<int64_t>(a.T) * a.Nl;
   const KeySet fresh = new_token_keys(a, db);
   if (flash && db.ctx_total == 0) {  // no context to merge: the flash kernel writes the results
@@ -168,7 +194,8 @@ void launch_attention_mha(const MhaArgs& a, RankContext& rc) {
   }
   const ContextPass ctx = context_keys(a, rc, rows);
   attend(ctx.keys, ctx.out, ctx.lse);
-  launch_attention_merge(o1, l1, ctx.out, ctx.lse, a.attn_out, a.lse, rows, a.V, s, a.lse_base2);
+  launch_attention_merge(o1, l1, ctx.out, ctx.lse, a.attn_out, a.lse, rows, a.V, s,
+                         a.lse_base2 && a.selection == nullptr);
 }
 
 }  // namespace mla::cuda

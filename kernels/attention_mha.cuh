@@ -5,6 +5,18 @@
 
 namespace mla::cuda {
 
+// A selection instead of the causal mask (DSA's top-k, built by attention_sparse.cu): per new token one bitmap over
+// its sequence's new tokens and one over its cached context (FlashParams::keep), and each one's reach (last selected
+// key + 1). Words per row: multiples of 4 covering the longest s_q / context rounded up to 128 keys.
+struct MhaSelection {
+  const uint32_t* keep_new = nullptr;  // [T, words_new]
+  const int* reach_new = nullptr;      // [T]
+  int words_new = 0;
+  const uint32_t* keep_ctx = nullptr;  // [T, words_ctx] (unread without context)
+  const int* reach_ctx = nullptr;      // [T]
+  int words_ctx = 0;
+};
+
 struct MhaArgs {
   const bf16* q_nope = nullptr;     // [T, Nl, P]
   const bf16* q_pe_rope = nullptr;  // [T, Nl, R]
@@ -20,6 +32,8 @@ struct MhaArgs {
   int window = 0;            // > 0 plants sliding-window: each new token sees its last `window` new-token keys
   int kernel = 4;  // 4/3/2: flash on the tensor cores (attention_flash.cu; the engine passes its mha_kernel
                    // option, 4 unless asked); 1: the simple core
+  const MhaSelection* selection = nullptr;  // set: each token sees its selected keys only (causal, window and
+                                           // lse_base2 unread; flash kernels only)
   bf16* attn_out = nullptr;  // [T, Nl, V]
   float* lse = nullptr;      // [T, Nl]
 };

@@ -11,7 +11,14 @@
 // fp32 partials and their lse, merged by a combine pass. Splits: tokens × head groups × splits fill the
 // multiprocessors about once.
 //
-// MHA form, a simple kernel: the context rows are gathered and up-projected through kv_b_proj once (into
+// MHA form, with the flash kernels (mha_kernel ≥ 2, dims they cover): one block per token turns its top-k into two
+// bitmaps, over its sequence's context and over its new tokens (shared-memory atomics, 16 KiB of words at a time,
+// stored whole), with each one's reach (last selected key + 1); attention_mha then runs its dense flow, both passes
+// masked by the bitmaps instead of the causal mask, and merges them by lse. The selection costs T × (context + s_q)
+// bits; the kernels skip key tiles past a block's reach and mask the rest, so their time is that of the dense causal
+// attention over the same keys, whatever k.
+//
+// MHA form, a simple kernel (mha_kernel = 1): the context rows are gathered and up-projected through kv_b_proj once (into
 // attention_mha's scratch buffers), then one warp per (token, head), four heads of a token per block: the query in
 // registers (lanes own dims lane, lane + 32, ...), the token's selected keys visited one at a time (warp-reduced
 // dot product, online softmax in fp32, the value row accumulated in registers), bf16 out and lse.
@@ -19,6 +26,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/attention_flash.cuh"
 #include "kernels/attention_mqa_split.cuh"
 #include "kernels/attention_mqa_tile.cuh"
 #include "kernels/attention_sparse.cuh"
@@ -382,11 +390,91 @@ bool mha_sparse_supports(int P, int R, int V) {
   return P >= 0 && P <= kNopePL * 32 && R >= 0 && R <= kPePL * 32 && V > 0 && V <= kVPL * 32;
 }
 
+namespace {
+constexpr int kBitmapThreads = 256;
+constexpr int kBitmapChunkWords = 4096;  // the words one pass of a block builds in shared memory (16 KiB)
+
+// The bitmaps of an MhaSelection, writable.
+struct SelectionOut {
+  uint32_t* keep_new;
+  int* reach_new;
+  int words_new;
+  uint32_t* keep_ctx;
+  int* reach_ctx;
+  int words_ctx;
+};
+
+// Token blockIdx.x's selection as the bitmaps of MhaSelection: key s < ctx of its sequence sets bit s of its context
+// row, key s ≥ ctx bit s − ctx of its new-token row; padding (outside 0 .. total − 1) sets nothing, and a key
+// selected twice counts once (the engine's top-k never repeats one). The two rows are one run of words_ctx + words_new
+// words, built kBitmapChunkWords at a time in shared memory and stored whole.
+__global__ void __launch_bounds__(kBitmapThreads) selection_bitmap_kernel(
+    const int* __restrict__ topk, int k, const int* __restrict__ token_seq, const int* __restrict__ seq_ctx_len,
+    const int* __restrict__ seq_total_len, SelectionOut sel) {
+  __shared__ uint32_t bits[kBitmapChunkWords];
+  __shared__ int reach[2];  // context, new
+  const int64_t t = blockIdx.x;
+  const int b = token_seq[t], ctx = seq_ctx_len[b], total = seq_total_len[b];
+  const int* row = topk + t * k;
+  const int words = sel.words_ctx + sel.words_new;
+  if (threadIdx.x < 2) reach[threadIdx.x] = 0;
+  for (int w0 = 0; w0 < words; w0 += kBitmapChunkWords) {
+    const int n = min(kBitmapChunkWords, words - w0);
+    for (int w = threadIdx.x; w < n; w += blockDim.x) bits[w] = 0u;
+    __syncthreads();
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+      const int s = row[j];
+      if (s < 0 || s >= total) continue;
+      const bool cached = s < ctx;
+      const int key = cached ? s : s - ctx;                               // within its bitmap
+      const int bit = (cached ? 0 : 32 * sel.words_ctx) + key - 32 * w0;  // within this chunk of the run
+      if (w0 == 0) atomicMax(&reach[cached ? 0 : 1], key + 1);
+      if (bit >= 0 && bit < 32 * n) atomicOr(&bits[bit / 32], 1u << (bit % 32));
+    }
+    __syncthreads();
+    for (int w = threadIdx.x; w < n; w += blockDim.x) {
+      const int v = w0 + w;
+      if (v < sel.words_ctx) sel.keep_ctx[t * sel.words_ctx + v] = bits[w];
+      else sel.keep_new[t * sel.words_new + v - sel.words_ctx] = bits[w];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    if (sel.words_ctx > 0) sel.reach_ctx[t] = reach[0];
+    sel.reach_new[t] = reach[1];
+  }
+}
+
+// Words per bitmap row covering n keys: rounded up to 128 keys (the flash kernels read a tile's bits whole).
+int selection_words(int n) { return (n + 127) / 128 * 4; }
+}  // namespace
+
 void launch_attention_mha_sparse(const SparseMhaArgs& a, RankContext& rc) {
+  if (a.k < 0) throw EngineError("attention_mha (sparse): k = " + std::to_string(a.k));
+  if (a.kernel >= 2 && flash_supports(a.P, a.R, a.V)) {  // the flash kernels with the selection as their mask
+    if (a.T == 0 || a.Nl == 0) return;
+    const DeviceBatch& db = rc.batch();
+    SelectionOut out{};
+    out.words_new = selection_words(db.max_new);
+    out.words_ctx = db.ctx_total > 0 ? selection_words(db.max_ctx) : 0;
+    out.keep_new = rc.scratch_as<uint32_t>("dsa.keep_new", static_cast<int64_t>(a.T) * out.words_new);
+    out.reach_new = rc.scratch_as<int>("dsa.reach_new", a.T);
+    if (out.words_ctx > 0) {
+      out.keep_ctx = rc.scratch_as<uint32_t>("dsa.keep_ctx", static_cast<int64_t>(a.T) * out.words_ctx);
+      out.reach_ctx = rc.scratch_as<int>("dsa.reach_ctx", a.T);
+    }
+    selection_bitmap_kernel<<<static_cast<unsigned>(a.T), kBitmapThreads, 0, rc.stream()>>>(
+        a.topk, a.k, db.i32(db.token_seq), db.i32(db.seq_ctx_len), db.i32(db.seq_total_len), out);
+    CUDA_CHECK_LAUNCH();
+    const MhaSelection sel{out.keep_new, out.reach_new, out.words_new, out.keep_ctx, out.reach_ctx, out.words_ctx};
+    MhaArgs dense = a;
+    dense.selection = &sel;
+    launch_attention_mha(dense, rc);
+    return;
+  }
   if (!mha_sparse_supports(a.P, a.R, a.V))
     throw EngineError("attention_mha (sparse): head dims (" + std::to_string(a.P) + " + " + std::to_string(a.R) +
                       ", v " + std::to_string(a.V) + ") exceed the kernel's limits (256 + 64, v 256)");
-  if (a.k < 0) throw EngineError("attention_mha (sparse): k = " + std::to_string(a.k));
   if (a.T == 0 || a.Nl == 0) return;
   const DeviceBatch& db = rc.batch();
   const int W = a.L + a.R;

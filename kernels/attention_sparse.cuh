@@ -27,8 +27,10 @@ void launch_attention_mqa_sparse(const SparseMqaArgs& a, RankContext& rc);
 // k_pe_rope] and v of that token; s < ctx (cached): the cache row up-projected through w_kvb per head (k_nope_h =
 // W_UK_h·kv_c_norm, v_h = W_UV_h·kv_c_norm, rounded to bf16 as attention_mha's context path) and the row's last R
 // lanes as k_pe. Query [q_nope | q_pe_rope].
-// The dense form's arguments (kernels/attention_mha.cuh; its causal, lse_base2, window and kernel are not read: the
-// selection replaces the mask) and the selection.
+// The dense form's arguments (kernels/attention_mha.cuh; its causal, lse_base2, window and selection are not read:
+// the top-k replaces the mask) and the selection. kernel ≥ 2 with dims the flash kernels cover: attention_mha's flash
+// path with the selection turned into bitmaps (MhaSelection); kernel 1: a gather kernel that visits the selected
+// keys one by one.
 struct SparseMhaArgs : MhaArgs {
   const int* topk = nullptr;  // [T, k] key numbers, −1 padded
   int k = 0;

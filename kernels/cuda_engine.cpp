@@ -33,10 +33,11 @@
 //   mha_kernel=1|2|3|4 attention_mha version: 4 flash on Hopper's wgmma with TMA loads (default; an sm_90 GPU,
 //                    an sm_90a build and D/V 192/128 or 256/256, else version 3), 3 flash with 256-row blocks
 //                    and 32 rows per warp (for D ≤ 192 / V ≤ 128, wider heads run version 2's wide kernel),
-//                    2 flash with 128-row blocks, 1 the simple core
+//                    2 flash with 128-row blocks, 1 the simple core; DSA (GLM-5) prefill runs versions 2-4 with
+//                    its top-k as a bitmap mask, and 1 as a gather kernel over the selected keys
 //   mqa_kernel=auto|1|2|3  attention_mqa version: 3 split-KV on Hopper's wgmma with TMA loads (an sm_90 GPU and
 //                    an sm_90a build), 2 the same plan on mma.sync, 1 the simple core; auto (default): 3 where it
-//                    can run, else 2. DSA runs its sparse kernel whatever the version.
+//                    can run, else 2. DSA decode runs its sparse kernel whatever the version.
 //   head_split=gemm|copy  how q_b_proj and kv_b_proj write their per-head parts (q_nope | q_pe, k_nope | v): a
 //                    GEMM per part batched over the heads, each head's rows written where they belong (gemm,
 //                    default), or one GEMM into a scratch followed by a per-head copy (copy: the plain way, which

@@ -46,6 +46,8 @@ shapes=(
   "mqa2decode16h|--engine $E,mqa_kernel=2 --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level stats --probe-repeats 1"
   "decode16h|--engine $E --model $cfg16/config.json --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
   "glm5prefill4096|--engine $E --model glm-5 --mode prefill --tokens 4096 --probe-level sketch --probe-repeats 5"
+  "glm5chunked512ctx16k|--engine $E --model glm-5 --mode chunked --tokens 512 --context 16384 --probe-level stats --probe-repeats 1"
+  "v1glm5prefill4096|--engine $E,mha_kernel=1 --model glm-5 --mode prefill --tokens 4096 --probe-level stats --probe-repeats 0 --repeats 3"
   "glm5decode64|--engine $E --model glm-5 --mode decode --batch 64 --context 4096 --probe-level sketch --probe-repeats 5"
   "glm5decode64ctx16k|--engine $E --model glm-5 --mode decode --batch 64 --context 16384 --probe-level sketch --probe-repeats 5"
   "v2prefill512|--engine $E,mha_kernel=2 --model deepseek-v3 --mode prefill --tokens 512 --probe-level stats --probe-repeats 1"

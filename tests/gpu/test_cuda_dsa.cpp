@@ -439,9 +439,9 @@ TEST(CudaDsa, TopkShiftPlantsAnOffByOne) {
 // --- Sparse attention ---------------------------------------------------------------------------------------
 
 // A selection per token: the reference's top-k of random scores over the keys it sees (fewer than k: all, padded).
-std::vector<int> random_selection(const Batch& b, int k, uint64_t seed) {
+std::vector<int> random_selection(const Batch& b, int k, uint64_t seed, bool causal = true) {
   const int K = max_total(b);
-  return reference_topk(planted_scores(b, K, true, Values::kNormal, seed), b, K, k, true);
+  return reference_topk(planted_scores(b, K, causal, Values::kNormal, seed), b, K, k, causal);
 }
 // The keys of token t in that selection (padding dropped).
 std::vector<int> keys_of(const std::vector<int>& sel, int t, int k) {
@@ -548,15 +548,24 @@ struct MhaCase {
   std::string name;
   int Nl, P, R, V, L, k;
   std::vector<int> new_lens, ctx_lens;
+  bool causal = true;     // false: the selection may pick keys after the token (as index-causal-leak does)
+  int empty_token = -1;   // >= 0: that token's selection is all padding
 };
 
+// Every kernel version: 1 the gather kernel, 2-4 the flash kernels with the selection as bitmaps (4 on wgmma where
+// the GPU and dims allow, else 3).
 TEST(CudaDsa, SparseMhaMatchesAttendSelected) {
   MLA_REQUIRE_GPU();
   const std::vector<MhaCase> cases = {
       {"tiny", 8, 16, 8, 12, 32, 12, {4, 1, 6}, {0, 37, 130}},
+      {"tiny_noncausal_empty", 8, 16, 8, 12, 32, 12, {4, 1, 6}, {0, 37, 130}, false, 5},
       // GLM-5 at tp 8 (8 heads a rank): chunked prefill over a context longer than k, and a short one.
       {"glm5_chunked", 8, 192, 64, 256, 512, 2048, {40, 24}, {3000, 100}},
       {"glm5_prefill", 8, 192, 64, 256, 512, 2048, {64}, {0}},
+      // Several query blocks and a k well under the keys, so that both passes are sparse; a selection that looks
+      // ahead; a token that selects nothing.
+      {"glm5_sparse", 8, 192, 64, 256, 512, 96, {300, 41}, {0, 700}},
+      {"glm5_noncausal_empty", 8, 192, 64, 256, 512, 96, {260}, {200}, false, 130},
   };
   for (const MhaCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -570,34 +579,8 @@ TEST(CudaDsa, SparseMhaMatchesAttendSelected) {
     const Tensor v = random_bf16({T, c.Nl, c.V}, 65);
     const Tensor cache = random_bf16({batch.num_blocks, kPageSize, W}, 66);
     const Tensor w_kvb = random_bf16({int64_t{c.Nl} * (c.P + c.V), c.L}, 67, 1.0f / std::sqrt(float(c.L)));
-    const std::vector<int> sel = random_selection(batch, c.k, 68);
-
-    DeviceBuffer dqn = upload_bf16(q_nope), dqp = upload_bf16(q_pe), dkn = upload_bf16(k_nope);
-    DeviceBuffer dkp = upload_bf16(k_pe), dv = upload_bf16(v), dc = upload_bf16(cache), dw = upload_bf16(w_kvb);
-    DeviceBuffer dsel = upload(sel);
-    DeviceBuffer out = device_zeros(size_t(T) * c.Nl * c.V * 2, 0xFF), lse = device_zeros(size_t(T) * c.Nl * 4, 0xFF);
-    cuda::SparseMhaArgs a;
-    a.q_nope = ptr<bf16>(dqn);
-    a.q_pe_rope = ptr<bf16>(dqp);
-    a.k_nope = ptr<bf16>(dkn);
-    a.k_pe_rope = ptr<bf16>(dkp);
-    a.v = ptr<bf16>(dv);
-    a.cache = ptr<bf16>(dc);
-    a.w_kvb = ptr<bf16>(dw);
-    a.topk = ptr<int>(dsel);
-    a.k = c.k;
-    a.T = T;
-    a.Nl = c.Nl;
-    a.P = c.P;
-    a.R = c.R;
-    a.V = c.V;
-    a.L = c.L;
-    a.scale = scale;
-    a.attn_out = mut<bf16>(out);
-    a.lse = mut<float>(lse);
-    cuda::launch_attention_mha_sparse(a, rc);
-    const Tensor got = download_bf16(out, {T, c.Nl, c.V});
-    const std::vector<float> got_lse = download<float>(lse, size_t(T) * c.Nl);
+    std::vector<int> sel = random_selection(batch, c.k, 68, c.causal);
+    if (c.empty_token >= 0) std::fill_n(sel.begin() + int64_t{c.empty_token} * c.k, c.k, -1);
 
     // Reference keys of each sequence in key order: the context up-projected (fp32), then its new tokens.
     ref::Attn want{Tensor({T, c.Nl, c.V}), Tensor({T, c.Nl})};
@@ -629,7 +612,38 @@ TEST(CudaDsa, SparseMhaMatchesAttendSelected) {
       std::copy(part.out.data.begin(), part.out.data.end(), want.out.ptr() + int64_t{t0} * c.Nl * c.V);
       std::copy(part.lse.data.begin(), part.lse.data.end(), want.lse.ptr() + int64_t{t0} * c.Nl);
     }
-    expect_attention_close(got, got_lse, want, c.name);
+
+    DeviceBuffer dqn = upload_bf16(q_nope), dqp = upload_bf16(q_pe), dkn = upload_bf16(k_nope);
+    DeviceBuffer dkp = upload_bf16(k_pe), dv = upload_bf16(v), dc = upload_bf16(cache), dw = upload_bf16(w_kvb);
+    DeviceBuffer dsel = upload(sel);
+    for (const int kernel : {1, 2, 3, 4}) {
+      const std::string what = c.name + " kernel " + std::to_string(kernel);
+      DeviceBuffer out = device_zeros(size_t(T) * c.Nl * c.V * 2, 0xFF);
+      DeviceBuffer lse = device_zeros(size_t(T) * c.Nl * 4, 0xFF);
+      cuda::SparseMhaArgs a;
+      a.q_nope = ptr<bf16>(dqn);
+      a.q_pe_rope = ptr<bf16>(dqp);
+      a.k_nope = ptr<bf16>(dkn);
+      a.k_pe_rope = ptr<bf16>(dkp);
+      a.v = ptr<bf16>(dv);
+      a.cache = ptr<bf16>(dc);
+      a.w_kvb = ptr<bf16>(dw);
+      a.topk = ptr<int>(dsel);
+      a.k = c.k;
+      a.T = T;
+      a.Nl = c.Nl;
+      a.P = c.P;
+      a.R = c.R;
+      a.V = c.V;
+      a.L = c.L;
+      a.scale = scale;
+      a.kernel = kernel;
+      a.attn_out = mut<bf16>(out);
+      a.lse = mut<float>(lse);
+      cuda::launch_attention_mha_sparse(a, rc);
+      const Tensor got = download_bf16(out, {T, c.Nl, c.V});
+      expect_attention_close(got, download<float>(lse, size_t(T) * c.Nl), want, what);
+    }
   }
 }
 

@@ -94,13 +94,13 @@ __device__ __forceinline__ TileKeep<BC> load_keep(const uint32_t* row, int kbase
 }
 
 // One tile's online softmax on a thread's two rows r0 (s[4j], s[4j + 1]) and r1 (s[4j + 2], s[4j + 3]), keys
-// kbase + 8j + 2t4 + (0, 1): the mask where asked (keys at or past lim, or before lo, or, with a selection (sel),
+// kbase + 8j + 2t4 + (0, 1): the mask where asked (keys at or past lim, or before lo, or, with a selection (SEL),
 // whose bit in k0 / k1 is clear), the rows' max over the quad (raw score units), s replaced by p = 2^(s·sl2 − m·sl2),
 // l by l·c + Σp, and c = 2^((m_old − m)·sl2), the factor O is to be rescaled by; returns whether any row of the warp
 // moved its max (else c is 1 for all of them).
-template <int BC>
+template <int BC, bool SEL>
 __device__ __forceinline__ bool tile_softmax(float (&s)[BC / 2], int kbase, bool mask, int lim0, int lo0, int lim1,
-                                             int lo1, bool sel, const TileKeep<BC>& k0, const TileKeep<BC>& k1,
+                                             int lo1, const TileKeep<BC>& k0, const TileKeep<BC>& k1,
                                              int t4, float sl2, float& m0, float& m1, float& l0, float& l1, float& c0,
                                              float& c1) {
   if (mask) {
@@ -109,8 +109,8 @@ __device__ __forceinline__ bool tile_softmax(float (&s)[BC / 2], int kbase, bool
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = kbase + 8 * j + 2 * t4 + e, bit = 8 * (j & 3) + 2 * t4 + e;
-        if (key >= lim0 || key < lo0 || (sel && !((k0.w[j >> 2] >> bit) & 1u))) s[4 * j + e] = -INFINITY;
-        if (key >= lim1 || key < lo1 || (sel && !((k1.w[j >> 2] >> bit) & 1u))) s[4 * j + 2 + e] = -INFINITY;
+        if (key >= lim0 || key < lo0 || (SEL && !((k0.w[j >> 2] >> bit) & 1u))) s[4 * j + e] = -INFINITY;
+        if (key >= lim1 || key < lo1 || (SEL && !((k1.w[j >> 2] >> bit) & 1u))) s[4 * j + 2 + e] = -INFINITY;
       }
   }
   float mx0 = m0, mx1 = m1;
@@ -170,7 +170,8 @@ __device__ __forceinline__ void rescale(float (&o)[NV], float c0, float c1) {
 }
 
 constexpr int kThreads = 384;  // three warpgroups
-template <int DT, int VT, int BC>
+// SEL: FlashParams::keep is set (a selection); a template parameter so that the causal kernels carry none of it.
+template <int DT, int VT, int BC, bool SEL>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_constant__ WgArgs a) {
 #ifdef MLA_SM90A
   using namespace sm90;
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   const int64_t q_row0 = p.seq_q_start[b] + q0;
   const int k_row0 = p.seq_k_start[b];
   int n_keys = max(0, p.causal ? min(k_len, q0 + q_rows + offset) : k_len);
-  if (p.keep) {  // a selection: the keys up to the block's last selected one (each warp finds it)
+  if constexpr (SEL) {  // the keys up to the block's last selected one (each warp finds it)
     int reach = 0;
     for (int r = threadIdx.x & 31; r < q_rows; r += 32) reach = max(reach, __ldg(p.keep_reach + q_row0 + r));
     n_keys = min(k_len, __reduce_max_sync(0xffffffffu, reach));
@@ -273,14 +274,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;
   const int wg_keys =
       wg_row >= q_rows ? 0
-                       : (p.keep ? n_keys
+                       : (SEL ? n_keys
                                  : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len));
-  const int wg_full = p.keep ? 0 : (p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len);
+  const int wg_full = SEL ? 0 : (p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len);
   const int n_wg = (wg_keys + BC - 1) / BC;  // the tiles this warpgroup computes (the first n_wg)
   const float sl2 = p.scale * kLog2e;
-  const bool sel = p.keep != nullptr;
-  const uint32_t* keep0 = sel && wg_row + r0 < q_rows ? p.keep + (q_row0 + wg_row + r0) * p.keep_words : nullptr;
-  const uint32_t* keep1 = sel && wg_row + r1 < q_rows ? p.keep + (q_row0 + wg_row + r1) * p.keep_words : nullptr;
+  const uint32_t* keep0 = SEL && wg_row + r0 < q_rows ? p.keep + (q_row0 + wg_row + r0) * p.keep_words : nullptr;
+  const uint32_t* keep1 = SEL && wg_row + r1 < q_rows ? p.keep + (q_row0 + wg_row + r1) * p.keep_words : nullptr;
   TileKeep<BC> k0{}, k1{};  // the selection's bits of the tile the next softmax masks
 
   float o[VT / 2], s[BC / 2];
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   };
   auto mask_of = [&](int i) { return i * BC + BC > wg_full || p.window > 0; };  // always with a selection
   auto keep_of = [&](int i) {  // its bits of tile i, loaded while the tensor cores run
-    if (sel) {
+    if constexpr (SEL) {
       k0 = load_keep<BC>(keep0, i * BC);
       k1 = load_keep<BC>(keep1, i * BC);
     }
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
     wgmma_wait<0>();
     fence_regs(s);
     release(free_k, 0);
-    tile_softmax<BC>(s, 0, mask_of(0), lim0, lo0, lim1, lo1, sel, k0, k1, t4, sl2, m0, m1, l0, l1, c0,
+    tile_softmax<BC, SEL>(s, 0, mask_of(0), lim0, lo0, lim1, lo1, k0, k1, t4, sl2, m0, m1, l0, l1, c0,
                      c1);  // O is 0 still
     pack_p<BC>(s, pa);
     for (int i = 0; i + 1 < n_wg; ++i) {  // (the last tile after the loop: no branch inside keeps ptxas overlapping)
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
       wgmma_wait<1>();  // S(i + 1); P·V(i) may still run
       fence_regs(s);
       release(free_k, i + 1);
-      const bool moved = tile_softmax<BC>(s, (i + 1) * BC, mask_of(i + 1), lim0, lo0, lim1, lo1, sel, k0, k1, t4,
+      const bool moved = tile_softmax<BC, SEL>(s, (i + 1) * BC, mask_of(i + 1), lim0, lo0, lim1, lo1, k0, k1, t4,
                                           sl2, m0, m1, l0, l1, c0, c1);
       wgmma_wait<0>();
       fence_regs(o);
@@ -399,7 +399,7 @@ int head_group(const FlashParams& p) {
   return flash_head_group(l2, p.k_rows / std::max(1, p.seqs), p.P, p.V, p.heads);
 }
 
-template <int DT, int VT, int BC>
+template <int DT, int VT, int BC, bool SEL>
 void launch_impl(const FlashParams& p, cudaStream_t stream) {
   WgArgs a;
   a.p = p;
@@ -411,7 +411,7 @@ void launch_impl(const FlashParams& p, cudaStream_t stream) {
   a.qp_head = p.q_pe.head_stride != 0;
   a.kp_head = p.k_pe.head_stride != 0;
   constexpr size_t smem = Shape<DT, VT, BC>::kSmemBytes;
-  auto kernel = flash_wgmma_kernel<DT, VT, BC>;
+  auto kernel = flash_wgmma_kernel<DT, VT, BC, SEL>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   a.n_qblocks = (p.max_q_len + kBr - 1) / kBr;
   a.head_group = head_group(p);
@@ -436,8 +436,11 @@ bool flash_wgmma_supports(const FlashParams& p, int device) {
 
 void launch_attention_flash_wgmma(const FlashParams& p, cudaStream_t stream) {
   if (p.heads == 0 || p.seqs == 0 || p.max_q_len == 0) return;
-  if (p.P + p.R == 192) launch_impl<192, 128, 128>(p, stream);
-  else launch_impl<256, 256, 64>(p, stream);
+  const bool sel = p.keep != nullptr, narrow = p.P + p.R == 192;
+  if (narrow && sel) launch_impl<192, 128, 128, true>(p, stream);
+  else if (narrow) launch_impl<192, 128, 128, false>(p, stream);
+  else if (sel) launch_impl<256, 256, 64, true>(p, stream);
+  else launch_impl<256, 256, 64, false>(p, stream);
 }
 
 }  // namespace mla::cuda

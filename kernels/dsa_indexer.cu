@@ -8,6 +8,7 @@
 //     Each warp computes q·k on the tensor cores (mma.sync m16n8k16 bf16, fp32 accumulators) for one token and 16,
 //     32 or 64 keys of the tile, then Σ_h w·ReLU(·D^-1/2) in registers: its own rows, then a butterfly over the
 //     lanes holding the other heads. Tiles past the last key a block's tokens see are written as zeros, uncomputed.
+//     A sequence's token groups are issued last first (causal: the heaviest first).
 //   Top-k: one block per token; a radix select (4 passes of 8 bits, MSB first, over an order-preserving uint32 of
 //     each score, shared histograms) finds the k-th highest value; one more pass emits the keys above it and the
 //     lowest-index keys equal to it, in ascending key order, by a block prefix scan. The row's keys are kept in
@@ -163,7 +164,10 @@ __global__ void __launch_bounds__(kScoreThreads) index_scores_kernel(const Score
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [TOK·HR][kSQI]
   bf16* sK = sQ + TOK * HR * kSQI;               // [2][kKeyTile][kSQI]
 
-  const int grp = blockIdx.x % a.groups, b = blockIdx.x / a.groups, split = blockIdx.y;
+  // Groups in reverse (the last tokens see the most keys when causal): the heaviest blocks start first, so that the
+  // light ones fill the last wave instead of the heavy ones running alone.
+  const int grp = a.groups - 1 - static_cast<int>(blockIdx.x % a.groups), b = blockIdx.x / a.groups;
+  const int split = blockIdx.y;
   const int s_q = a.seq_new_len[b], i0 = grp * TOK;
   if (i0 >= s_q) return;
   const int n_tok = min(TOK, s_q - i0);

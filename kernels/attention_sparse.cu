@@ -18,9 +18,9 @@
 // bits; the kernels skip key tiles past a block's reach and mask the rest, so their time is that of the dense causal
 // attention over the same keys, whatever k.
 //
-// MHA form, a simple kernel (mha_kernel = 1): the context rows are gathered and up-projected through kv_b_proj once (into
-// attention_mha's scratch buffers), then one warp per (token, head), four heads of a token per block: the query in
-// registers (lanes own dims lane, lane + 32, ...), the token's selected keys visited one at a time (warp-reduced
+// MHA form, a simple kernel (mha_kernel = 1): the context rows are gathered and up-projected through kv_b_proj once
+// (into attention_mha's scratch buffers), then one warp per (token, head), four heads of a token per block: the query
+// in registers (lanes own dims lane, lane + 32, ...), the token's selected keys visited one at a time (warp-reduced
 // dot product, online softmax in fp32, the value row accumulated in registers), bf16 out and lse.
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 //     applied to each of its rows; kernels/rope.cu's arithmetic.
 //   Key path: one block per token, LayerNorm with fp32 block sums, then RoPE on the fp32 result, one bf16 rounding,
 //     written to idx_k and to the token's index cache row.
-//   Scores: a block holds 1, 2 or 4 new tokens of one sequence (their Hi heads each, zero-padded to 16-row mma tiles)
+//   Scores: a block holds 1, 2, 4 or 8 new tokens of one sequence (their Hi heads each, zero-padded to 16-row mma tiles)
 //     and a split of the key tiles (one 64-row page of the index cache per tile, double-buffered with cp.async).
 //     Each warp computes q·k on the tensor cores (mma.sync m16n8k16 bf16, fp32 accumulators) for one token and 16,
 //     32 or 64 keys of the tile, then Σ_h w·ReLU(·D^-1/2) in registers: its own rows, then a butterfly over the
@@ -126,7 +126,9 @@ __global__ void scale_bf16_kernel(bf16* __restrict__ x, int64_t n, float scale) 
 
 // --- Scores -------------------------------------------------------------------------------------------------
 
-constexpr int kScoreThreads = 128;         // 4 warps
+// Warps of a block of TOK tokens: 4, or one per token for 8.
+template <int TOK>
+constexpr int kScoreThreadsOf = 32 * (TOK > 4 ? TOK : 4);
 constexpr int kKeyTile = kCachePage;       // one tile = one page of the index cache
 constexpr int kIdxDMax = 128;              // head lanes the kernel holds (D ≤ 128)
 constexpr int kSQI = kIdxDMax + 8;         // shared row stride in bf16: 272 bytes, ldmatrix rows on distinct banks
@@ -153,11 +155,11 @@ constexpr size_t score_smem_bytes() {
 
 // scores[t, s] = Σ_h w[t,h]·max(0, q[t,h]·k[s]·scale) for the keys t sees, 0 for the other columns of the block's
 // tiles. Block: TOK tokens (group blockIdx.x % groups of sequence blockIdx.x / groups) × the key tiles of split
-// blockIdx.y. MT m-tiles of 16 heads per token; warp w: token w / (4/TOK), keys [(w % (4/TOK))·8·NT, +8·NT) of each
-// tile.
+// blockIdx.y. MT m-tiles of 16 heads per token; warp w: token w / WPT, keys [(w % WPT)·8·NT, +8·NT) of each tile.
 template <int MT, int TOK>
-__global__ void __launch_bounds__(kScoreThreads) index_scores_kernel(const ScoreArgs a) {
-  constexpr int WPT = 4 / TOK;  // warps per token
+__global__ void __launch_bounds__(kScoreThreadsOf<TOK>) index_scores_kernel(const ScoreArgs a) {
+  constexpr int kScoreThreads = kScoreThreadsOf<TOK>;
+  constexpr int WPT = kScoreThreads / 32 / TOK;  // warps per token
   constexpr int NT = 8 / WPT;   // n-tiles of 8 keys per warp
   constexpr int HR = MT * 16;   // query rows per token (heads, zero-padded)
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -296,19 +298,20 @@ void launch_scores(const ScoreArgs& a, int splits, int seqs, cudaStream_t s) {
   auto kernel = index_scores_kernel<MT, TOK>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(seqs) * a.groups), static_cast<unsigned>(splits));
-  kernel<<<grid, kScoreThreads, smem, s>>>(a);
+  kernel<<<grid, kScoreThreadsOf<TOK>, smem, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
-// MT's kernel for `tok` tokens per block (1, 2, or 4 where MT < 4).
+// MT's kernel for `tok` tokens per block (1, 2, or 4 and 8 where MT < 4).
 template <int MT>
 void launch_scores_mt(const ScoreArgs& a, int tok, int splits, int seqs, cudaStream_t s) {
   if (tok == 1) {
     launch_scores<MT, 1>(a, splits, seqs, s);
   } else if (tok == 2) {
     launch_scores<MT, 2>(a, splits, seqs, s);
-  } else {
-    if constexpr (MT < 4) launch_scores<MT, 4>(a, splits, seqs, s);
+  } else if constexpr (MT < 4) {
+    if (tok == 4) launch_scores<MT, 4>(a, splits, seqs, s);
+    else launch_scores<MT, 8>(a, splits, seqs, s);
   }
 }
 
@@ -585,15 +588,15 @@ void launch_index_scores(const bf16* idx_q, const bf16* idx_w, const bf16* index
   a.causal = causal;
   a.scores = scores;
 
-  // Tokens per block: 1 for decode (the 4 warps split each tile's keys), else 2 or 4 (at most 64 accumulators a
-  // thread: MT·(8/(4/tok))·4).
+  // Tokens per block: 1 for decode (the 4 warps split each tile's keys), else 2, 4 or 8 (8: a warp per token, two
+  // blocks of 8 warps an SM where 4-token blocks fit three of 4 warps; at most 64 accumulators a thread: MT·NT·4).
   const int MT = Hi <= 16 ? 1 : Hi <= 32 ? 2 : 4;
-  const int tok = b.max_new == 1 ? 1 : (MT == 4 || b.max_new < 4) ? 2 : 4;
+  const int tok = b.max_new == 1 ? 1 : (MT == 4 || b.max_new < 4) ? 2 : b.max_new < 8 ? 4 : 8;
   const int groups = (b.max_new + tok - 1) / tok;
   if (static_cast<int64_t>(b.seqs) * groups > INT_MAX) throw EngineError("index_scores: too many token groups");
   a.groups = groups;
-  // Splits of the key tiles: about 4 blocks per multiprocessor in all (3 fit at once; the rest balance the ragged
-  // causal work), whole tiles per split.
+  // Splits of the key tiles: about 4 blocks per multiprocessor in all (2 or 3 fit at once; the rest balance the
+  // ragged causal work), whole tiles per split.
   int device = 0, sms = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

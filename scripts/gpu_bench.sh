@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after scripts/gpu_check.sh built build-gpu/: `mla-bisect bench --engine cuda` on the
 # benchmark shapes (DeepSeek-V3 prefill T = 512 and 4096, decode B = 64/128 at L = 4096, the attention core
-# with 16 heads per rank, the GLM-5 layer) plus the version-1 attention kernels, attention_mha versions 2 and 3
+# with 16 heads per rank, the GLM-5 layer: prefill, chunked over 16384 cached tokens, decode; glm5 shapes with v1:
+# DSA's gather kernel) plus the version-1 attention kernels, attention_mha versions 2 and 3
 # (v2prefill*, v3prefill*: mha_kernel=2 and 3, the flash kernels on mma.sync; the default is version 4 on wgmma and
 # TMA), attention_mqa version 2 (mqa2decode*: mqa_kernel=2, mma.sync; the default is version 3 on wgmma and TMA) and
 # q_b_proj / kv_b_proj as one GEMM and a per-head copy (copyprefill4096: head_split=copy) for comparison. Each run

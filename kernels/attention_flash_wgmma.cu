@@ -100,9 +100,8 @@ __device__ __forceinline__ TileKeep<BC> load_keep(const uint32_t* row, int kbase
 // moved its max (else c is 1 for all of them).
 template <int BC, bool SEL>
 __device__ __forceinline__ bool tile_softmax(float (&s)[BC / 2], int kbase, bool mask, int lim0, int lo0, int lim1,
-                                             int lo1, const TileKeep<BC>& k0, const TileKeep<BC>& k1,
-                                             int t4, float sl2, float& m0, float& m1, float& l0, float& l1, float& c0,
-                                             float& c1) {
+                                             int lo1, const TileKeep<BC>& k0, const TileKeep<BC>& k1, int t4, float sl2,
+                                             float& m0, float& m1, float& l0, float& l1, float& c0, float& c1) {
   if (mask) {
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
@@ -273,9 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
   const int lim1 = p.causal ? min(k_len, i1 + 1 + offset) : k_len;
   const int lo0 = p.window > 0 ? lim0 - p.window : 0, lo1 = p.window > 0 ? lim1 - p.window : 0;
   const int wg_keys =
-      wg_row >= q_rows ? 0
-                       : (SEL ? n_keys
-                                 : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len));
+      wg_row >= q_rows
+          ? 0
+          : (SEL ? n_keys : (p.causal ? max(0, min(k_len, q0 + min(wg_row + kWgRows, q_rows) + offset)) : k_len));
   const int wg_full = SEL ? 0 : (p.causal ? min(k_len, q0 + wg_row + 1 + offset) : k_len);
   const int n_wg = (wg_keys + BC - 1) / BC;  // the tiles this warpgroup computes (the first n_wg)
   const float sl2 = p.scale * kLog2e;
@@ -333,8 +332,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
     wgmma_wait<0>();
     fence_regs(s);
     release(free_k, 0);
-    tile_softmax<BC, SEL>(s, 0, mask_of(0), lim0, lo0, lim1, lo1, k0, k1, t4, sl2, m0, m1, l0, l1, c0,
-                     c1);  // O is 0 still
+    // (O is 0 still)
+    tile_softmax<BC, SEL>(s, 0, mask_of(0), lim0, lo0, lim1, lo1, k0, k1, t4, sl2, m0, m1, l0, l1, c0, c1);
     pack_p<BC>(s, pa);
     for (int i = 0; i + 1 < n_wg; ++i) {  // (the last tile after the loop: no branch inside keeps ptxas overlapping)
       issue_s(i + 1);
@@ -344,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const __grid_c
       fence_regs(s);
       release(free_k, i + 1);
       const bool moved = tile_softmax<BC, SEL>(s, (i + 1) * BC, mask_of(i + 1), lim0, lo0, lim1, lo1, k0, k1, t4,
-                                          sl2, m0, m1, l0, l1, c0, c1);
+                                               sl2, m0, m1, l0, l1, c0, c1);
       wgmma_wait<0>();
       fence_regs(o);
       release(free_v, i);

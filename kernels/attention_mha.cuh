@@ -7,13 +7,14 @@ namespace mla::cuda {
 
 // A selection instead of the causal mask (DSA's top-k, built by attention_sparse.cu): per new token one bitmap over
 // its sequence's new tokens and one over its cached context (FlashParams::keep), and each one's reach (last selected
-// key + 1). Words per row: multiples of 4 covering the longest s_q / context rounded up to 128 keys.
+// key + 1). Words per row: multiples of 4 covering the longest s_q / context rounded up to 128 keys. Writable: the
+// kernel that builds it takes it too.
 struct MhaSelection {
-  const uint32_t* keep_new = nullptr;  // [T, words_new]
-  const int* reach_new = nullptr;      // [T]
+  uint32_t* keep_new = nullptr;  // [T, words_new]
+  int* reach_new = nullptr;      // [T]
   int words_new = 0;
-  const uint32_t* keep_ctx = nullptr;  // [T, words_ctx] (unread without context)
-  const int* reach_ctx = nullptr;      // [T]
+  uint32_t* keep_ctx = nullptr;  // [T, words_ctx] (unread without context)
+  int* reach_ctx = nullptr;      // [T]
   int words_ctx = 0;
 };
 

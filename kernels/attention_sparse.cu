@@ -394,23 +394,13 @@ namespace {
 constexpr int kBitmapThreads = 256;
 constexpr int kBitmapChunkWords = 4096;  // the words one pass of a block builds in shared memory (16 KiB)
 
-// The bitmaps of an MhaSelection, writable.
-struct SelectionOut {
-  uint32_t* keep_new;
-  int* reach_new;
-  int words_new;
-  uint32_t* keep_ctx;
-  int* reach_ctx;
-  int words_ctx;
-};
-
 // Token blockIdx.x's selection as the bitmaps of MhaSelection: key s < ctx of its sequence sets bit s of its context
 // row, key s ≥ ctx bit s − ctx of its new-token row; padding (outside 0 .. total − 1) sets nothing, and a key
 // selected twice counts once (the engine's top-k never repeats one). The two rows are one run of words_ctx + words_new
 // words, built kBitmapChunkWords at a time in shared memory and stored whole.
 __global__ void __launch_bounds__(kBitmapThreads) selection_bitmap_kernel(
     const int* __restrict__ topk, int k, const int* __restrict__ token_seq, const int* __restrict__ seq_ctx_len,
-    const int* __restrict__ seq_total_len, SelectionOut sel) {
+    const int* __restrict__ seq_total_len, MhaSelection sel) {
   __shared__ uint32_t bits[kBitmapChunkWords];
   __shared__ int reach[2];  // context, new
   const int64_t t = blockIdx.x;
@@ -454,19 +444,18 @@ void launch_attention_mha_sparse(const SparseMhaArgs& a, RankContext& rc) {
   if (a.kernel >= 2 && flash_supports(a.P, a.R, a.V)) {  // the flash kernels with the selection as their mask
     if (a.T == 0 || a.Nl == 0) return;
     const DeviceBatch& db = rc.batch();
-    SelectionOut out{};
-    out.words_new = selection_words(db.max_new);
-    out.words_ctx = db.ctx_total > 0 ? selection_words(db.max_ctx) : 0;
-    out.keep_new = rc.scratch_as<uint32_t>("dsa.keep_new", static_cast<int64_t>(a.T) * out.words_new);
-    out.reach_new = rc.scratch_as<int>("dsa.reach_new", a.T);
-    if (out.words_ctx > 0) {
-      out.keep_ctx = rc.scratch_as<uint32_t>("dsa.keep_ctx", static_cast<int64_t>(a.T) * out.words_ctx);
-      out.reach_ctx = rc.scratch_as<int>("dsa.reach_ctx", a.T);
+    MhaSelection sel;
+    sel.words_new = selection_words(db.max_new);
+    sel.words_ctx = db.ctx_total > 0 ? selection_words(db.max_ctx) : 0;
+    sel.keep_new = rc.scratch_as<uint32_t>("dsa.keep_new", static_cast<int64_t>(a.T) * sel.words_new);
+    sel.reach_new = rc.scratch_as<int>("dsa.reach_new", a.T);
+    if (sel.words_ctx > 0) {
+      sel.keep_ctx = rc.scratch_as<uint32_t>("dsa.keep_ctx", static_cast<int64_t>(a.T) * sel.words_ctx);
+      sel.reach_ctx = rc.scratch_as<int>("dsa.reach_ctx", a.T);
     }
     selection_bitmap_kernel<<<static_cast<unsigned>(a.T), kBitmapThreads, 0, rc.stream()>>>(
-        a.topk, a.k, db.i32(db.token_seq), db.i32(db.seq_ctx_len), db.i32(db.seq_total_len), out);
+        a.topk, a.k, db.i32(db.token_seq), db.i32(db.seq_ctx_len), db.i32(db.seq_total_len), sel);
     CUDA_CHECK_LAUNCH();
-    const MhaSelection sel{out.keep_new, out.reach_new, out.words_new, out.keep_ctx, out.reach_ctx, out.words_ctx};
     MhaArgs dense = a;
     dense.selection = &sel;
     launch_attention_mha(dense, rc);

@@ -56,6 +56,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 
 #include "harness/engine/probe_record_builder.h"
 #include "harness/model/errors.h"
@@ -288,6 +289,10 @@ class CudaEngine : public Engine, public EngineTiming {
     return b;
   }
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
+  // On the rank's stream a probe's kernels run before any later stage, and a call that would change a held tensor
+  // launches the held probes first: the next layer cannot change what a probe saw. The side stream's kernels run
+  // beside the next stages, so their tensors must wait for them.
+  bool pipelines_probes() const override { return queues_probes() && !probe_side_stream_; }
   void flush_probes() override;
   bool device_stage(int rank, int& layer, Stage& stage) const override;
   bool owns_rank(int rank) const override { return own_rank_ < 0 || rank == own_rank_; }
@@ -360,7 +365,8 @@ class CudaEngine : public Engine, public EngineTiming {
   std::unique_ptr<ProbeRecordBuilder> builder_;
   const cuda::ProbeCapture* last_built_ = nullptr;  // the capture of the last probe started (probe_build_seconds)
   // probe_launch=layer: the probes started since the last flush, in start order, launched by flush_probes; and,
-  // per rank, an event after each stage of the layer (device_stage: where a hang is). Within a layer no stage
+  // per rank, an event after each stage of the layer and of the one before it, whose records the Runner may still
+  // await (device_stage: where a hang is). Within a layer no stage
   // writes a tensor another has written, so the held probes see what they would have seen after their stage; a
   // call that would change a held tensor (out, upload) flushes first.
   struct HeldProbe {
@@ -370,6 +376,7 @@ class CudaEngine : public Engine, public EngineTiming {
   };
   struct BegunStage {
     int layer;
+    long run_layer;  // the how-manieth layer run since prepare (a bench runs the same layer again)
     Stage stage;
     cudaEvent_t done;
   };
@@ -380,8 +387,9 @@ class CudaEngine : public Engine, public EngineTiming {
   // Hands a started probe (its capture's slot) to the record builder: its copies, flag and record.
   void build(cuda::ProbeCapture& cap, int slot);
   std::vector<HeldProbe> held_;
-  std::vector<std::vector<BegunStage>> begun_;         // per rank: the current layer's stages
-  std::vector<std::vector<cudaEvent_t>> begun_pool_;   // per rank, created on the rank's device, reused
+  std::vector<std::deque<BegunStage>> begun_;        // per rank: the stages of the current layer and the one before
+  std::vector<std::vector<cudaEvent_t>> begun_free_;  // per rank, created on the rank's device, reused
+  long run_layer_ = 0;
 };
 
 DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
@@ -448,7 +456,10 @@ void CudaEngine::prepare(const RunContext& ctx) {
   if (builder_) builder_->clear();
   last_built_ = nullptr;
   held_.clear();
-  for (auto& b : begun_) b.clear();
+  for (size_t r = 0; r < begun_.size(); ++r) {
+    for (const auto& b : begun_[r]) begun_free_[r].push_back(b.done);
+    begun_[r].clear();
+  }
   captures_.clear();
   ranks_.clear();
   ranks_.resize(tp_);
@@ -599,18 +610,28 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
     }
     run_stage_impl(st, layer, rank);
     if (holds_probes()) {  // where the device is, for a hang seen while the held records wait
-      if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_pool_.resize(rank + 1);
+      if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_free_.resize(rank + 1);
       auto& begun = begun_[rank];
-      if (!begun.empty() && (begun.back().layer != layer || st.stage == Stage::Stage_layer_input)) begun.clear();
-      auto& pool = begun_pool_[rank];
-      if (begun.size() == pool.size()) {
+      auto& free = begun_free_[rank];
+      if (!begun.empty() && (begun.back().layer != layer || st.stage == Stage::Stage_layer_input)) {
+        // A layer begins: the stages of the one before it stay (its records may still be awaited, pipelines_probes);
+        // those of the layer before that are done with.
+        const long previous = begun.back().run_layer;
+        while (!begun.empty() && begun.front().run_layer != previous) {
+          free.push_back(begun.front().done);
+          begun.pop_front();
+        }
+        ++run_layer_;
+      }
+      if (free.empty()) {
         cudaEvent_t e = nullptr;
         CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        pool.push_back(e);
+        free.push_back(e);
       }
-      cudaEvent_t done = pool[begun.size()];
+      cudaEvent_t done = free.back();
+      free.pop_back();
       CUDA_CHECK(cudaEventRecord(done, ranks_[rank].ctx->stream()));
-      begun.push_back({layer, st.stage, done});
+      begun.push_back({layer, run_layer_, st.stage, done});
     }
     if (timing_) {
       cudaEvent_t end = timing_event(rank);

@@ -75,27 +75,37 @@ for entry in "${shapes[@]}"; do
     echo "gpu_bench: $name took $((SECONDS - t0)) s"
   } 2>&1 | tee -a "$log"
 done
-# One table of the probe overhead, every shape that measured it: the layer's wall without probes and the ratio at
-# each level (median of the probe rounds).
+# One table of the probe overhead, every shape that measured it: per layer of a run of layers back to back (the
+# layer's records built while the next one runs) and of one layer alone, synchronized: the wall without probes and
+# the overhead at each level (median of the probe rounds).
 if command -v python3 >/dev/null 2>&1; then
   python3 - "$work" "${ran[@]}" <<'PY' 2>&1 | tee -a "$log"
 import json, os, sys
-work, rows = sys.argv[1], []
+work, rows, layers = sys.argv[1], [], set()
 for shape in sys.argv[2:]:
     path = os.path.join(work, f"bench_{shape}.json")
     if not os.path.exists(path): continue
     j = json.load(open(path))
-    levels = {p["level"]: p["ratio"] for p in j.get("probe_overhead", [])}
-    if not levels: continue
+    over = j.get("probe_overhead", [])
+    if not over: continue
+    layers.add(j.get("run_layers", 0))
+    run = j["layer"].get("run_wall", {}).get("median_s", 0) * 1e3
     wall = j["layer"].get("wall", j["layer"]["time"])["median_s"] * 1e3
-    cell = lambda l: f"{(levels[l] - 1) * 100:+.1f}%" if l in levels else "-"
-    held = any(p.get("held") for p in j.get("probe_overhead", []))  # launched together after the last stage
-    rows.append(f"| {shape}{' (held)' if held else ''} | {wall:.3f} ms | {cell('stats')} | {cell('sketch')} |")
+    def cell(level, key):
+        r = [p.get(key, 0) for p in over if p["level"] == level]
+        return f"{(r[0] - 1) * 100:+.1f}%" if r and r[0] > 0 else "-"
+    held = any(p.get("held") for p in over)  # launched together after the last stage
+    rows.append(f"| {shape}{' (held)' if held else ''} | {run:.3f} ms | {cell('stats', 'run_ratio')} | "
+                f"{cell('sketch', 'run_ratio')} | {wall:.3f} ms | {cell('stats', 'ratio')} | {cell('sketch', 'ratio')} |")
 if rows:
+    n = "/".join(str(x) for x in sorted(layers))
     print("\nprobe overhead on the layer's wall (targets: sketch <= +10%, <= +5% at prefill T 4096; stats <= +5%)")
-    print("| shape | layer wall, no probes | stats | sketch |\n|---|---|---|---|")
+    print(f"| shape | run of {n} layers: wall, no probes | stats | sketch | one layer alone: wall, no probes | stats "
+          "| sketch |\n|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    print("(held: probes held to the end of the layer and launched together, cuda:probe_launch=layer)")
+    print("(run: layers back to back, each layer's records built while the next one runs; alone: one layer, "
+          "synchronized, its records awaited at its end; held: probes held to the end of the layer and launched "
+          "together, cuda:probe_launch=layer)")
 PY
 fi
 # PyTorch anchors on the same GPU in the same call (bench/torch_anchor.py): the unfused absorbed decode, torch's

@@ -4,8 +4,10 @@
 // the ceilings, and the probe overhead split into host probe calls and the end-of-layer wait.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <sstream>
 #include <thread>
 
@@ -26,6 +28,7 @@ class FakeDeviceEngine : public ReferenceEngine, public EngineTiming {
   void set_device_timing(bool on) override { timing_ = on; }
   // Every stage takes 1 ms of "device" time, ranks one after another.
   void run_stage(const StageSpec& st, int layer, int rank) override {
+    if (st.stage == Stage::Stage_layer_input) ++layers_begun_;  // (the graph's first stage)
     ReferenceEngine::run_stage(st, layer, rank);
     if (timing_) timings_.push_back({st.stage, layer, rank, clock_, clock_ + 1e-3, 0});
     clock_ += 1e-3;
@@ -35,32 +38,42 @@ class FakeDeviceEngine : public ReferenceEngine, public EngineTiming {
     return {{"fake GEMM", 1e12, 0, std::vector<double>(repeats, 1e-3)}};
   }
   // Probes finish on the "device" only when waited for, and each wait costs 2 ms; building a record "takes" 0.1 ms
-  // of host time (counted, not spent).
+  // of host time (counted, not spent). With `pipelines`, a layer's records are also done once the next layer has
+  // begun (its device runs a layer's probe tail behind the next layer's launches).
   bool queues_probes() const override { return true; }
+  bool pipelines_probes() const override { return pipelines; }
+  bool pipelines = false;
   // A probe's "kernel" takes 0.25 ms of device time after its stage (the next stage starts that much later).
   void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
-    pending_.push_back(probe(rank, spec, req));
+    if (probed_layer_ != layers_begun_) ++probed_layers_;
+    probed_layer_ = layers_begun_;
+    pending_.push_back({layers_begun_, probe(rank, spec, req)});
     if (timing_) clock_ += kProbeDevice;
   }
   static constexpr double kProbeDevice = 2.5e-4;
   void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
-    if (!wait) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    for (auto& r : pending_) {
-      out.push_back(std::move(r));
+    if (wait) {
+      waits_after_layers.push_back(probed_layers_ - probed_at_wait_);
+      probed_at_wait_ = probed_layers_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    while (!pending_.empty() && (wait || (pipelines && pending_.front().first < layers_begun_))) {
+      out.push_back(std::move(pending_.front().second));
+      pending_.pop_front();
       built_.total += 1e-4;
       built_.last = 1e-4;
     }
-    pending_.clear();
   }
+  std::vector<int> waits_after_layers;  // per wait for every record: the layers probed since the wait before
   ProbeBuildSeconds probe_build_seconds() const override { return built_; }
 
  private:
   bool timing_ = false;
   double clock_ = 0;
   std::vector<StageTiming> timings_;
-  std::vector<ProbeRecord> pending_;
+  std::deque<std::pair<int, ProbeRecord>> pending_;  // (layers begun when started, record)
   ProbeBuildSeconds built_;
+  int layers_begun_ = 0, probed_layer_ = 0, probed_layers_ = 0, probed_at_wait_ = 0;
 };
 
 TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
@@ -166,6 +179,46 @@ TEST(BenchDevicePath, HeldProbesAreReportedAsTheLayersTail) {
   const BenchResult after = run_bench(o, held);
   for (const auto& p : after.probes) EXPECT_FALSE(p.held) << p.level;
   EXPECT_FALSE(bench_to_json(after)["probe_overhead"][0]["held"].get<bool>());
+}
+
+
+// The probe overhead in runs of layers back to back (BenchOptions::run_layers): a pipelining engine's layer records
+// are taken while the next layer runs, so a run waits for every record once, at its end; one that does not pipeline
+// waits at each layer's end, as one layer alone does. Both take every record they start (the bench checks).
+TEST(BenchDevicePath, RunsOfLayersWaitOnceWhenTheEnginePipelines) {
+  BenchOptions o;
+  o.cfg = test::preset("tiny");
+  o.spec.tokens = 8;
+  o.repeats = 3;
+  o.probe_repeats = 2;
+  o.run_layers = 5;
+  for (bool pipelines : {false, true}) {
+    SCOPED_TRACE(pipelines ? "pipelining" : "not pipelining");
+    FakeDeviceEngine engine;
+    engine.pipelines = pipelines;
+    const BenchResult r = run_bench(o, engine);
+    EXPECT_EQ(r.pipelined, pipelines);
+    EXPECT_EQ(r.run_layers, 5);
+    EXPECT_EQ(r.run_wall.samples.size(), 2u);
+    ASSERT_EQ(r.probes.size(), 2u);
+    for (const auto& p : r.probes) EXPECT_EQ(p.run_time.samples.size(), 2u) << p.level;
+    // Waits that followed 5 layers: the timed runs (2 levels x 2 rounds) when pipelining, none otherwise.
+    const auto after5 = std::count(engine.waits_after_layers.begin(), engine.waits_after_layers.end(), 5);
+    EXPECT_EQ(after5, pipelines ? 4 : 0);
+    // The rest: one layer alone, and the warm-up runs of 2 layers.
+    for (int n : engine.waits_after_layers) EXPECT_TRUE(n == 1 || (pipelines && (n == 2 || n == 5))) << n;
+    std::ostringstream os;
+    print_bench(r, os);
+    EXPECT_NE(os.str().find("in a run of 5 layers back to back"), std::string::npos) << os.str();
+    EXPECT_NE(os.str().find(pipelines ? "a layer's records built while the next one runs"
+                                      : "each layer's records awaited at its end"),
+              std::string::npos)
+        << os.str();
+    EXPECT_NE(os.str().find("one layer alone, layer wall"), std::string::npos) << os.str();
+    const auto j = bench_to_json(r);
+    EXPECT_EQ(j["run_layers"].get<int>(), 5);
+    EXPECT_GT(j["probe_overhead"][1]["run_ratio"].get<double>(), 0.0) << j.dump();
+  }
 }
 
 }  // namespace

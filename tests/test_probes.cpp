@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
 #include <random>
 
+#include "harness/model/errors.h"
 #include "harness/model/inputs.h"
 #include "harness/model/weights.h"
 #include "harness/run/runner.h"
@@ -269,6 +273,110 @@ TEST(RunnerQueuedProbes, HeldProbesAreFlushedAndTheWaitNamesTheDevicesStage) {
   EXPECT_EQ(sink.recorded.size(), probes * spec.layers);
   ASSERT_FALSE(sink.waited.empty());
   for (Stage s : sink.waited) EXPECT_EQ(s, Stage::Stage_attention_mha) << stage_name(s);
+}
+
+
+// An engine whose device finishes a layer's records only once the next layer has begun or the host has stopped
+// feeding it (three polls with no stage between them), as the CUDA engine's tail of held probes runs behind the next
+// layer's launches; it pipelines its probes when told to. It can also fail (a device fault) at a stage of layer 1.
+class LaggingQueuedEngine : public ReferenceEngine {
+ public:
+  explicit LaggingQueuedEngine(bool pipelines) : ReferenceEngine({}), pipelines_(pipelines) {}
+  bool queues_probes() const override { return true; }
+  bool pipelines_probes() const override { return pipelines_; }
+  void run_stage(const StageSpec& st, int layer, int rank) override {
+    if (layer == 1 && fail_at == st.stage) throw EngineError("device fault");
+    if (st.stage == first_) ++layers_begun_;
+    polls_ = 0;
+    ReferenceEngine::run_stage(st, layer, rank);
+  }
+  void probe_async(int rank, const ProbeSpec& spec, const ProbeRequest& req) override {
+    pending_.push_back({layers_begun_, probe(rank, spec, req)});
+  }
+  void collect_probes(std::vector<ProbeRecord>& out, bool wait) override {
+    const bool caught_up = wait || ++polls_ >= 3;
+    while (!pending_.empty() && (caught_up || pending_.front().first < layers_begun_)) {
+      out.push_back(std::move(pending_.front().second));
+      pending_.pop_front();
+    }
+  }
+  Stage first_ = Stage::Stage_layer_input;  // the graph's first stage
+  std::optional<Stage> fail_at;             // the stage of layer 1 that fails
+
+ private:
+  bool pipelines_;
+  int layers_begun_ = 0, polls_ = 0;
+  std::deque<std::pair<int, ProbeRecord>> pending_;
+};
+
+// Stage beginnings and records, in the order the sink hears of them: (layer, 'b' or 'r').
+class OrderLog : public ProbeSink {
+ public:
+  void stage_begin(int layer, Stage, int) override { events.push_back({layer, 'b'}); }
+  void record(int layer, const ProbeSpec& spec, int, const ProbeRecord&) override {
+    events.push_back({layer, 'r'});
+    names[layer].push_back(spec.name);
+  }
+  std::vector<std::pair<int, char>> events;
+  std::map<int, std::vector<std::string>> names;
+  // Where the first event of `kind` of `layer` is (events.size() when none).
+  size_t first(int layer, char kind) const {
+    for (size_t i = 0; i < events.size(); ++i)
+      if (events[i] == std::make_pair(layer, kind)) return i;
+    return events.size();
+  }
+};
+
+TEST(RunnerQueuedProbes, APipeliningEngineHasALayersRecordsTakenWhileTheNextRuns) {
+  const MlaConfig cfg = test::preset("tiny");
+  RunSpec spec;
+  spec.tokens = 4;
+  spec.layers = 3;
+  spec.input_norm = true;
+  const auto w = synthetic_weights(cfg, 3, true, 0);
+  const Inputs in = synthetic_inputs(cfg, spec, w);
+  Runner runner(cfg, spec);
+  std::vector<std::string> graph_probes;
+  for (const auto& st : runner.graph().stages) graph_probes.insert(graph_probes.end(), st.outputs.begin(), st.outputs.end());
+  for (bool pipelines : {false, true}) {
+    SCOPED_TRACE(pipelines ? "pipelining" : "not pipelining");
+    LaggingQueuedEngine engine(pipelines);
+    engine.first_ = runner.graph().stages.front().stage;
+    OrderLog sink;
+    runner.run(engine, w, in, ProbePlan{}, sink);
+    // Every record of every layer, in graph order, whichever way.
+    for (int l = 0; l < spec.layers; ++l) EXPECT_EQ(sink.names[l], graph_probes) << "layer " << l;
+    // Layer 0's records: before layer 1 begins when the Runner waits for them at the layer's end; after it when it
+    // leaves them to be built while layer 1 runs. Layer 1's before layer 2's: a layer's records are awaited by the
+    // next layer's end at the latest.
+    for (int l = 0; l + 1 < spec.layers; ++l) {
+      const size_t records = sink.first(l, 'r'), next = sink.first(l + 1, 'b');
+      ASSERT_LT(records, sink.events.size()) << l;
+      ASSERT_LT(next, sink.events.size()) << l;
+      if (pipelines) EXPECT_GT(records, next) << "layer " << l;
+      else EXPECT_LT(records, next) << "layer " << l;
+      if (l + 2 < spec.layers) EXPECT_LT(records, sink.first(l + 2, 'b')) << "layer " << l;
+    }
+  }
+}
+
+TEST(RunnerQueuedProbes, AFaultInTheNextLayerKeepsThePipelinedLayersRecords) {
+  const MlaConfig cfg = test::preset("tiny");
+  RunSpec spec;
+  spec.tokens = 4;
+  spec.layers = 2;
+  spec.input_norm = true;
+  const auto w = synthetic_weights(cfg, 2, true, 0);
+  const Inputs in = synthetic_inputs(cfg, spec, w);
+  Runner runner(cfg, spec);
+  LaggingQueuedEngine engine(true);
+  engine.first_ = runner.graph().stages.front().stage;
+  engine.fail_at = engine.first_;  // before layer 1 begins on the device: layer 0's records are not done
+  OrderLog sink;
+  EXPECT_THROW(runner.run(engine, w, in, ProbePlan{}, sink), EngineError);
+  size_t probes = 0;
+  for (const auto& st : runner.graph().stages) probes += st.outputs.size();
+  EXPECT_EQ(sink.names[0].size(), probes);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ struct BenchCmdOptions {
   int repeats = 5;
   int warmup = 1;
   int probe_repeats = 5;
+  int run_layers = 8;
   std::string json;
   bool quiet = false;  // no progress lines on stderr
 };
@@ -38,6 +39,7 @@ int run_bench_cmd(BenchCmdOptions o, const CLI::App& cmd) {
   b.repeats = o.repeats;
   b.warmup = o.warmup;
   b.probe_repeats = o.probe_repeats;
+  b.run_layers = o.run_layers;
   const ProbePlan plan = o.run.to_plan();
   // The engine is made by run_bench; its devices' memory is checked there by the allocations themselves.
   check_run_memory(b.cfg, b.spec, plan, {.engine = device ? "cuda" : "reference"});
@@ -82,6 +84,12 @@ void setup_bench(CLI::App& app, int& exit_code) {
                   "and device parts, and each stage's probes' device time; at most --repeats; 0: skip it)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--run-layers", o->run_layers,
+                  "Device engines: the probe overhead is also measured per layer of runs of this many layers back to "
+                  "back (the model's layers again and again, as a deeper model or decode steps run; a layer's records "
+                  "are then built while the next one runs), beside one layer alone")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--json", o->json, "Also write the figures (every sample included) to this JSON file");
   cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
   cmd->callback([o, cmd, &exit_code] { exit_code = run_bench_cmd(*o, *cmd); });

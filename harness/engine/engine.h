@@ -106,6 +106,11 @@ class Engine {
   // True when probe_async queues work that collect_probes waits for: the Runner then takes the finished
   // records after each stage and waits for the rest at the end of each layer; otherwise it collects at once.
   virtual bool queues_probes() const { return false; }
+  // True when a queuing engine's records of a layer may still be on their way while the next layer runs (nothing
+  // the next layer does can change what they saw): the Runner then waits at a layer's end for the records of the
+  // layer before it only, so that building them overlaps the device's work; at the run's end, before a planted
+  // crash or hang and when the run fails, it waits for every record.
+  virtual bool pipelines_probes() const { return false; }
   // A queuing engine may hold the probes started during a layer and launch them together: flush_probes launches
   // whatever it holds (collect_probes with wait does too, and so does any call that would change a held tensor).
   // The Runner calls it before it waits for a layer's records.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include <Eigen/Core>
@@ -242,6 +243,50 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
     engine.synchronize();
     return seconds_since(t0) / spec.layers;
   };
+  // A run of `n` layers back to back (the bench's layers again and again, as a deeper model's or decode steps'),
+  // synchronized at both ends, per layer. Its records are taken as the Runner takes them: after each stage those
+  // done, at each layer's end those of the layer before (a pipelining engine) or its own, at the end the rest.
+  const bool pipelined = engine.queues_probes() && engine.pipelines_probes();
+  const auto run_wall = [&](const ProbePlan* plan, int n) {
+    engine.synchronize();
+    const auto t0 = Clock::now();
+    size_t started = 0, taken = 0;
+    const auto take = [&](bool wait) {
+      engine.collect_probes(recs, wait);
+      taken += recs.size();
+      recs.clear();
+    };
+    for (int i = 0; i < n; ++i) {
+      const int layer = i % spec.layers;
+      const size_t before = started;  // the records of the layers before this one
+      for (const auto& st : graph.stages) {
+        for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
+        if (!plan) continue;
+        for (int rank = 0; rank < spec.tp; ++rank)
+          for (const auto& name : st.outputs) {
+            const ProbeSpec& p = *graph.find(name);
+            engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
+            ++started;
+          }
+        take(false);
+      }
+      if (!plan) continue;
+      if (!pipelined || i + 1 == n) {
+        take(true);
+        continue;
+      }
+      engine.flush_probes();
+      while (taken < before) {
+        take(false);
+        if (taken < before) std::this_thread::yield();
+      }
+    }
+    engine.synchronize();
+    if (taken != started)
+      throw EngineError("bench: a run of " + std::to_string(n) + " layers took " + std::to_string(taken) + " of the " +
+                        std::to_string(started) + " probe records it started");
+    return seconds_since(t0) / n;
+  };
   for (int i = 0; i < std::max(o.warmup, 1); ++i) walk(nullptr);
   engine.synchronize();
 
@@ -311,12 +356,16 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
     p.full = o.full_probes;
     levels.push_back(p);
   }
-  for (const auto& plan : levels) walk(&plan);  // warm-up: probe scratch buffers
-  std::vector<double> bare_s;
-  std::vector<std::vector<double>> level_s(levels.size());
+  for (const auto& plan : levels) {  // warm-up: probe scratch buffers, and a run's second set of them
+    walk(&plan);
+    run_wall(&plan, 2);
+  }
+  std::vector<double> bare_s, bare_run_s;
+  std::vector<std::vector<double>> level_s(levels.size()), level_run_s(levels.size());
   std::vector<WalkHost> bare_host;
   std::vector<std::vector<WalkHost>> level_host(levels.size());
   const int probe_rounds = std::max(1, std::min(o.repeats, o.probe_repeats));
+  const int run_layers = std::max(1, o.run_layers);
   for (int i = 0; i < (levels.empty() ? std::min(o.repeats, 5) : probe_rounds); ++i) {
     bare_s.push_back(wall(nullptr));
     bare_host.push_back(host);
@@ -324,6 +373,9 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
       level_s[k].push_back(wall(&levels[k]));
       level_host[k].push_back(host);
     }
+    if (levels.empty()) continue;
+    bare_run_s.push_back(run_wall(nullptr, run_layers));
+    for (size_t k = 0; k < levels.size(); ++k) level_run_s[k].push_back(run_wall(&levels[k], run_layers));
   }
   // The device's side of it: the layer's span (first stage start to last stage end, the probes' kernels between
   // the stages included) with probes at each level, from walks of their own (stage events on).
@@ -367,6 +419,7 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
                         Timing::of(dev_s[k]), over_rounds(h, &WalkHost::probe_starts),
                         over_rounds(h, &WalkHost::stage_calls), over_rounds(h, &WalkHost::builds),
                         over_rounds(h, &WalkHost::last_build)});
+    r.probes.back().run_time = Timing::of(level_run_s[k]);
     // Each round's gap after a stage less the bare layer's median gap there.
     for (size_t i = 0; i + 1 < graph.stages.size(); ++i) {
       const StageSpec& st = graph.stages[i];
@@ -380,6 +433,9 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
     r.probes.back().held = timing.holds_probes_of(inputs.batch.tokens());
   }
   r.bare_stage_calls = over_rounds(bare_host, &WalkHost::stage_calls);
+  if (!levels.empty()) r.run_wall = Timing::of(bare_run_s);
+  r.run_layers = run_layers;
+  r.pipelined = pipelined;
   return r;
 }
 

@@ -27,6 +27,10 @@ struct BenchOptions {
   // Device engines (--engine cuda) only: rounds of the probe-overhead comparison (each level against the
   // layer without probes; at T = 4096 a round spends seconds hashing checksums on the host); 0 skips it.
   int probe_repeats = 5;
+  // Device engines: the probe overhead is also taken over runs of this many layers back to back (the layers of
+  // `spec` again and again), each layer's records collected as the Runner collects them: a pipelining engine's
+  // while the next layer runs (Engine::pipelines_probes).
+  int run_layers = 8;
   std::function<void(const std::string&)> progress;  // a line per phase and round (the command's progress log)
 };
 
@@ -64,7 +68,7 @@ struct GemmCeiling {
 
 struct ProbeOverhead {
   std::string level;
-  Timing layer_time;  // per layer
+  Timing layer_time;  // per layer: one layer alone, synchronized, its records awaited at its end
   // Device engines: of that, host time per layer in the probe calls made beside the stages (probe_async and the
   // collect after each stage), and the wait for the rest at the end of the layer (device work not yet done).
   Timing host_calls, end_wait;
@@ -90,6 +94,8 @@ struct ProbeOverhead {
   // probe_launch=attention; EngineTiming::holds_probes_of): no gaps between the other stages, their cost on the
   // wall's tail.
   bool held = false;
+  // Device engines: per layer of a run of BenchResult::run_layers layers back to back (BenchOptions::run_layers).
+  Timing run_time;
 };
 
 struct BenchResult {
@@ -115,6 +121,11 @@ struct BenchResult {
   std::vector<CeilingBench> ceilings;  // [0] the GEMM, [1] the copy
   double layer_bytes = 0;
   Timing layer_wall;  // host wall clock per layer, synchronized, probes off
+  // Host wall clock per layer of a run of run_layers layers back to back, probes off (measured with the probe
+  // overhead); whether the engine collected a layer's records during the next (Engine::pipelines_probes).
+  Timing run_wall;
+  int run_layers = 0;
+  bool pipelined = false;
   Timing bare_stage_calls;  // device engines: host time per layer in the stages' calls (run_stage), probes off
   double gemm_rate() const { return ceilings.size() > 0 ? ceilings[0].flops_per_s() : 0; }
   double copy_rate() const { return ceilings.size() > 1 ? ceilings[1].bytes_per_s() : 0; }

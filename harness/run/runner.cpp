@@ -113,8 +113,8 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
     throw EngineError("engine " + engine.name() + " does not hold rank " + std::to_string(process_.rank) +
                       ", this process's rank");
   // Probes are started after their stage; an engine that queues them on a device (queues_probes) hands back
-  // the finished records after each stage and the rest at the end of each layer, so it never waits for them
-  // mid-layer. Whatever is pending is collected before a planted hang or crash and when the run fails:
+  // the finished records after each stage and the rest at the end of each layer (a pipelining engine's at the end
+  // of the next one, pipelines_probes), so it never waits for them mid-layer. Whatever is pending is collected before a planted hang or crash and when the run fails:
   // probes of finished stages reach the sink.
   struct Started {
     int layer;
@@ -141,9 +141,12 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
     }
   };
   // collect(true) on a queuing engine polls, naming the stage it waits for (a device hang is there): the stage
-  // whose device work the engine says is not done, else the stage of the oldest record not yet in.
+  // whose device work the engine says is not done, else the stage of the oldest record not yet in. It waits for
+  // every record started, or (a pipelining engine at a layer's end) for those of the layers before `keep`'s: that
+  // layer's records are built while the next layer runs.
   const bool queued = engine.queues_probes();
-  auto collect = [&](bool wait) {
+  const bool pipelined = queued && engine.pipelines_probes();
+  auto collect = [&](bool wait, int keep = -1) {
     if (!wait || !queued) return take(wait);
     if (!started.empty()) engine.flush_probes();
     struct Where {
@@ -152,7 +155,7 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
       int rank = -1;
       bool operator!=(const Where& o) const { return layer != o.layer || stage != o.stage || rank != o.rank; }
     } told;  // what the sink was last told
-    while (!started.empty()) {
+    while (!started.empty() && started.front().layer != keep) {
       const Started oldest = started.front();
       Where now{oldest.layer, oldest.spec->stage, oldest.rank};
       engine.device_stage(oldest.rank, now.layer, now.stage);
@@ -199,7 +202,8 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
           break;
         }
       }
-      collect(true);
+      const bool last = stopped || layer + 1 == spec_.layers;
+      collect(true, pipelined && !last ? layer : -1);
     }
   } catch (...) {
     try {

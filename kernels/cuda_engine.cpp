@@ -16,13 +16,10 @@
 //   probe_pdl=0|1    device probes' tile kernels launched as programmatic dependents of the stage before them on
 //                    compute capability 9 and later (1, default: their launch overlaps the end of that stage), or
 //                    plainly (0)
-//   probe_launch=layer|overlap|attention|stage  device probes of tensors of at most probe_hold_rows rows held and
-//                    launched together (flush_probes), a batch launch for up to 22 tensors and one copy of a rank's
-//                    results (at decode the launches, not the bytes, are the cost): all at the end of the layer
-//                    (layer, default); or those of the stages before o_proj when o_proj begins, on a stream of the
-//                    least priority beside it, so that their kernels, copy and records overlap o_proj and
-//                    all_reduce, and the rest at the end (overlap); or those of the stages before the attention just
-//                    before it and the rest at the end
+//   probe_launch=layer|attention|stage  device probes of tensors of at most probe_hold_rows rows held and launched
+//                    together (flush_probes), a batch launch for up to 22 tensors and one copy of a rank's results
+//                    (at decode the launches, not the bytes, are the cost): all at the end of the layer (layer,
+//                    default), or those of the stages before the attention just before it and the rest at the end
 //                    (attention: the first batch's copy and records overlap the attention, but its kernels and copy
 //                    delay it by about what they save in the tail: decode B 64 on an H200 +15% / +21% at stats /
 //                    sketch against +14% / +18%); or each launched after its stage (stage: a device fault then keeps
@@ -174,11 +171,10 @@ class CudaEngine : public Engine, public EngineTiming {
           throw UsageError("cuda engine: probe_flag=" + v + " (expected memop or kernel)");
         probe_flag_kernel_ = v == "kernel";
       } else if (k == "probe_launch") {
-        if (v != "attention" && v != "layer" && v != "overlap" && v != "stage")
-          throw UsageError("cuda engine: probe_launch=" + v + " (expected layer, overlap, attention or stage)");
+        if (v != "attention" && v != "layer" && v != "stage")
+          throw UsageError("cuda engine: probe_launch=" + v + " (expected layer, attention or stage)");
         probe_at_layer_end_ = v != "stage";
         probe_before_attention_ = v == "attention";
-        probe_beside_o_proj_ = v == "overlap";
       } else if (k == "probe_hold_rows") {
         try {
           held_rows_max_ = std::stoll(v);
@@ -211,7 +207,7 @@ class CudaEngine : public Engine, public EngineTiming {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
-                         "probe_launch=layer|overlap|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3|4, "
+                         "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3|4, "
                          "mqa_kernel=auto|1|2|3, head_split=gemm|copy)");
       }
     }
@@ -238,11 +234,7 @@ class CudaEngine : public Engine, public EngineTiming {
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
            ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") +
            ",probe_hold_rows=" + std::to_string(held_rows_max_) +
-           ",probe_launch=" +
-           (!probe_at_layer_end_      ? "stage"
-            : probe_before_attention_ ? "attention"
-            : probe_beside_o_proj_    ? "overlap"
-                                      : "layer") +
+           ",probe_launch=" + (!probe_at_layer_end_ ? "stage" : probe_before_attention_ ? "attention" : "layer") +
            ",probe_pdl=" + (probe_pdl_ ? "1" : "0") +
            ",probe_stream=" + (probe_side_stream_ ? "side" : "rank") +
            ",sync_debug=" + (sync_debug_ ? "1" : "0") + ",mha_kernel=" + std::to_string(mha_kernel_) +
@@ -309,11 +301,10 @@ class CudaEngine : public Engine, public EngineTiming {
   std::vector<unsigned char> make_communicator_id() override { return cuda::nccl_unique_id(); }
 #endif
   void synchronize() override {
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      if (!ranks_[r].ctx) continue;  // another process's rank
-      DeviceGuard g(ranks_[r].ctx->device());
-      CUDA_CHECK(cudaStreamSynchronize(ranks_[r].ctx->stream()));
-      if (r < captures_.size() && captures_[r]) captures_[r]->synchronize_beside();
+    for (auto& rs : ranks_) {
+      if (!rs.ctx) continue;  // another process's rank
+      DeviceGuard g(rs.ctx->device());
+      CUDA_CHECK(cudaStreamSynchronize(rs.ctx->stream()));
     }
   }
   EngineTiming* timing() override { return this; }
@@ -345,7 +336,6 @@ class CudaEngine : public Engine, public EngineTiming {
   bool probe_pdl_ = true, probe_flag_kernel_ = false;
   bool probe_at_layer_end_ = true;      // probe_launch=attention or layer
   bool probe_before_attention_ = false;  // probe_launch=attention
-  bool probe_beside_o_proj_ = false;     // probe_launch=overlap
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
   int mha_kernel_ = 4, mqa_kernel_ = 0;  // mqa 0: auto
@@ -397,8 +387,6 @@ class CudaEngine : public Engine, public EngineTiming {
   // Hands a started probe (its capture's slot) to the record builder: its copies, flag and record.
   void build(cuda::ProbeCapture& cap, int slot);
   std::vector<HeldProbe> held_;
-  std::vector<HeldProbe> beside_;  // probe_launch=overlap: started beside o_proj, not yet joined (flush_probes)
-  void flush_probes_beside();
   std::vector<std::deque<BegunStage>> begun_;        // per rank: the stages of the current layer and the one before
   std::vector<std::vector<cudaEvent_t>> begun_free_;  // per rank, created on the rank's device, reused
   long run_layer_ = 0;
@@ -468,7 +456,6 @@ void CudaEngine::prepare(const RunContext& ctx) {
   if (builder_) builder_->clear();
   last_built_ = nullptr;
   held_.clear();
-  beside_.clear();
   for (size_t r = 0; r < begun_.size(); ++r) {
     for (const auto& b : begun_[r]) begun_free_[r].push_back(b.done);
     begun_[r].clear();
@@ -616,9 +603,6 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
     if (probe_before_attention_ && !held_.empty() &&
         (st.stage == Stage::Stage_attention_mha || st.stage == Stage::Stage_attention_mqa))
       flush_probes();
-    // probe_launch=overlap: the probes held so far run beside o_proj (and all_reduce) on a stream of their own.
-    if (probe_beside_o_proj_ && !probe_side_stream_ && !held_.empty() && st.stage == Stage::Stage_o_proj)
-      flush_probes_beside();
     cudaEvent_t begin = nullptr;
     if (timing_) {
       begin = timing_event(rank);
@@ -1107,39 +1091,10 @@ void CudaEngine::build(cuda::ProbeCapture& cap, int slot) {
 bool CudaEngine::held(int rank, const std::string& name) const {
   for (const auto& h : held_)
     if (h.rank == rank && h.name == name) return true;
-  for (const auto& h : beside_)
-    if (h.rank == rank && h.name == name) return true;
   return false;
 }
 
-void CudaEngine::flush_probes_beside() {
-  std::vector<HeldProbe> held;
-  held.swap(held_);
-  std::vector<std::vector<int>> slots(ranks_.size());
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    std::vector<cuda::ProbeCapture::Start> list;
-    for (const auto& h : held)
-      if (h.rank == static_cast<int>(r)) list.push_back({h.name, &in(h.rank, h.name), h.req});
-    if (list.empty()) continue;
-    DeviceGuard g(ranks_[r].ctx->device());
-    slots[r] = capture(static_cast<int>(r)).start_many_beside(list);
-  }
-  std::vector<size_t> next(ranks_.size(), 0);
-  for (const auto& h : held) {
-    build(capture(h.rank), slots[h.rank][next[h.rank]++]);
-    beside_.push_back(h);
-  }
-}
-
 void CudaEngine::flush_probes() {
-  if (!beside_.empty()) {  // the tensors probed beside may be written from here on
-    for (size_t r = 0; r < captures_.size(); ++r)
-      if (captures_[r]) {
-        DeviceGuard g(ranks_[r].ctx->device());
-        captures_[r]->join_beside();
-      }
-    beside_.clear();
-  }
   if (held_.empty()) return;
   std::vector<HeldProbe> held;
   held.swap(held_);  // a failed launch drops the rest: the device is gone

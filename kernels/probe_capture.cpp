@@ -103,12 +103,6 @@ ProbeCapture::~ProbeCapture() {
     cudaStreamSynchronize(copy_);
     cudaStreamDestroy(copy_);
   }
-  if (beside_) {
-    cudaStreamSynchronize(beside_);
-    cudaStreamDestroy(beside_);
-    cudaEventDestroy(beside_ready_);
-    cudaEventDestroy(beside_done_);
-  }
 }
 
 const uint32_t* ProbeCapture::sign_bits(uint64_t key, int64_t col0, int64_t cols) {
@@ -150,27 +144,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   return id;
 }
 
-std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) { return start_many_on(list, false); }
-
-std::vector<int> ProbeCapture::start_many_beside(const std::vector<Start>& list) {
-  if (side_stream_) throw EngineError("probe capture: start_many_beside with the side stream option");
-  return start_many_on(list, true);
-}
-
-void ProbeCapture::join_beside() {
-  if (!beside_pending_) return;
-  DeviceGuard g(rc_.device());
-  CUDA_CHECK(cudaStreamWaitEvent(rc_.stream(), beside_done_, 0));
-  beside_pending_ = false;
-}
-
-void ProbeCapture::synchronize_beside() {
-  if (!beside_) return;
-  DeviceGuard g(rc_.device());
-  CUDA_CHECK(cudaStreamSynchronize(beside_));
-}
-
-std::vector<int> ProbeCapture::start_many_on(const std::vector<Start>& list, bool beside) {
+std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
   DeviceGuard g(rc_.device());
   std::vector<int> ids;
   if (side_stream_) {  // each probe waits for its own event there: one at a time
@@ -193,30 +167,14 @@ std::vector<int> ProbeCapture::start_many_on(const std::vector<Start>& list, boo
   *arena.flag = 0;
   arena.seq = arena.seq + 1 ? arena.seq + 1 : 1;
   arena.bytes = total;
-  // Each slot placed first (its sign table and counters queued on the rank's stream), then its kernels: beside the
-  // rank's stream, they wait for all of that and for the stages before.
+  std::vector<ProbeStatsArgs> batch;
   cudaStream_t stream = rc_.stream();
   for (size_t k = 0; k < list.size(); ++k) {
     Slot& s = slot(ids[k]);
     s.arena = &arena;
     s.arena_off = offsets[k];
     place(ids[k], list[k].req, args[k], static_cast<unsigned char*>(arena.dev.get()) + offsets[k], stream);
-  }
-  if (beside) {
-    if (!beside_) {
-      int least = 0, greatest = 0;
-      CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      CUDA_CHECK(cudaStreamCreateWithPriority(&beside_, cudaStreamNonBlocking, least));
-      CUDA_CHECK(cudaEventCreateWithFlags(&beside_ready_, cudaEventDisableTiming));
-      CUDA_CHECK(cudaEventCreateWithFlags(&beside_done_, cudaEventDisableTiming));
-    }
-    CUDA_CHECK(cudaEventRecord(beside_ready_, stream));
-    CUDA_CHECK(cudaStreamWaitEvent(beside_, beside_ready_, 0));
-    stream = beside_;
-  }
-  std::vector<ProbeStatsArgs> batch;
-  for (size_t k = 0; k < list.size(); ++k) {
-    if (slot(ids[k]).numel == 0) continue;
+    if (s.numel == 0) continue;
     if (probe_stats_batchable(rc_.probe_launch_cache(), args[k])) batch.push_back(args[k]);
     else launch_probe_stats(rc_.probe_launch_cache(), args[k], false, stream);
   }
@@ -227,10 +185,6 @@ std::vector<int> ProbeCapture::start_many_on(const std::vector<Start>& list, boo
   // end of a layer), and an event and the copy stream's wait for it would only add their latency to that wait.
   CUDA_CHECK(cudaMemcpyAsync(arena.host.reserve(0), arena.dev.get(), arena.bytes, cudaMemcpyDeviceToHost, stream));
   launch_set_flag(arena.flag_dev, arena.seq, write_flag_, stream);
-  if (beside) {
-    CUDA_CHECK(cudaEventRecord(beside_done_, beside_));
-    beside_pending_ = true;
-  }
   return ids;
 }
 

@@ -11,7 +11,7 @@
 // (kernels/probe_flag.cuh). The copy stream has the device's greatest priority (with probe_stream=side, where the
 // probe kernels run on it, the least). start_many() starts several probes at once (the engine's held probes): their
 // kernels in batch launches, their results in one arena copied in one piece right behind them on the rank's stream,
-// under one flag (their ship() does nothing); start_many_beside() the same on a stream of its own beside the rank's.
+// under one flag (their ship() does nothing).
 #pragma once
 #include <atomic>
 #include <map>
@@ -61,14 +61,6 @@ class ProbeCapture {
     ProbeRequest req;
   };
   std::vector<int> start_many(const std::vector<Start>& list);
-  // The same beside the rank's stream: the kernels, copy and flag on a stream of the device's least priority that
-  // first waits for the rank's stream as it is now, so that they overlap the rank's next stages. Those must not write
-  // the tensors until join_beside(). Not with the side stream option (start_many then).
-  std::vector<int> start_many_beside(const std::vector<Start>& list);
-  // Makes the rank's stream wait for everything start_many_beside queued (nothing when it queued nothing since).
-  void join_beside();
-  // Waits on the host for that work (the engine's synchronize).
-  void synchronize_beside();
   // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels (a
   // slot of start_many's: nothing, its copy is queued).
   void ship(int slot);
@@ -91,7 +83,6 @@ class ProbeCapture {
   // where the kernels go (the copy stream with side_stream, after the tensor's event).
   int layout(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req, ProbeStatsArgs& a);
   void place(int id, const ProbeRequest& req, ProbeStatsArgs& a, unsigned char* results, cudaStream_t& stream);
-  std::vector<int> start_many_on(const std::vector<Start>& list, bool beside);
   struct Arena;
   Arena& free_arena(size_t bytes);
   void copy_full(Slot& s, const DeviceTensor& t, cudaStream_t stream);  // full level: the tensor beside its results
@@ -102,9 +93,6 @@ class ProbeCapture {
   bool side_stream_ = false, programmatic_ = true;
   StreamWriteValue32 write_flag_ = nullptr;  // the driver's memory operation; nullptr: the flag kernel
   cudaStream_t copy_ = nullptr;
-  cudaStream_t beside_ = nullptr;  // start_many_beside's, created on first use
-  cudaEvent_t beside_ready_ = nullptr, beside_done_ = nullptr;
-  bool beside_pending_ = false;  // work queued beside since the last join
   mutable std::mutex mu_;  // slots_ (start() adds slots while finish() runs on another thread) and the build times
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::unique_ptr<Arena>> arenas_;  // start_many's, reused once their records are finished

@@ -97,9 +97,9 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << fmt("%.3f", (p.device_span.max - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
        << "the stages; the rest of the wall's overhead is the host's and the last records' copies)\n";
     if (p.held)
-      os << "  held (cuda:probe_launch=layer, overlap or attention): the probes' kernels run together after the last "
-         << "stage (those of the stages before o_proj beside it with overlap, before the attention with attention), "
-         << "followed by one copy and the records: the wall's overhead is that tail\n";
+      os << "  held (cuda:probe_launch=layer or attention): the probes' kernels run together after the last stage "
+         << "(and before the attention with attention), followed by one copy and the records: the wall's overhead "
+         << "is that tail\n";
     // Where the span's growth is: the device time after each stage beyond the bare layer's, largest first.
     if (!p.after_stage.empty() && !p.held) {
       auto order = p.after_stage;

@@ -68,7 +68,7 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
     cuda_engine("probe_launch=now");
     ADD_FAILURE() << "probe_launch=now was accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("probe_launch=now (expected layer, overlap, attention or stage)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("probe_launch=now (expected layer, attention or stage)"), std::string::npos)
         << e.what();
   }
   auto e = cuda_engine("sync_debug=1,poison=0,probe=host");

@@ -62,9 +62,8 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
   }
 }
 
-// Probes held and launched together — all at the end of the layer (probe_launch=layer, the default), beside o_proj
-// and at the end (probe_launch=overlap), or before the attention and at the end (probe_launch=attention) — give the
-// same records, bit for bit, as probes launched
+// Probes held and launched together — all at the end of the layer (probe_launch=layer, the default), or before the
+// attention and at the end (probe_launch=attention) — give the same records, bit for bit, as probes launched
 // after each stage (probe_launch=stage): every statistic, map, sketch and full tensor; over two layers (the second
 // layer's stages rewrite every tensor the first layer's probes read) and at tp 8 on one GPU. Each of these
 // pipelines its probes (the Runner takes the first layer's records while the second runs); probes on a side stream
@@ -83,7 +82,7 @@ TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
     auto each = cuda_engine("probe_launch=stage");
     ASSERT_TRUE(each->pipelines_probes());
     const Capture b = capture(*each, run);
-    for (const char* launch : {"", "probe_launch=attention", "probe_launch=overlap", "probe_stream=side"}) {
+    for (const char* launch : {"", "probe_launch=attention", "probe_stream=side"}) {
       auto held = cuda_engine(launch);
       ASSERT_NE(held->options().find(*launch ? launch : "probe_launch=layer"), std::string::npos)
           << held->options();

@@ -289,10 +289,12 @@ class CudaEngine : public Engine, public EngineTiming {
     return b;
   }
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
-  // On the rank's stream a probe's kernels run before any later stage, and a call that would change a held tensor
-  // launches the held probes first: the next layer cannot change what a probe saw. The side stream's kernels run
-  // beside the next stages, so their tensors must wait for them.
-  bool pipelines_probes() const override { return queues_probes() && !probe_side_stream_; }
+  // When every probe of the run is held (at most probe_hold_rows token rows): a flush queues the kernels, the copy
+  // and the flag of a layer's records on the rank's stream, ahead of the next layer's stages, so nothing there can
+  // change what they saw, and a device fault there cannot cut their copy short. Probes launched after their stage
+  // copy on a stream of their own, which such a fault could stop; the side stream's kernels run beside the next
+  // stages.
+  bool pipelines_probes() const override { return holds_probes() && !probe_side_stream_ && T_ <= held_rows_max_; }
   void flush_probes() override;
   bool device_stage(int rank, int& layer, Stage& stage) const override;
   bool owns_rank(int rank) const override { return own_rank_ < 0 || rank == own_rank_; }

@@ -103,9 +103,9 @@ if rows:
     print(f"| shape | run of {n} layers: wall, no probes | stats | sketch | one layer alone: wall, no probes | stats "
           "| sketch |\n|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    print("(run: layers back to back, each layer's records built while the next one runs; alone: one layer, "
-          "synchronized, its records awaited at its end; held: probes held to the end of the layer and launched "
-          "together, cuda:probe_launch=layer)")
+    print("(run: layers back to back, each layer's records taken by the end of the next one where they are held, "
+          "else awaited at their layer's end; alone: one layer, synchronized, its records awaited at its end; held: "
+          "probes held to the end of the layer and launched together, cuda:probe_launch=layer)")
 PY
 fi
 # PyTorch anchors on the same GPU in the same call (bench/torch_anchor.py): the unfused absorbed decode, torch's

@@ -368,9 +368,9 @@ class CudaEngine : public Engine, public EngineTiming {
   const cuda::ProbeCapture* last_built_ = nullptr;  // the capture of the last probe started (probe_build_seconds)
   // probe_launch=layer: the probes started since the last flush, in start order, launched by flush_probes; and,
   // per rank, an event after each stage of the layer and of the one before it, whose records the Runner may still
-  // await (device_stage: where a hang is). Within a layer no stage
-  // writes a tensor another has written, so the held probes see what they would have seen after their stage; a
-  // call that would change a held tensor (out, upload) flushes first.
+  // await (device_stage: where a hang is). Within a layer no stage writes a tensor another has written, so the held
+  // probes see what they would have seen after their stage; a call that would change a held tensor (out, upload)
+  // flushes first.
   struct HeldProbe {
     int rank;
     std::string name;
@@ -378,7 +378,7 @@ class CudaEngine : public Engine, public EngineTiming {
   };
   struct BegunStage {
     int layer;
-    long run_layer;  // the how-manieth layer run since prepare (a bench runs the same layer again)
+    long nth;  // which layer run of the rank's it is (a bench runs the same layer again and again)
     Stage stage;
     cudaEvent_t done;
   };
@@ -391,7 +391,6 @@ class CudaEngine : public Engine, public EngineTiming {
   std::vector<HeldProbe> held_;
   std::vector<std::deque<BegunStage>> begun_;        // per rank: the stages of the current layer and the one before
   std::vector<std::vector<cudaEvent_t>> begun_free_;  // per rank, created on the rank's device, reused
-  long run_layer_ = 0;
 };
 
 DeviceTensor CudaEngine::to_device(RankContext& rc, const Tensor& t, DType dt) const {
@@ -615,15 +614,15 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
       if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_free_.resize(rank + 1);
       auto& begun = begun_[rank];
       auto& free = begun_free_[rank];
+      long nth = begun.empty() ? 0 : begun.back().nth;
       if (!begun.empty() && (begun.back().layer != layer || st.stage == Stage::Stage_layer_input)) {
         // A layer begins: the stages of the one before it stay (its records may still be awaited, pipelines_probes);
         // those of the layer before that are done with.
-        const long previous = begun.back().run_layer;
-        while (!begun.empty() && begun.front().run_layer != previous) {
+        while (!begun.empty() && begun.front().nth != nth) {
           free.push_back(begun.front().done);
           begun.pop_front();
         }
-        ++run_layer_;
+        ++nth;
       }
       if (free.empty()) {
         cudaEvent_t e = nullptr;
@@ -633,7 +632,7 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
       cudaEvent_t done = free.back();
       free.pop_back();
       CUDA_CHECK(cudaEventRecord(done, ranks_[rank].ctx->stream()));
-      begun.push_back({layer, run_layer_, st.stage, done});
+      begun.push_back({layer, nth, st.stage, done});
     }
     if (timing_) {
       cudaEvent_t end = timing_event(rank);

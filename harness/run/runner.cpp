@@ -114,8 +114,8 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
                       ", this process's rank");
   // Probes are started after their stage; an engine that queues them on a device (queues_probes) hands back
   // the finished records after each stage and the rest at the end of each layer (a pipelining engine's at the end
-  // of the next one, pipelines_probes), so it never waits for them mid-layer. Whatever is pending is collected before a planted hang or crash and when the run fails:
-  // probes of finished stages reach the sink.
+  // of the next one, pipelines_probes), so it never waits for them mid-layer. Whatever is pending is collected
+  // before a planted hang or crash and when the run fails: probes of finished stages reach the sink.
   struct Started {
     int layer;
     const ProbeSpec* spec;

@@ -175,6 +175,7 @@ TEST(CliRun, HelpOfRunMentionsModel) {
     EXPECT_CONTAINS(r.out, opt);
   EXPECT_CONTAINS(r.out, "omitted: 64 prefill, 1 decode, 32 chunked");  // what leaving --tokens out means
   EXPECT_CONTAINS(run_cli("bench --help").out, "omitted: 512 prefill");
+  EXPECT_CONTAINS(run_cli("bench --help").out, "--run-layers");
   const auto top = run_cli("--help");
   EXPECT_EQ(top.exit_code, 0) << describe("--help", top);
   EXPECT_CONTAINS(top.out, "run");
@@ -209,6 +210,7 @@ TEST(CliRun, BadUsageExits2) {
       {"run --model tiny --tokens 0", {"--tokens", "positive", "leave --tokens out"}},  // not "the default"
       {"run --model tiny --tokens 2x", {"--tokens"}},
       {"bench --model tiny --tokens 0", {"--tokens", "positive"}},
+      {"bench --model tiny --run-layers 0", {"--run-layers"}},
       {"bisect --model tiny --tokens 0", {"--tokens", "positive"}},
       {"zoo --model tiny --tokens 0", {"--tokens", "positive"}},
       {"run --model tiny --tp 0", {"--tp"}},

@@ -164,6 +164,21 @@ TEST(RunnerQueuedProbes, AWaitNamesTheStageItWaitsForAndFailureKeepsEveryFinishe
   EXPECT_EQ(sink.recorded.size(), probes);
 }
 
+// Tiny, 4 tokens over several layers (with the input norm: a layer's input is the output of the one before).
+struct TinyLayers {
+  explicit TinyLayers(int layers) {
+    spec.tokens = 4;
+    spec.layers = layers;
+    spec.input_norm = true;  // (always with layers > 1)
+    w = synthetic_weights(cfg, layers, true, 0);
+    in = synthetic_inputs(cfg, spec, w);
+  }
+  MlaConfig cfg = test::preset("tiny");
+  RunSpec spec;
+  std::vector<LayerWeights> w;
+  Inputs in;
+};
+
 // Probes that finish only on the second poll: every end-of-layer wait is reported, and reported over before the
 // next stage begins (so a planted hang after a wait is named by its own stage, not by the wait's).
 class SlowQueuedEngine : public ReferenceEngine {
@@ -198,17 +213,11 @@ class EventLog : public ProbeSink {
 };
 
 TEST(RunnerQueuedProbes, AWaitIsReportedOverBeforeTheNextStageBegins) {
-  const MlaConfig cfg = test::preset("tiny");
-  RunSpec spec;
-  spec.tokens = 4;
-  spec.layers = 2;
-  spec.input_norm = true;  // (always with layers > 1)
-  const auto w = synthetic_weights(cfg, 2, true, 0);
-  const Inputs in = synthetic_inputs(cfg, spec, w);
-  Runner runner(cfg, spec);
+  const TinyLayers t(2);
+  Runner runner(t.cfg, t.spec);
   SlowQueuedEngine engine;
   EventLog sink;
-  runner.run(engine, w, in, ProbePlan{}, sink);
+  runner.run(engine, t.w, t.in, ProbePlan{}, sink);
   ASSERT_NE(sink.events.find('w'), std::string::npos) << "events: " << sink.events;
   bool waiting = false;
   for (char e : sink.events) {
@@ -256,21 +265,15 @@ class HeldQueuedEngine : public ReferenceEngine {
 };
 
 TEST(RunnerQueuedProbes, HeldProbesAreFlushedAndTheWaitNamesTheDevicesStage) {
-  const MlaConfig cfg = test::preset("tiny");
-  RunSpec spec;
-  spec.tokens = 4;
-  spec.layers = 2;
-  spec.input_norm = true;
-  const auto w = synthetic_weights(cfg, 2, true, 0);
-  const Inputs in = synthetic_inputs(cfg, spec, w);
-  Runner runner(cfg, spec);
+  const TinyLayers t(2);
+  Runner runner(t.cfg, t.spec);
   HeldQueuedEngine engine(Stage::Stage_attention_mha);
   WaitWatcher sink(Stage::Stage_v_up);  // (never waited for: runs to the end)
-  runner.run(engine, w, in, ProbePlan{}, sink);
-  EXPECT_EQ(engine.flushes, spec.layers);  // once per layer, before its wait
+  runner.run(engine, t.w, t.in, ProbePlan{}, sink);
+  EXPECT_EQ(engine.flushes, t.spec.layers);  // once per layer, before its wait
   size_t probes = 0;
   for (const auto& st : runner.graph().stages) probes += st.outputs.size();
-  EXPECT_EQ(sink.recorded.size(), probes * spec.layers);
+  EXPECT_EQ(sink.recorded.size(), probes * t.spec.layers);
   ASSERT_FALSE(sink.waited.empty());
   for (Stage s : sink.waited) EXPECT_EQ(s, Stage::Stage_attention_mha) << stage_name(s);
 }
@@ -328,52 +331,41 @@ class OrderLog : public ProbeSink {
 };
 
 TEST(RunnerQueuedProbes, APipeliningEngineHasALayersRecordsTakenWhileTheNextRuns) {
-  const MlaConfig cfg = test::preset("tiny");
-  RunSpec spec;
-  spec.tokens = 4;
-  spec.layers = 3;
-  spec.input_norm = true;
-  const auto w = synthetic_weights(cfg, 3, true, 0);
-  const Inputs in = synthetic_inputs(cfg, spec, w);
-  Runner runner(cfg, spec);
+  const TinyLayers t(3);
+  Runner runner(t.cfg, t.spec);
   std::vector<std::string> graph_probes;
-  for (const auto& st : runner.graph().stages) graph_probes.insert(graph_probes.end(), st.outputs.begin(), st.outputs.end());
+  for (const auto& st : runner.graph().stages)
+    graph_probes.insert(graph_probes.end(), st.outputs.begin(), st.outputs.end());
   for (bool pipelines : {false, true}) {
     SCOPED_TRACE(pipelines ? "pipelining" : "not pipelining");
     LaggingQueuedEngine engine(pipelines);
     engine.first_ = runner.graph().stages.front().stage;
     OrderLog sink;
-    runner.run(engine, w, in, ProbePlan{}, sink);
+    runner.run(engine, t.w, t.in, ProbePlan{}, sink);
     // Every record of every layer, in graph order, whichever way.
-    for (int l = 0; l < spec.layers; ++l) EXPECT_EQ(sink.names[l], graph_probes) << "layer " << l;
+    for (int l = 0; l < t.spec.layers; ++l) EXPECT_EQ(sink.names[l], graph_probes) << "layer " << l;
     // Layer 0's records: before layer 1 begins when the Runner waits for them at the layer's end; after it when it
     // leaves them to be built while layer 1 runs. Layer 1's before layer 2's: a layer's records are awaited by the
     // next layer's end at the latest.
-    for (int l = 0; l + 1 < spec.layers; ++l) {
+    for (int l = 0; l + 1 < t.spec.layers; ++l) {
       const size_t records = sink.first(l, 'r'), next = sink.first(l + 1, 'b');
       ASSERT_LT(records, sink.events.size()) << l;
       ASSERT_LT(next, sink.events.size()) << l;
       if (pipelines) EXPECT_GT(records, next) << "layer " << l;
       else EXPECT_LT(records, next) << "layer " << l;
-      if (l + 2 < spec.layers) EXPECT_LT(records, sink.first(l + 2, 'b')) << "layer " << l;
+      if (l + 2 < t.spec.layers) EXPECT_LT(records, sink.first(l + 2, 'b')) << "layer " << l;
     }
   }
 }
 
 TEST(RunnerQueuedProbes, AFaultInTheNextLayerKeepsThePipelinedLayersRecords) {
-  const MlaConfig cfg = test::preset("tiny");
-  RunSpec spec;
-  spec.tokens = 4;
-  spec.layers = 2;
-  spec.input_norm = true;
-  const auto w = synthetic_weights(cfg, 2, true, 0);
-  const Inputs in = synthetic_inputs(cfg, spec, w);
-  Runner runner(cfg, spec);
+  const TinyLayers t(2);
+  Runner runner(t.cfg, t.spec);
   LaggingQueuedEngine engine(true);
   engine.first_ = runner.graph().stages.front().stage;
   engine.fail_at = engine.first_;  // before layer 1 begins on the device: layer 0's records are not done
   OrderLog sink;
-  EXPECT_THROW(runner.run(engine, w, in, ProbePlan{}, sink), EngineError);
+  EXPECT_THROW(runner.run(engine, t.w, t.in, ProbePlan{}, sink), EngineError);
   size_t probes = 0;
   for (const auto& st : runner.graph().stages) probes += st.outputs.size();
   EXPECT_EQ(sink.names[0].size(), probes);

@@ -86,10 +86,10 @@ void setup_bench(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--run-layers", o->run_layers,
                   "Device engines: the probe overhead is also measured per layer of runs of this many layers back to "
-                  "back (the model's layers again and again, as a deeper model or decode steps run; a layer's records "
-                  "are then built while the next one runs), beside one layer alone")
+                  "back (the model's layers again and again, as a deeper model or decode steps run; where the probes "
+                  "are held, a layer's records are built while the next one runs), beside one layer alone")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--json", o->json, "Also write the figures (every sample included) to this JSON file");
   cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
   cmd->callback([o, cmd, &exit_code] { exit_code = run_bench_cmd(*o, *cmd); });

@@ -73,15 +73,16 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
          << fmt("%.3f", r.run_wall.median * 1e3) << " ms without probes = " << fmt("%.3f", over_run(p.run_time.median))
          << "x (median of " << p.run_time.samples.size() << " rounds, each " << fmt("%.3f", over_run(p.run_time.min))
          << "x.." << fmt("%.3f", over_run(p.run_time.max)) << "x; "
-         << (r.pipelined ? "a layer's records built while the next one runs" : "each layer's records awaited at its end")
+         << (r.pipelined ? "a layer's records built while the next one runs"
+                         : "each layer's records awaited at its end")
          << "; targets: stats <= +5%, sketch <= +10%, <= +5% at prefill T 4096)\n  one layer alone, ";
     os << "layer wall " << fmt("%.3f", p.layer_time.median * 1e3) << " ms vs "
        << fmt("%.3f", r.layer_wall.median * 1e3) << " ms without probes = "
        << fmt("%.3f", over_bare(p.layer_time.median)) << "x (+"
        << fmt("%.1f", r.layer_wall.median > 0 ? 100 * (over_bare(p.layer_time.median) - 1) : 0)
        << "%; synchronized, its records awaited at its end; median of " << p.layer_time.samples.size()
-       << " rounds, each " << fmt("%.3f", over_bare(p.layer_time.min)) << "x.." << fmt("%.3f", over_bare(p.layer_time.max))
-       << "x)\n"
+       << " rounds, each " << fmt("%.3f", over_bare(p.layer_time.min)) << "x.."
+       << fmt("%.3f", over_bare(p.layer_time.max)) << "x)\n"
        << "  of which host time in the probe calls beside the stages " << fmt("%.3f", p.host_calls.median * 1e3)
        << " ms (starting them " << fmt("%.3f", p.host_starts.median * 1e3) << " ms, the rest taking finished records)"
        << ", waiting for probes at the end of the layer " << fmt("%.3f", p.end_wait.median * 1e3) << " ms\n"

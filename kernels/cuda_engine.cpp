@@ -289,12 +289,12 @@ class CudaEngine : public Engine, public EngineTiming {
     return b;
   }
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
-  // On the rank's stream a probe's kernels run before any later stage, and a call that would change a held tensor
-  // launches the held probes first, so the next layer cannot change what a probe saw; and the flush at a layer's
-  // end (which the Runner makes before it waits) puts the held probes' copy and flag on the rank's stream and makes
-  // it wait for the other probes' copies (join_copies), so a device fault in the next layer cannot cut them short.
-  // The side stream's kernels run beside the next stages, so their tensors must wait for them.
-  bool pipelines_probes() const override { return queues_probes() && !probe_side_stream_; }
+  // When every probe of the run is held (at most probe_hold_rows token rows): a flush queues the kernels, the copy
+  // and the flag of a layer's records on the rank's stream, ahead of the next layer's stages, so nothing there can
+  // change what they saw, and a device fault there cannot cut their copy short. Probes launched after their stage
+  // copy on a stream of their own, which such a fault could stop; the side stream's kernels run beside the next
+  // stages.
+  bool pipelines_probes() const override { return holds_probes() && !probe_side_stream_ && T_ <= held_rows_max_; }
   void flush_probes() override;
   bool device_stage(int rank, int& layer, Stage& stage) const override;
   bool owns_rank(int rank) const override { return own_rank_ < 0 || rank == own_rank_; }
@@ -1080,11 +1080,7 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
 
 void CudaEngine::start_probe(int rank, const std::string& name, const ProbeRequest& req) {
   cuda::ProbeCapture& cap = capture(rank);
-  const int slot = cap.start(name, in(rank, name), req);
-  // Its copies queued now rather than by the record builder, so that the flush at the layer's end can make the
-  // rank's stream wait for them (join_copies). With the side stream the kernels wait for their event there.
-  if (!probe_side_stream_) cap.ship(slot);
-  build(cap, slot);
+  build(cap, cap.start(name, in(rank, name), req));
 }
 
 void CudaEngine::build(cuda::ProbeCapture& cap, int slot) {
@@ -1100,9 +1096,6 @@ bool CudaEngine::held(int rank, const std::string& name) const {
 }
 
 void CudaEngine::flush_probes() {
-  if (!probe_side_stream_)
-    for (size_t r = 0; r < captures_.size(); ++r)
-      if (captures_[r]) captures_[r]->join_copies();
   if (held_.empty()) return;
   std::vector<HeldProbe> held;
   held.swap(held_);  // a failed launch drops the rest: the device is gone

@@ -62,7 +62,6 @@ struct ProbeCapture::Slot {
   volatile unsigned* flag = nullptr;
   unsigned* flag_dev = nullptr;
   Arena* arena = nullptr;  // start_many: the results are at arena_off in this arena (not in `host`)
-  bool shipped = false;    // ship() has queued the copies and the flag
   size_t arena_off = 0;
   cudaEvent_t computed = nullptr;  // on the rank's stream: the tensor is complete (side stream) or the results are
                                    // in the slot's device scratch (rank stream)
@@ -96,7 +95,6 @@ ProbeCapture::ProbeCapture(RankContext& rc, const ProbeCaptureOptions& options)
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   CUDA_CHECK(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, side_stream_ ? least : greatest));
-  CUDA_CHECK(cudaEventCreateWithFlags(&copies_queued_, cudaEventDisableTiming));
 }
 
 ProbeCapture::~ProbeCapture() {
@@ -105,7 +103,6 @@ ProbeCapture::~ProbeCapture() {
     cudaStreamSynchronize(copy_);
     cudaStreamDestroy(copy_);
   }
-  if (copies_queued_) cudaEventDestroy(copies_queued_);
 }
 
 const uint32_t* ProbeCapture::sign_bits(uint64_t key, int64_t col0, int64_t cols) {
@@ -266,7 +263,6 @@ int ProbeCapture::layout(const std::string& probe, const DeviceTensor& t, const 
   *s.flag = 0;
   s.seq = s.seq + 1 ? s.seq + 1 : 1;
   s.arena = nullptr;
-  s.shipped = false;
   return id;
 }
 
@@ -307,19 +303,12 @@ void ProbeCapture::place(int id, const ProbeRequest& req, ProbeStatsArgs& a, uns
 void ProbeCapture::ship(int id) {
   Slot& s = slot(id);
   DeviceGuard g(rc_.device());
-  if (s.arena || s.shipped) return;  // start_many queued the arena's copy and flag; or shipped already
+  if (s.arena) return;  // start_many queued the arena's copy and flag
   if (s.numel > 0) {
     if (!side_stream_) CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));  // (side: the kernels are on copy_)
     CUDA_CHECK(cudaMemcpyAsync(s.host.reserve(0), s.dev, s.bytes, cudaMemcpyDeviceToHost, copy_));
   }
   launch_set_flag(s.flag_dev, s.seq, write_flag_, copy_);
-  s.shipped = true;
-}
-
-void ProbeCapture::join_copies() {
-  DeviceGuard g(rc_.device());
-  CUDA_CHECK(cudaEventRecord(copies_queued_, copy_));
-  CUDA_CHECK(cudaStreamWaitEvent(rc_.stream(), copies_queued_, 0));
 }
 
 // The copies are done when the flag holds the slot's number (it is written after them, in stream order). Waiting

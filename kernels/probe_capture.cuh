@@ -62,11 +62,8 @@ class ProbeCapture {
   };
   std::vector<int> start_many(const std::vector<Start>& list);
   // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels (a
-  // slot of start_many's, or one shipped already: nothing).
+  // slot of start_many's: nothing, its copy is queued).
   void ship(int slot);
-  // Makes the rank's stream wait for everything ship() has queued on the copy stream so far: the stages queued after
-  // cannot stop those copies (a device fault in them leaves the records before it whole).
-  void join_copies();
   // The record of a shipped slot, which becomes free: waits for its copies (or reads the flag after a device
   // fault). ship() and finish() may be called from another thread than start() (the record builder's), one slot at
   // a time.
@@ -96,7 +93,6 @@ class ProbeCapture {
   bool side_stream_ = false, programmatic_ = true;
   StreamWriteValue32 write_flag_ = nullptr;  // the driver's memory operation; nullptr: the flag kernel
   cudaStream_t copy_ = nullptr;
-  cudaEvent_t copies_queued_ = nullptr;  // join_copies'
   mutable std::mutex mu_;  // slots_ (start() adds slots while finish() runs on another thread) and the build times
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::unique_ptr<Arena>> arenas_;  // start_many's, reused once their records are finished

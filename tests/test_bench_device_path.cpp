@@ -76,14 +76,20 @@ class FakeDeviceEngine : public ReferenceEngine, public EngineTiming {
   int layers_begun_ = 0, probed_layer_ = 0, probed_layers_ = 0, probed_at_wait_ = 0;
 };
 
-TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
+// Tiny at 8 tokens, with `repeats` timed rounds and `probe_repeats` rounds of the probe overhead.
+BenchOptions tiny_bench(int repeats, int probe_repeats) {
   BenchOptions o;
   o.cfg = test::preset("tiny");
   o.spec.tokens = 8;
+  o.repeats = repeats;
+  o.probe_repeats = probe_repeats;
+  return o;
+}
+
+TEST(BenchDevicePath, SpansCeilingsAndTheProbeOverheadSplit) {
+  BenchOptions o = tiny_bench(3, 2);
   o.spec.layers = 2;
   o.spec.input_norm = true;
-  o.repeats = 3;
-  o.probe_repeats = 2;
   FakeDeviceEngine engine;
   const BenchResult r = run_bench(o, engine);
   const Runner runner(o.cfg, o.spec);
@@ -161,11 +167,7 @@ class HoldingFakeEngine : public FakeDeviceEngine {
 };
 
 TEST(BenchDevicePath, HeldProbesAreReportedAsTheLayersTail) {
-  BenchOptions o;
-  o.cfg = test::preset("tiny");
-  o.spec.tokens = 8;
-  o.repeats = 2;
-  o.probe_repeats = 1;
+  BenchOptions o = tiny_bench(2, 1);
   HoldingFakeEngine held;
   const BenchResult r = run_bench(o, held);
   ASSERT_FALSE(r.probes.empty());
@@ -181,16 +183,11 @@ TEST(BenchDevicePath, HeldProbesAreReportedAsTheLayersTail) {
   EXPECT_FALSE(bench_to_json(after)["probe_overhead"][0]["held"].get<bool>());
 }
 
-
 // The probe overhead in runs of layers back to back (BenchOptions::run_layers): a pipelining engine's layer records
 // are taken while the next layer runs, so a run waits for every record once, at its end; one that does not pipeline
 // waits at each layer's end, as one layer alone does. Both take every record they start (the bench checks).
 TEST(BenchDevicePath, RunsOfLayersWaitOnceWhenTheEnginePipelines) {
-  BenchOptions o;
-  o.cfg = test::preset("tiny");
-  o.spec.tokens = 8;
-  o.repeats = 3;
-  o.probe_repeats = 2;
+  BenchOptions o = tiny_bench(3, 2);
   o.run_layers = 5;
   for (bool pipelines : {false, true}) {
     SCOPED_TRACE(pipelines ? "pipelining" : "not pipelining");

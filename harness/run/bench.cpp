@@ -204,6 +204,17 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
   struct WalkHost {
     double stage_calls = 0, probe_calls = 0, probe_starts = 0, end_wait = 0, builds = 0, last_build = 0;
   } host;
+  // Starts the probes of a stage's outputs on every rank; returns how many.
+  const auto start_probes = [&](const StageSpec& st, const ProbePlan& plan) {
+    size_t n = 0;
+    for (int rank = 0; rank < spec.tp; ++rank)
+      for (const auto& name : st.outputs) {
+        const ProbeSpec& p = *graph.find(name);
+        engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan.level_for(name)));
+        ++n;
+      }
+    return n;
+  };
   const auto walk = [&](const ProbePlan* plan) {
     host = WalkHost{};
     const double built0 = timing.probe_build_seconds().total;
@@ -214,11 +225,7 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
         host.stage_calls += seconds_since(ts);
         if (!plan) continue;
         const auto t0 = Clock::now();
-        for (int rank = 0; rank < spec.tp; ++rank)
-          for (const auto& name : st.outputs) {
-            const ProbeSpec& p = *graph.find(name);
-            engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
-          }
+        start_probes(st, *plan);
         host.probe_starts += seconds_since(t0);
         engine.collect_probes(recs, false);
         host.probe_calls += seconds_since(t0);
@@ -262,12 +269,7 @@ BenchResult run_device_bench(const BenchOptions& o, Engine& engine, EngineTiming
       for (const auto& st : graph.stages) {
         for (int rank = 0; rank < spec.tp; ++rank) engine.run_stage(st, layer, rank);
         if (!plan) continue;
-        for (int rank = 0; rank < spec.tp; ++rank)
-          for (const auto& name : st.outputs) {
-            const ProbeSpec& p = *graph.find(name);
-            engine.probe_async(rank, p, make_probe_request(p, spec.tp, rank, plan->level_for(name)));
-            ++started;
-          }
+        started += start_probes(st, *plan);
         take(false);
       }
       if (!plan) continue;

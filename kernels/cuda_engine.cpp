@@ -26,6 +26,9 @@
 //                    the records of the stages before it in its layer too)
 //   probe_hold_rows=N  the most token rows of a tensor whose probe is held (default 256: larger ones are launched
 //                    after their stage, where their results' copies overlap the next stages)
+//   probe_batch=stage|probe  device probes launched after their stage: a stage's probes together (stage, default:
+//                    one batch launch for the tensors of fewer 16-row tiles than the GPU has SMs, one copy of their
+//                    results on the copy stream), or each probe's kernels and copy on their own (probe)
 //   probe_flag=memop|kernel  how a device probe's copies are marked done in mapped host memory: a stream memory
 //                    operation (memop, default; no SM needed), or a one-thread kernel (kernel; also taken where
 //                    the driver lacks the memory operation)
@@ -182,6 +185,10 @@ class CudaEngine : public Engine, public EngineTiming {
           held_rows_max_ = -1;
         }
         if (held_rows_max_ < 0) throw UsageError("cuda engine: probe_hold_rows=" + v + " (expected a row count)");
+      } else if (k == "probe_batch") {
+        if (v != "stage" && v != "probe")
+          throw UsageError("cuda engine: probe_batch=" + v + " (expected stage or probe)");
+        probe_stage_batch_ = v == "stage";
       } else if (k == "devices") {
         try {
           devices_opt_ = std::stoi(v);
@@ -207,7 +214,8 @@ class CudaEngine : public Engine, public EngineTiming {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
-                         "probe_launch=layer|attention|stage, probe_hold_rows=N, devices=N, mha_kernel=1|2|3|4, "
+                         "probe_launch=layer|attention|stage, probe_hold_rows=N, probe_batch=stage|probe, devices=N, "
+                         "mha_kernel=1|2|3|4, "
                          "mqa_kernel=auto|1|2|3, head_split=gemm|copy)");
       }
     }
@@ -232,6 +240,7 @@ class CudaEngine : public Engine, public EngineTiming {
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
+           ",probe_batch=" + (probe_stage_batch_ ? "stage" : "probe") +
            ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") +
            ",probe_hold_rows=" + std::to_string(held_rows_max_) +
            ",probe_launch=" + (!probe_at_layer_end_ ? "stage" : probe_before_attention_ ? "attention" : "layer") +
@@ -303,6 +312,7 @@ class CudaEngine : public Engine, public EngineTiming {
   std::vector<unsigned char> make_communicator_id() override { return cuda::nccl_unique_id(); }
 #endif
   void synchronize() override {
+    launch_staged();
     for (auto& rs : ranks_) {
       if (!rs.ctx) continue;  // another process's rank
       DeviceGuard g(rs.ctx->device());
@@ -337,6 +347,7 @@ class CudaEngine : public Engine, public EngineTiming {
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
   bool probe_pdl_ = true, probe_flag_kernel_ = false;
   bool probe_at_layer_end_ = true;      // probe_launch=attention or layer
+  bool probe_stage_batch_ = true;       // probe_batch=stage
   bool probe_before_attention_ = false;  // probe_launch=attention
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
@@ -386,6 +397,15 @@ class CudaEngine : public Engine, public EngineTiming {
   bool holds_probes() const { return queues_probes() && probe_at_layer_end_; }
   bool held(int rank, const std::string& name) const;
   void start_probe(int rank, const std::string& name, const ProbeRequest& req);
+  // probe_batch=stage: the probes started since the last launch that are not held (a stage's, as the Runner starts
+  // them after it), launched together by launch_staged before anything else reaches the device or waits: the next
+  // stage, a collect, a flush, a change to a staged tensor.
+  std::vector<HeldProbe> staged_;
+  bool staged(int rank, const std::string& name) const;
+  void launch_staged();
+  // Starts each rank's probes of `list` (start_many; `beside`: see there) and hands them to the builder in order.
+  void start_all(const std::vector<HeldProbe>& list, bool beside);
+  static bool listed(const std::vector<HeldProbe>& list, int rank, const std::string& name);
   // Hands a started probe (its capture's slot) to the record builder: its copies, flag and record.
   void build(cuda::ProbeCapture& cap, int slot);
   std::vector<HeldProbe> held_;
@@ -457,6 +477,7 @@ void CudaEngine::prepare(const RunContext& ctx) {
   if (builder_) builder_->clear();
   last_built_ = nullptr;
   held_.clear();
+  staged_.clear();
   for (size_t r = 0; r < begun_.size(); ++r) {
     for (const auto& b : begun_[r]) begun_free_[r].push_back(b.done);
     begun_[r].clear();
@@ -566,7 +587,8 @@ void CudaEngine::prepare(const RunContext& ctx) {
 }
 
 DeviceTensor& CudaEngine::out(int rank, const std::string& name, std::vector<int64_t> shape, DType dt) {
-  if (held(rank, name)) flush_probes();  // their kernels read it before the stage writes it again
+  if (staged(rank, name)) launch_staged();  // their kernels read it before the stage writes it again
+  if (held(rank, name)) flush_probes();
   RankContext& rc = *ranks_[rank].ctx;
   DeviceTensor& t = ranks_[rank].tensors[name];
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * cuda::dtype_size(dt);
@@ -598,6 +620,7 @@ const DeviceTensor& CudaEngine::in(int rank, const std::string& name) const {
 void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
   if (rank < 0 || rank >= tp_) throw EngineError("cuda engine: rank " + std::to_string(rank) + " out of range");
   try {
+    launch_staged();  // the stage before's probes (when no collect launched them)
     DeviceGuard g(ranks_[rank].ctx->device());
     // probe_launch=attention: the probes held so far go before the attention, so that their copy and records
     // overlap it (before its timing event: their kernels are not the stage's).
@@ -1046,7 +1069,8 @@ void CudaEngine::upload(int rank, const std::string& name, const Tensor& t) {
   // fp32 tensors: the softmax lse, DSA's scores and its selected key numbers (exact as floats).
   const bool f32 = name == "lse" || name == "idx_scores" || name == "topk";
   const DType dt = it != rs.tensors.end() ? it->second.dtype : (f32 ? DType::DType_f32 : DType::DType_bf16);
-  if (held(rank, name)) flush_probes();  // the held probe reads the old contents
+  if (staged(rank, name)) launch_staged();  // the probe reads the old contents
+  if (held(rank, name)) flush_probes();
   // Synchronous, and after everything queued on the stream: the old contents may still be read.
   CUDA_CHECK(cudaStreamSynchronize(rc.stream()));
   rs.tensors[name] = to_device(rc, t, dt);
@@ -1058,6 +1082,7 @@ ProbeRecord CudaEngine::probe(int rank, const ProbeSpec& spec, const ProbeReques
     const auto raw = raw_bytes(rank, t);
     return compute_probe_record(to_float(t, raw), cuda::dtype_name(t.dtype), req);
   }
+  launch_staged();  // in start order
   cuda::ProbeCapture& cap = capture(rank);
   last_built_ = &cap;
   const int slot = cap.start(spec.name, t, req);
@@ -1072,7 +1097,12 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
   // after one is held (the records come back in start order).
   const int64_t rows = req.tokens > 0 ? req.tokens : 1;
   if (holds_probes() && (!held_.empty() || rows <= held_rows_max_)) {
+    launch_staged();  // the records come back in start order
     held_.push_back({rank, spec.name, req});
+    return;
+  }
+  if (probe_stage_batch_ && queues_probes() && !probe_side_stream_) {
+    staged_.push_back({rank, spec.name, req});
     return;
   }
   start_probe(rank, spec.name, req);
@@ -1089,28 +1119,42 @@ void CudaEngine::build(cuda::ProbeCapture& cap, int slot) {
   last_built_ = &cap;
 }
 
-bool CudaEngine::held(int rank, const std::string& name) const {
-  for (const auto& h : held_)
+bool CudaEngine::listed(const std::vector<HeldProbe>& list, int rank, const std::string& name) {
+  for (const auto& h : list)
     if (h.rank == rank && h.name == name) return true;
   return false;
 }
+bool CudaEngine::held(int rank, const std::string& name) const { return listed(held_, rank, name); }
+bool CudaEngine::staged(int rank, const std::string& name) const { return listed(staged_, rank, name); }
 
-void CudaEngine::flush_probes() {
-  if (held_.empty()) return;
-  std::vector<HeldProbe> held;
-  held.swap(held_);  // a failed launch drops the rest: the device is gone
+void CudaEngine::start_all(const std::vector<HeldProbe>& list, bool beside) {
   // Each rank's probes in few launches, then the jobs in start order (the order the records are taken in).
   std::vector<std::vector<int>> slots(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    std::vector<cuda::ProbeCapture::Start> list;
-    for (const auto& h : held)
-      if (h.rank == static_cast<int>(r)) list.push_back({h.name, &in(h.rank, h.name), h.req});
-    if (list.empty()) continue;
+    std::vector<cuda::ProbeCapture::Start> mine;
+    for (const auto& h : list)
+      if (h.rank == static_cast<int>(r)) mine.push_back({h.name, &in(h.rank, h.name), h.req});
+    if (mine.empty()) continue;
     DeviceGuard g(ranks_[r].ctx->device());
-    slots[r] = capture(static_cast<int>(r)).start_many(list);
+    slots[r] = capture(static_cast<int>(r)).start_many(mine, beside);
   }
   std::vector<size_t> next(ranks_.size(), 0);
-  for (const auto& h : held) build(capture(h.rank), slots[h.rank][next[h.rank]++]);
+  for (const auto& h : list) build(capture(h.rank), slots[h.rank][next[h.rank]++]);
+}
+
+void CudaEngine::launch_staged() {
+  if (staged_.empty()) return;
+  std::vector<HeldProbe> list;
+  list.swap(staged_);  // a failed launch drops the rest: the device is gone
+  start_all(list, true);
+}
+
+void CudaEngine::flush_probes() {
+  launch_staged();  // started before the held ones
+  if (held_.empty()) return;
+  std::vector<HeldProbe> held;
+  held.swap(held_);
+  start_all(held, false);
 }
 
 bool CudaEngine::device_stage(int rank, int& layer, Stage& stage) const {
@@ -1128,6 +1172,7 @@ bool CudaEngine::device_stage(int rank, int& layer, Stage& stage) const {
 
 void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
   Engine::collect_probes(out, wait);
+  launch_staged();
   if (wait) flush_probes();
   if (builder_) builder_->take(out, wait);
 }

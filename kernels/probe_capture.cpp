@@ -83,6 +83,17 @@ struct ProbeCapture::Arena {
   unsigned seq = 0;
   size_t bytes = 0;
   std::atomic<int> pending{0};  // records not yet finished; 0: free
+  // beside: the copy goes on the copy stream after `computed` (on the rank's stream, after the kernels), queued by
+  // the first ship() of one of its slots (`shipped`).
+  bool beside = false;
+  std::atomic<bool> shipped{false};
+  cudaEvent_t computed = nullptr;
+  int device = 0;
+
+  ~Arena() {
+    DeviceGuard g(device);
+    if (computed) cudaEventDestroy(computed);
+  }
 };
 
 ProbeCapture::ProbeCapture(RankContext& rc, const ProbeCaptureOptions& options)
@@ -144,7 +155,7 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
   return id;
 }
 
-std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
+std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list, bool beside) {
   DeviceGuard g(rc_.device());
   std::vector<int> ids;
   if (side_stream_) {  // each probe waits for its own event there: one at a time
@@ -169,6 +180,9 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
   arena.bytes = total;
   std::vector<ProbeStatsArgs> batch;
   cudaStream_t stream = rc_.stream();
+  // Right after a stage, its probes' first kernel may be launched as its programmatic dependent (start()); the held
+  // probes' kernels follow other probes' kernels and a layer's last stage, where it was measured not to help.
+  const bool programmatic = beside && programmatic_;
   for (size_t k = 0; k < list.size(); ++k) {
     Slot& s = slot(ids[k]);
     s.arena = &arena;
@@ -176,11 +190,17 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
     place(ids[k], list[k].req, args[k], static_cast<unsigned char*>(arena.dev.get()) + offsets[k], stream);
     if (s.numel == 0) continue;
     if (probe_stats_batchable(rc_.probe_launch_cache(), args[k])) batch.push_back(args[k]);
-    else launch_probe_stats(rc_.probe_launch_cache(), args[k], false, stream);
+    else launch_probe_stats(rc_.probe_launch_cache(), args[k], programmatic, stream);
   }
-  launch_probe_stats_batch(rc_.probe_launch_cache(), batch, stream);
+  launch_probe_stats_batch(rc_.probe_launch_cache(), batch, programmatic, stream);
   for (size_t k = 0; k < list.size(); ++k)
     if (slot(ids[k]).numel > 0) copy_full(slot(ids[k]), *list[k].tensor, stream);
+  arena.beside = beside;
+  if (beside) {  // the copy overlaps the rank's next stages (ship)
+    arena.shipped.store(false, std::memory_order_relaxed);
+    CUDA_CHECK(cudaEventRecord(arena.computed, stream));
+    return ids;
+  }
   // The arena's copy and flag behind the kernels on the rank's stream itself: the records are awaited at once (the
   // end of a layer), and an event and the copy stream's wait for it would only add their latency to that wait.
   CUDA_CHECK(cudaMemcpyAsync(arena.host.reserve(0), arena.dev.get(), arena.bytes, cudaMemcpyDeviceToHost, stream));
@@ -188,13 +208,21 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list) {
   return ids;
 }
 
-// An arena no record reads any more (its slots all finished), grown to `bytes`; a new one when none is free.
+// An arena no record reads any more (its slots all finished): the smallest that holds `bytes`, else the largest,
+// grown to `bytes` (a stage's arena and a layer's differ in size, and growing device memory synchronizes the
+// device); a new one when none is free.
 ProbeCapture::Arena& ProbeCapture::free_arena(size_t bytes) {
   Arena* a = nullptr;
-  for (auto& x : arenas_)
-    if (x->pending.load(std::memory_order_acquire) == 0) a = x.get();
+  for (auto& x : arenas_) {
+    if (x->pending.load(std::memory_order_acquire) != 0) continue;
+    const size_t have = x->dev.bytes();
+    const bool better = !a || (a->dev.bytes() < bytes ? have > a->dev.bytes() : have >= bytes && have < a->dev.bytes());
+    if (better) a = x.get();
+  }
   if (!a) {
     auto n = std::make_unique<Arena>();
+    n->device = rc_.device();
+    CUDA_CHECK(cudaEventCreateWithFlags(&n->computed, cudaEventDisableTiming));
     n->flag = reinterpret_cast<volatile unsigned*>(n->flag_mem.reserve(sizeof(unsigned), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&n->flag_dev), const_cast<unsigned*>(n->flag), 0));
     arenas_.push_back(std::move(n));
@@ -303,7 +331,15 @@ void ProbeCapture::place(int id, const ProbeRequest& req, ProbeStatsArgs& a, uns
 void ProbeCapture::ship(int id) {
   Slot& s = slot(id);
   DeviceGuard g(rc_.device());
-  if (s.arena) return;  // start_many queued the arena's copy and flag
+  if (s.arena) {  // start_many queued the arena's copy and flag, or left them to the first of its slots shipped
+    Arena& a = *s.arena;
+    if (a.beside && !a.shipped.exchange(true, std::memory_order_acq_rel)) {
+      CUDA_CHECK(cudaStreamWaitEvent(copy_, a.computed, 0));
+      CUDA_CHECK(cudaMemcpyAsync(a.host.reserve(0), a.dev.get(), a.bytes, cudaMemcpyDeviceToHost, copy_));
+      launch_set_flag(a.flag_dev, a.seq, write_flag_, copy_);
+    }
+    return;
+  }
   if (s.numel > 0) {
     if (!side_stream_) CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));  // (side: the kernels are on copy_)
     CUDA_CHECK(cudaMemcpyAsync(s.host.reserve(0), s.dev, s.bytes, cudaMemcpyDeviceToHost, copy_));

@@ -9,9 +9,10 @@
 // written by a stream memory operation (cuStreamWriteValue32, no SM needed); with
 // ProbeCaptureOptions::flag_by_kernel (or a driver without it) by a one-thread kernel instead
 // (kernels/probe_flag.cuh). The copy stream has the device's greatest priority (with probe_stream=side, where the
-// probe kernels run on it, the least). start_many() starts several probes at once (the engine's held probes): their
-// kernels in batch launches, their results in one arena copied in one piece right behind them on the rank's stream,
-// under one flag (their ship() does nothing).
+// probe kernels run on it, the least). start_many() starts several probes at once (the engine's held probes, or a
+// stage's probes): their kernels in batch launches, their results in one arena copied in one piece under one flag:
+// right behind them on the rank's stream (held probes), or on the copy stream after an event (a stage's probes,
+// launched after it).
 #pragma once
 #include <atomic>
 #include <map>
@@ -53,16 +54,20 @@ class ProbeCapture {
   // Queues the kernels of the record of `t` (this rank's shard, the probe named `probe`) on the rank's stream
   // and returns its slot (busy until finish). Called from the thread that launches the stages.
   int start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req);
-  // Several probes at once (the engine's option probe_launch=layer): as start() for each, in order, with the
-  // kernels of the tensors that allow it in a few batch launches (launch_probe_stats_batch); the same records.
+  // Several probes at once: as start() for each, in order, with the kernels of the tensors that allow it in a few
+  // batch launches (launch_probe_stats_batch); the same records. Their results go in one arena, copied in one piece
+  // under one flag: right behind the kernels on the rank's stream (the engine's held probes, awaited at once at the
+  // end of a layer), or, with `beside` (a stage's probes launched after it), on the copy stream after an event, so
+  // that the copy overlaps the rank's next stages (queued by the first of the slots' ship() calls).
   struct Start {
     std::string probe;
     const DeviceTensor* tensor;
     ProbeRequest req;
   };
-  std::vector<int> start_many(const std::vector<Start>& list);
+  std::vector<int> start_many(const std::vector<Start>& list, bool beside = false);
   // Queues a started slot's copies to pinned host memory and its flag on the copy stream, after its kernels (a
-  // slot of start_many's: nothing, its copy is queued).
+  // slot of start_many's: its arena's copy and flag, the first time one of its slots is shipped with `beside`, else
+  // nothing: they are queued).
   void ship(int slot);
   // The record of a shipped slot, which becomes free: waits for its copies (or reads the flag after a device
   // fault). ship() and finish() may be called from another thread than start() (the record builder's), one slot at

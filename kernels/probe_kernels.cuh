@@ -103,12 +103,18 @@ struct TileBatchTask {
 TileBatchTask task_launch(const ProbeStatsArgs& a, const TileGeometry& g);
 int64_t task_blocks(const TileGeometry& g);
 constexpr int kTileBatchMax = 22;  // a launch's parameters stay under the 4 KB every CUDA version takes
-struct TileBatch {
+// A batch is passed by value as a kernel parameter: up to kTileBatchSmall tasks in a kernel whose parameters hold
+// that many (a stage's few tensors; a larger parameter block costs each launch time on the device), else up to
+// kTileBatchMax.
+constexpr int kTileBatchSmall = 4;
+template <int N>
+struct TileBatchOf {
   int n = 0;
-  TileBatchTask task[kTileBatchMax];
+  TileBatchTask task[N];
 };
+using TileBatch = TileBatchOf<kTileBatchMax>;
 static_assert(sizeof(TileBatch) <= 4000, "a batch is passed by value as a kernel parameter");
-void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream);
+void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, bool programmatic, cudaStream_t stream);
 void launch_probe_fold_rows_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream);
 // The row kernel: a warp per token row, the unit of stats the row; `sms`: the device's multiprocessors.
 void launch_probe_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream);

@@ -173,8 +173,10 @@ bool probe_stats_batchable(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
   return a.rows > 0 && a.workspace && launch_path(cache.tile_geometry(a)) == LaunchPath::kTasks;
 }
 
-void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeStatsArgs>& list,
+void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeStatsArgs>& list, bool programmatic,
                               cudaStream_t stream) {
+  if (list.size() == 1) return launch_probe_stats(cache, list[0], programmatic, stream);  // the same kernels
+  programmatic = programmatic && cache.supports_programmatic_launches();
   for (size_t from = 0; from < list.size(); from += kTileBatchMax) {
     const size_t to = std::min(list.size(), from + kTileBatchMax);
     TileBatch tiles, folds;
@@ -196,7 +198,7 @@ void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeSt
       }
     }
     if (tile_blocks > INT_MAX || fold_blocks > INT_MAX) throw EngineError("probe stats: batch launch too large");
-    launch_probe_tiles_batch(tiles, static_cast<unsigned>(tile_blocks), stream);
+    launch_probe_tiles_batch(tiles, static_cast<unsigned>(tile_blocks), programmatic && from == 0, stream);
     launch_probe_fold_rows_batch(folds, static_cast<unsigned>(fold_blocks), stream);
   }
 }

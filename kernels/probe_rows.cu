@@ -14,20 +14,29 @@ using namespace probe_device;
 
 constexpr int kThreads = 256;  // at most: fewer when the rows are too few for a block on every SM (launch_probe_rows)
 
+// One step of warp_sum_transposed: lanes `o` apart exchange halves of their first 2·o values.
+template <int O>
+__device__ __forceinline__ void transposed_step(double (&v)[kSketchLanes], int lane) {
+  const bool upper = lane & O;
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const double lo = v[i], hi = v[i + O];
+    const double recv = __shfl_xor_sync(0xffffffffu, upper ? lo : hi, O);
+    v[i] = (upper ? hi : lo) + recv;
+  }
+}
+
 // Lane k gets the warp's sum of v[k] (32 values a lane), bit for bit the sum warp_sum(v[k]) gives (the same two
 // values added at each of its five steps, own + partner's), in 31 shuffles instead of 160: at each step a lane
-// keeps half of its values, whose partner's halves it takes, and sends the other half.
+// keeps half of its values, whose partner's halves it takes, and sends the other half. (Each step's count is a
+// constant, so that v stays in registers.)
 __device__ __forceinline__ double warp_sum_transposed(double (&v)[kSketchLanes], int lane) {
   static_assert(kSketchLanes == 32, "a value per lane");
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const bool upper = lane & o;
-#pragma unroll
-    for (int i = 0; i < o; ++i) {
-      const double recv = __shfl_xor_sync(0xffffffffu, upper ? v[i] : v[i + o], o);
-      v[i] = (upper ? v[i + o] : v[i]) + recv;
-    }
-  }
+  transposed_step<16>(v, lane);
+  transposed_step<8>(v, lane);
+  transposed_step<4>(v, lane);
+  transposed_step<2>(v, lane);
+  transposed_step<1>(v, lane);
   return v[0];
 }
 
@@ -49,10 +58,11 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   double skacc[kSketchLanes];
 #pragma unroll
   for (int k = 0; k < kSketchLanes; ++k) skacc[k] = 0;
-  for (int64_t c = lane; c < a.cols; c += 32) {
-    const float v = value(c);
+  // Column c's value into the lane's sums, in the order of the columns (the additions, and so the bits, are the
+  // same however far ahead the values were loaded).
+  const auto take = [&](int64_t c, float v) {
     uint32_t bits;
-    if constexpr (sizeof(T) == 2) bits = reinterpret_cast<const uint16_t*>(x)[c];
+    if constexpr (sizeof(T) == 2) bits = __float_as_uint(v) >> 16;  // exact: v is the bf16 value
     else bits = __float_as_uint(v);
     acc.add(v, bits, checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)));
     power *= kA4;
@@ -63,7 +73,19 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 #pragma unroll
       for (int k = 0; k < kSketchLanes; ++k) skacc[k] += ((words[k & 7] >> sign_bit(k >> 3, i)) & 1u) ? -d : d;
     }
+  };
+  // A warp a row leaves few warps per SM (decode's 64 rows of DSA's idx_scores: one), so each lane loads kAhead
+  // columns at once before it adds them: kAhead loads in flight instead of one round trip to memory per column.
+  constexpr int kAhead = 32;
+  int64_t c = lane;
+  for (; c + 32 * (kAhead - 1) < a.cols; c += 32 * kAhead) {
+    float v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) v[u] = value(c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) take(c + 32 * u, v[u]);
   }
+  for (; c < a.cols; c += 32) take(c, value(c));
   warp_fold(acc);
   if (lane == 0) store_row(a, r, acc);
   if (a.sketch_bits) {

@@ -54,11 +54,13 @@ size_t probe_stats_workspace(ProbeLaunchCache& cache, const ProbeStatsArgs& a); 
 // device has compute capability 9 or later (its launch overlaps the end of that kernel, the stage that wrote the
 // tensor); false: plain launches (the engine's option probe_pdl=0).
 void launch_probe_stats(ProbeLaunchCache& cache, const ProbeStatsArgs& a, bool programmatic, cudaStream_t stream);
-// Several tensors in few launches (a tile kernel and a fold kernel for up to 16 tensors at a time), each tensor's
+// Several tensors in few launches (a tile kernel and a fold kernel for up to 22 tensors at a time), each tensor's
 // records as launch_probe_stats gives them; for the tensors whose launch takes the tile kernel's task kind
 // (probe_stats_batchable: bf16, fewer 16-row tiles than the GPU has SMs), with their workspace as for one launch.
+// programmatic: the tile kernel as for launch_probe_stats.
 bool probe_stats_batchable(ProbeLaunchCache& cache, const ProbeStatsArgs& a);
-void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeStatsArgs>& list, cudaStream_t stream);
+void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeStatsArgs>& list, bool programmatic,
+                              cudaStream_t stream);
 
 // The sign-bit table of the sketch for global columns col0 .. col0 + cols - 1 of the probe keyed `key`:
 // sketch_sign_bits_words(cols) words; word 8·(c / 8) + (k % 8), bit 16·(i % 2) + 4·(k / 8) + i / 2 (i = c % 8)

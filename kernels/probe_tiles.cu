@@ -563,7 +563,8 @@ __global__ void __launch_bounds__(kBlockFold ? kMaxBlockWarps * 32 : kTileWarps 
 }
 
 // The task a batch launch's block works for: the last one whose first block is at most the block's index.
-__device__ const TileBatchTask& batch_task(const TileBatch& b) {
+template <int N>
+__device__ const TileBatchTask& batch_task(const TileBatchOf<N>& b) {
   int i = 0;
   while (i + 1 < b.n && blockIdx.x >= b.task[i + 1].first_block) ++i;
   return b.task[i];
@@ -571,9 +572,13 @@ __device__ const TileBatchTask& batch_task(const TileBatch& b) {
 
 // Several tensors' (tile, segment) tasks in one launch: block b works for batch_task(b), as block b − first_block
 // of that tensor's own launch.
+template <int N>
 __global__ void __launch_bounds__(kTileWarps * 32, kTaskMinBlocks)
-    probe_tiles_batch_kernel(const __grid_constant__ TileBatch b) {
+    probe_tiles_batch_kernel(const __grid_constant__ TileBatchOf<N> b) {
   extern __shared__ TileStage ring[];  // [kTileWarps][kStages]
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // as probe_tiles_kernel's
+#endif
   const TileBatchTask& t = batch_task(b);
   tiles_block<false>(t.a, t.g, t.part, t.sketch_part, t.tile_done, blockIdx.x - t.first_block, ring);
 }
@@ -586,7 +591,8 @@ __global__ void fold_rows_kernel(const ProbeStatsArgs a, TileGeometry g, const R
 }
 
 // fold_rows_kernel for several tensors: block b for batch_task(b).
-__global__ void fold_rows_batch_kernel(const __grid_constant__ TileBatch b) {
+template <int N>
+__global__ void fold_rows_batch_kernel(const __grid_constant__ TileBatchOf<N> b) {
   const TileBatchTask& t = batch_task(b);
   const int64_t r = (blockIdx.x - t.first_block) * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r < t.a.rows) fold_row(t.a, t.g, t.part, t.sketch_part, r, threadIdx.x & 31);
@@ -612,34 +618,59 @@ TileOccupancy probe_tiles_occupancy(bool block_fold, int warps) {
   return o;
 }
 
-void launch_probe_tiles(bool block_fold, unsigned blocks, int warps, const ProbeStatsArgs& a, const TileGeometry& g,
-                        RowPartial* part, float* sketch_part, unsigned* tile_done, bool programmatic,
-                        cudaStream_t stream) {
+namespace {
+// A tile kernel's launch of `blocks` blocks of `warps` warps, as a programmatic dependent of the stream's previous
+// kernel when asked (`attr` holds the attribute the configuration points to).
+// The first kTileBatchSmall tasks of `b` (b.n of them), for the kernels whose parameters hold that many.
+TileBatchOf<kTileBatchSmall> small_batch(const TileBatch& b) {
+  TileBatchOf<kTileBatchSmall> s;
+  s.n = b.n;
+  for (int i = 0; i < b.n && i < kTileBatchSmall; ++i) s.task[i] = b.task[i];
+  return s;
+}
+
+cudaLaunchConfig_t tiles_launch_config(unsigned blocks, int warps, bool programmatic, cudaStream_t stream,
+                                       cudaLaunchAttribute& attr) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
   cfg.dynamicSmemBytes = tile_smem(warps);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
   cfg.numAttrs = programmatic ? 1 : 0;
+  return cfg;
+}
+}  // namespace
+
+void launch_probe_tiles(bool block_fold, unsigned blocks, int warps, const ProbeStatsArgs& a, const TileGeometry& g,
+                        RowPartial* part, float* sketch_part, unsigned* tile_done, bool programmatic,
+                        cudaStream_t stream) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = tiles_launch_config(blocks, warps, programmatic, stream, attr);
   if (block_fold)
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, probe_tiles_kernel<true>, a, g, part, sketch_part, tile_done));
   else
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, probe_tiles_kernel<false>, a, g, part, sketch_part, tile_done));
 }
 
-void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream) {
+void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, bool programmatic, cudaStream_t stream) {
   if (b.n <= 0 || blocks == 0) return;
-  probe_tiles_batch_kernel<<<blocks, kTileWarps * 32, tile_smem(kTileWarps), stream>>>(b);
-  CUDA_CHECK_LAUNCH();
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = tiles_launch_config(blocks, kTileWarps, programmatic, stream, attr);
+  if (b.n <= kTileBatchSmall)
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, probe_tiles_batch_kernel<kTileBatchSmall>, small_batch(b)));
+  else
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, probe_tiles_batch_kernel<kTileBatchMax>, b));
 }
 
 void launch_probe_fold_rows_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream) {
   if (b.n <= 0 || blocks == 0) return;
-  fold_rows_batch_kernel<<<blocks, kFoldRowWarps * 32, 0, stream>>>(b);
+  if (b.n <= kTileBatchSmall)
+    fold_rows_batch_kernel<kTileBatchSmall><<<blocks, kFoldRowWarps * 32, 0, stream>>>(small_batch(b));
+  else
+    fold_rows_batch_kernel<kTileBatchMax><<<blocks, kFoldRowWarps * 32, 0, stream>>>(b);
   CUDA_CHECK_LAUNCH();
 }
 

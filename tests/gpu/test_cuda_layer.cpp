@@ -63,11 +63,12 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
 }
 
 // Probes held and launched together — all at the end of the layer (probe_launch=layer, the default), or before the
-// attention and at the end (probe_launch=attention) — give the same records, bit for bit, as probes launched
-// after each stage (probe_launch=stage): every statistic, map, sketch and full tensor; over two layers (the second
-// layer's stages rewrite every tensor the first layer's probes read) and at tp 8 on one GPU. The held ones pipeline
-// their probes (the Runner takes the first layer's records while the second runs); those launched after each stage
-// and those on a side stream (probe_stream=side) do not, and the latter give the same records too.
+// attention and at the end (probe_launch=attention) — give the same records, bit for bit, as each probe launched
+// alone after its stage (probe_launch=stage,probe_batch=probe): every statistic, map, sketch and full tensor; over
+// two layers (the second layer's stages rewrite every tensor the first layer's probes read) and at tp 8 on one GPU.
+// The held ones pipeline their probes (the Runner takes the first layer's records while the second runs); those
+// launched after each stage, a stage's probes together (probe_launch=stage, or nothing held: probe_hold_rows=0),
+// and those on a side stream (probe_stream=side) do not, and give the same records too.
 TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
   MLA_REQUIRE_GPU();
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -79,15 +80,17 @@ TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
     c.layers = 2;
     c.input_norm = true;  // h and h_out: the second layer's input is the first's output
     const GpuRun run = make_run(c);
-    auto each = cuda_engine("probe_launch=stage");
+    auto each = cuda_engine("probe_launch=stage,probe_batch=probe");
     const Capture b = capture(*each, run);
     EXPECT_FALSE(each->pipelines_probes());  // (asked after the run's prepare, as the Runner asks)
-    for (const char* launch : {"", "probe_launch=attention", "probe_stream=side"}) {
+    for (const char* launch :
+         {"", "probe_launch=attention", "probe_stream=side", "probe_launch=stage", "probe_hold_rows=0"}) {
       auto held = cuda_engine(launch);
       ASSERT_NE(held->options().find(*launch ? launch : "probe_launch=layer"), std::string::npos)
           << held->options();
       const Capture a = capture(*held, run);
-      EXPECT_EQ(held->pipelines_probes(), std::string(launch) != "probe_stream=side") << held->options();
+      const bool holds = !*launch || std::string(launch) == "probe_launch=attention";
+      EXPECT_EQ(held->pipelines_probes(), holds) << held->options();
       ASSERT_EQ(a.recs.size(), b.recs.size());
       for (const auto& [key, x] : a.recs) {
         const ProbeRecord& y = b.recs.at(key);

@@ -26,9 +26,12 @@
 //                    the records of the stages before it in its layer too)
 //   probe_hold_rows=N  the most token rows of a tensor whose probe is held (default 256: larger ones are launched
 //                    after their stage, where their results' copies overlap the next stages)
-//   probe_batch=stage|probe  device probes launched after their stage: a stage's probes together (stage, default:
-//                    one batch launch for the tensors of fewer 16-row tiles than the GPU has SMs, one copy of their
-//                    results on the copy stream), or each probe's kernels and copy on their own (probe)
+//   probe_batch=stage|attention|probe  device probes launched after their stage (not held): a stage's probes
+//                    together (stage, default: one batch launch for the tensors of fewer 16-row tiles than the GPU
+//                    has SMs, one copy of their results on the copy stream); those of the stages before the
+//                    attention together when it begins, the later ones by stage (attention: fewer, larger launches,
+//                    whose copy overlaps the attention; a device fault before the attention then loses its layer's
+//                    earlier records, as with held probes); or each probe's kernels and copy on their own (probe)
 //   probe_flag=memop|kernel  how a device probe's copies are marked done in mapped host memory: a stream memory
 //                    operation (memop, default; no SM needed), or a one-thread kernel (kernel; also taken where
 //                    the driver lacks the memory operation)
@@ -186,9 +189,9 @@ class CudaEngine : public Engine, public EngineTiming {
         }
         if (held_rows_max_ < 0) throw UsageError("cuda engine: probe_hold_rows=" + v + " (expected a row count)");
       } else if (k == "probe_batch") {
-        if (v != "stage" && v != "probe")
-          throw UsageError("cuda engine: probe_batch=" + v + " (expected stage or probe)");
-        probe_stage_batch_ = v == "stage";
+        if (v != "stage" && v != "attention" && v != "probe")
+          throw UsageError("cuda engine: probe_batch=" + v + " (expected stage, attention or probe)");
+        probe_batch_ = v;
       } else if (k == "devices") {
         try {
           devices_opt_ = std::stoi(v);
@@ -214,8 +217,8 @@ class CudaEngine : public Engine, public EngineTiming {
         throw UsageError("cuda engine: unknown option '" + k +
                          "' (known: sync_debug=0|1, poison=0|1, comm=auto|local|nccl, probe=device|host, "
                          "probe_stream=side|rank, probe_pdl=0|1, probe_flag=memop|kernel, "
-                         "probe_launch=layer|attention|stage, probe_hold_rows=N, probe_batch=stage|probe, devices=N, "
-                         "mha_kernel=1|2|3|4, "
+                         "probe_launch=layer|attention|stage, probe_hold_rows=N, probe_batch=stage|attention|probe, "
+                         "devices=N, mha_kernel=1|2|3|4, "
                          "mqa_kernel=auto|1|2|3, head_split=gemm|copy)");
       }
     }
@@ -240,7 +243,7 @@ class CudaEngine : public Engine, public EngineTiming {
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
-           ",probe_batch=" + (probe_stage_batch_ ? "stage" : "probe") +
+           ",probe_batch=" + probe_batch_ +
            ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") +
            ",probe_hold_rows=" + std::to_string(held_rows_max_) +
            ",probe_launch=" + (!probe_at_layer_end_ ? "stage" : probe_before_attention_ ? "attention" : "layer") +
@@ -347,7 +350,7 @@ class CudaEngine : public Engine, public EngineTiming {
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
   bool probe_pdl_ = true, probe_flag_kernel_ = false;
   bool probe_at_layer_end_ = true;      // probe_launch=attention or layer
-  bool probe_stage_batch_ = true;       // probe_batch=stage
+  std::string probe_batch_ = "stage";  // probe_batch
   bool probe_before_attention_ = false;  // probe_launch=attention
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
@@ -397,10 +400,16 @@ class CudaEngine : public Engine, public EngineTiming {
   bool holds_probes() const { return queues_probes() && probe_at_layer_end_; }
   bool held(int rank, const std::string& name) const;
   void start_probe(int rank, const std::string& name, const ProbeRequest& req);
-  // probe_batch=stage: the probes started since the last launch that are not held (a stage's, as the Runner starts
-  // them after it), launched together by launch_staged before anything else reaches the device or waits: the next
-  // stage, a collect, a flush, a change to a staged tensor.
+  // probe_batch=stage or attention: the probes started since the last launch that are not held (a stage's, as the
+  // Runner starts them after it; with attention, those of the stages before it), launched together by
+  // launch_staged before anything else reaches the device or waits: the next stage (with attention: the attention
+  // and the stages after it), a collect (with attention: once the attention has begun), a flush, a change to a
+  // staged tensor. staged_layer_: the layer of the last stage run; attention_begun_: whether its attention has.
   std::vector<HeldProbe> staged_;
+  int staged_layer_ = -1;
+  bool attention_begun_ = false;
+  // Whether the staged probes go now, at a stage's start or a collect (nullptr).
+  bool stage_launches(const StageSpec* st, int layer);
   bool staged(int rank, const std::string& name) const;
   void launch_staged();
   // Starts each rank's probes of `list` (start_many; `beside`: see there) and hands them to the builder in order.
@@ -478,6 +487,8 @@ void CudaEngine::prepare(const RunContext& ctx) {
   last_built_ = nullptr;
   held_.clear();
   staged_.clear();
+  staged_layer_ = -1;
+  attention_begun_ = false;
   for (size_t r = 0; r < begun_.size(); ++r) {
     for (const auto& b : begun_[r]) begun_free_[r].push_back(b.done);
     begun_[r].clear();
@@ -620,7 +631,7 @@ const DeviceTensor& CudaEngine::in(int rank, const std::string& name) const {
 void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
   if (rank < 0 || rank >= tp_) throw EngineError("cuda engine: rank " + std::to_string(rank) + " out of range");
   try {
-    launch_staged();  // the stage before's probes (when no collect launched them)
+    if (stage_launches(&st, layer)) launch_staged();  // the stages before's probes (no collect launched them)
     DeviceGuard g(ranks_[rank].ctx->device());
     // probe_launch=attention: the probes held so far go before the attention, so that their copy and records
     // overlap it (before its timing event: their kernels are not the stage's).
@@ -1101,7 +1112,7 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
     held_.push_back({rank, spec.name, req});
     return;
   }
-  if (probe_stage_batch_ && queues_probes() && !probe_side_stream_) {
+  if (probe_batch_ != "probe" && queues_probes() && !probe_side_stream_) {
     staged_.push_back({rank, spec.name, req});
     return;
   }
@@ -1142,6 +1153,15 @@ void CudaEngine::start_all(const std::vector<HeldProbe>& list, bool beside) {
   for (const auto& h : list) build(capture(h.rank), slots[h.rank][next[h.rank]++]);
 }
 
+bool CudaEngine::stage_launches(const StageSpec* st, int layer) {
+  if (probe_batch_ != "attention") return true;
+  if (!st) return attention_begun_;
+  if (layer != staged_layer_ || st->stage == Stage::Stage_layer_input) attention_begun_ = false;
+  staged_layer_ = layer;
+  if (st->stage == Stage::Stage_attention_mha || st->stage == Stage::Stage_attention_mqa) attention_begun_ = true;
+  return attention_begun_;
+}
+
 void CudaEngine::launch_staged() {
   if (staged_.empty()) return;
   std::vector<HeldProbe> list;
@@ -1172,8 +1192,8 @@ bool CudaEngine::device_stage(int rank, int& layer, Stage& stage) const {
 
 void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
   Engine::collect_probes(out, wait);
-  launch_staged();
   if (wait) flush_probes();
+  else if (stage_launches(nullptr, -1)) launch_staged();
   if (builder_) builder_->take(out, wait);
 }
 

@@ -61,7 +61,8 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
     cuda_engine("probe_batch=layer");
     ADD_FAILURE() << "probe_batch=layer was accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("probe_batch=layer (expected stage or probe)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("probe_batch=layer (expected stage, attention or probe)"),
+              std::string::npos)
         << e.what();
   }
   try {

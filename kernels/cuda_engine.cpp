@@ -630,8 +630,9 @@ const DeviceTensor& CudaEngine::in(int rank, const std::string& name) const {
 
 void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
   if (rank < 0 || rank >= tp_) throw EngineError("cuda engine: rank " + std::to_string(rank) + " out of range");
+  // The probes of the stages before (when no collect launched them); a failure there is theirs, not this stage's.
+  if (stage_launches(&st, layer)) launch_staged();
   try {
-    if (stage_launches(&st, layer)) launch_staged();  // the stages before's probes (no collect launched them)
     DeviceGuard g(ranks_[rank].ctx->device());
     // probe_launch=attention: the probes held so far go before the attention, so that their copy and records
     // overlap it (before its timing event: their kernels are not the stage's).

@@ -191,7 +191,9 @@ class CudaEngine : public Engine, public EngineTiming {
       } else if (k == "probe_batch") {
         if (v != "stage" && v != "attention" && v != "probe")
           throw UsageError("cuda engine: probe_batch=" + v + " (expected stage, attention or probe)");
-        probe_batch_ = v;
+        probe_batch_ = v == "stage"       ? ProbeBatch::kStage
+                       : v == "attention" ? ProbeBatch::kAttention
+                                          : ProbeBatch::kProbe;
       } else if (k == "devices") {
         try {
           devices_opt_ = std::stoi(v);
@@ -243,7 +245,7 @@ class CudaEngine : public Engine, public EngineTiming {
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
-           ",probe_batch=" + probe_batch_ +
+           ",probe_batch=" + probe_batch_name() +
            ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") +
            ",probe_hold_rows=" + std::to_string(held_rows_max_) +
            ",probe_launch=" + (!probe_at_layer_end_ ? "stage" : probe_before_attention_ ? "attention" : "layer") +
@@ -350,7 +352,13 @@ class CudaEngine : public Engine, public EngineTiming {
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
   bool probe_pdl_ = true, probe_flag_kernel_ = false;
   bool probe_at_layer_end_ = true;      // probe_launch=attention or layer
-  std::string probe_batch_ = "stage";  // probe_batch
+  enum class ProbeBatch { kStage, kAttention, kProbe };  // probe_batch
+  ProbeBatch probe_batch_ = ProbeBatch::kStage;
+  const char* probe_batch_name() const {
+    return probe_batch_ == ProbeBatch::kStage       ? "stage"
+           : probe_batch_ == ProbeBatch::kAttention ? "attention"
+                                                    : "probe";
+  }
   bool probe_before_attention_ = false;  // probe_launch=attention
   std::string comm_opt_ = "auto";
   int devices_opt_ = 0, ndev_ = 0;
@@ -404,12 +412,14 @@ class CudaEngine : public Engine, public EngineTiming {
   // Runner starts them after it; with attention, those of the stages before it), launched together by
   // launch_staged before anything else reaches the device or waits: the next stage (with attention: the attention
   // and the stages after it), a collect (with attention: once the attention has begun), a flush, a change to a
-  // staged tensor. staged_layer_: the layer of the last stage run; attention_begun_: whether its attention has.
+  // staged tensor. staged_layer_: the layer of the last stage run; attention_begun_: whether its attention has
+  // (note_stage keeps both).
   std::vector<HeldProbe> staged_;
   int staged_layer_ = -1;
   bool attention_begun_ = false;
-  // Whether the staged probes go now, at a stage's start or a collect (nullptr).
-  bool stage_launches(const StageSpec* st, int layer);
+  void note_stage(const StageSpec& st, int layer);
+  // Whether the staged probes go now (at a stage's start, after note_stage, or at a collect).
+  bool staged_launch_now() const { return probe_batch_ != ProbeBatch::kAttention || attention_begun_; }
   bool staged(int rank, const std::string& name) const;
   void launch_staged();
   // Starts each rank's probes of `list` (start_many; `beside`: see there) and hands them to the builder in order.
@@ -631,7 +641,8 @@ const DeviceTensor& CudaEngine::in(int rank, const std::string& name) const {
 void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
   if (rank < 0 || rank >= tp_) throw EngineError("cuda engine: rank " + std::to_string(rank) + " out of range");
   // The probes of the stages before (when no collect launched them); a failure there is theirs, not this stage's.
-  if (stage_launches(&st, layer)) launch_staged();
+  note_stage(st, layer);
+  if (staged_launch_now()) launch_staged();
   try {
     DeviceGuard g(ranks_[rank].ctx->device());
     // probe_launch=attention: the probes held so far go before the attention, so that their copy and records
@@ -1113,7 +1124,7 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
     held_.push_back({rank, spec.name, req});
     return;
   }
-  if (probe_batch_ != "probe" && queues_probes() && !probe_side_stream_) {
+  if (probe_batch_ != ProbeBatch::kProbe && queues_probes() && !probe_side_stream_) {
     staged_.push_back({rank, spec.name, req});
     return;
   }
@@ -1154,13 +1165,10 @@ void CudaEngine::start_all(const std::vector<HeldProbe>& list, bool beside) {
   for (const auto& h : list) build(capture(h.rank), slots[h.rank][next[h.rank]++]);
 }
 
-bool CudaEngine::stage_launches(const StageSpec* st, int layer) {
-  if (probe_batch_ != "attention") return true;
-  if (!st) return attention_begun_;
-  if (layer != staged_layer_ || st->stage == Stage::Stage_layer_input) attention_begun_ = false;
+void CudaEngine::note_stage(const StageSpec& st, int layer) {
+  if (layer != staged_layer_ || st.stage == Stage::Stage_layer_input) attention_begun_ = false;
   staged_layer_ = layer;
-  if (st->stage == Stage::Stage_attention_mha || st->stage == Stage::Stage_attention_mqa) attention_begun_ = true;
-  return attention_begun_;
+  if (st.stage == Stage::Stage_attention_mha || st.stage == Stage::Stage_attention_mqa) attention_begun_ = true;
 }
 
 void CudaEngine::launch_staged() {
@@ -1194,7 +1202,7 @@ bool CudaEngine::device_stage(int rank, int& layer, Stage& stage) const {
 void CudaEngine::collect_probes(std::vector<ProbeRecord>& out, bool wait) {
   Engine::collect_probes(out, wait);
   if (wait) flush_probes();
-  else if (stage_launches(nullptr, -1)) launch_staged();
+  else if (staged_launch_now()) launch_staged();
   if (builder_) builder_->take(out, wait);
 }
 

@@ -215,9 +215,9 @@ ProbeCapture::Arena& ProbeCapture::free_arena(size_t bytes) {
   Arena* a = nullptr;
   for (auto& x : arenas_) {
     if (x->pending.load(std::memory_order_acquire) != 0) continue;
-    const size_t have = x->dev.bytes();
-    const bool better = !a || (a->dev.bytes() < bytes ? have > a->dev.bytes() : have >= bytes && have < a->dev.bytes());
-    if (better) a = x.get();
+    const size_t have = x->dev.bytes(), best = a ? a->dev.bytes() : 0;
+    const bool best_fits = a && best >= bytes;
+    if (!a || (best_fits ? have >= bytes && have < best : have > best)) a = x.get();
   }
   if (!a) {
     auto n = std::make_unique<Arena>();

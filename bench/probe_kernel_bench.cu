@@ -1,6 +1,7 @@
 // The probe kernel alone (launch_probe_stats of kernels/probe_stats.cuh: the tile kernel, kernels/probe_tiles.cu,
-// for these bf16 shapes): time per launch on the DeepSeek-V3 probe shapes against a device copy of the same bytes in
-// the same run, and a digest of every output so that builds against another kernels/probe_tiles.cu
+// for the bf16 shapes; the row kernel, kernels/probe_rows.cu, for the fp32 ones): time per launch on the DeepSeek-V3
+// probe shapes at T = 4096, T = 512 and decode, and GLM-5's DSA scores, against a device copy of the same bytes in the
+// same run, and a digest of every output so that builds against another tile or row kernel
 // (scripts/probe_kernel_bench.sh) can be checked against each other.
 //
 //   probe_kernel_bench [repeats] [patterns]     (--help)
@@ -28,6 +29,11 @@ __global__ void fill_kernel(uint16_t* x, size_t n, uint64_t seed) {
     const float u = static_cast<float>(mla::splitmix64(seed + i) >> 40) * (1.f / 16777216.f) - 0.5f;  // [-0.5, 0.5)
     x[i] = static_cast<uint16_t>(__float_as_uint(u * 3.f) >> 16);
   }
+}
+// The same for fp32 tensors (full 24-bit values).
+__global__ void fill_kernel_f32(float* x, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    x[i] = (static_cast<float>(mla::splitmix64(seed + i) >> 40) * (1.f / 16777216.f) - 0.5f) * 3.f;
 }
 
 // Read-pattern experiments (argument "patterns"): how fast a [rows, cols] bf16 tensor can be read in the probe
@@ -130,6 +136,7 @@ struct Shape {
   int heads;
   bool sketch = true;
   int in_layer = 0;  // how many of the DeepSeek-V3 T = 4096 layer's bf16 probes have this shape (sketch level)
+  bool fp32 = false;  // an fp32 tensor (the row kernel), else bf16
 };
 
 // Not mla::Timing::of (harness/run/bench.h): its object file brings the bench's engine code, which the nvcc
@@ -143,7 +150,10 @@ float median(std::vector<float> v) {
 // the first units are written, then the per-row maps): the per-row maps' bytes, and of the stats what does not
 // depend on how rows are grouped into units (the checksum's sum, the NaN and Inf counts, the absmax), so that
 // kernels writing per-row and per-tile units agree (the sums' rounding depends on the grouping: left out).
-uint64_t digest(const void* dev, size_t out, int64_t rows) {
+struct Digests {
+  uint64_t maps = 0, all = 0;
+};
+Digests digest(const void* dev, size_t out, int64_t rows) {
   std::vector<unsigned char> h(out);
   CUDA_CHECK(cudaMemcpy(h.data(), dev, out, cudaMemcpyDeviceToHost));
   const auto* st = reinterpret_cast<const double*>(h.data());
@@ -164,7 +174,12 @@ uint64_t digest(const void* dev, size_t out, int64_t rows) {
   add(h.data() + maps, out - maps);
   for (const double v : {amax, nan, inf}) add(&v, sizeof v);
   add(&checksum, sizeof checksum);
-  return d;
+  Digests r;
+  r.maps = d;
+  d = 0;
+  add(h.data(), out);
+  r.all = d;
+  return r;
 }
 }  // namespace
 
@@ -250,11 +265,13 @@ int main(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       std::printf(
           "Usage: probe_kernel_bench [repeats] [patterns]\n\n"
-          "Times the probe kernel (kernels/probe_tiles.cu: stats, checksum, head L2 and sketch in one pass) on the\n"
-          "DeepSeek-V3 probe shapes against a device-to-device copy of the same bytes, median of `repeats` launches\n"
-          "(default 30) after 3 warm-up, inputs rotated past L2; prints time, GB/s read, the copy's GB/s (read +\n"
-          "written), the ratio, and a digest of the records (equal between builds that keep the segment geometry: the\n"
-          "per-row maps and the stats' checksum, counts and absmax, which do not depend on how rows form units).\n"
+          "Times the probe kernel (stats, checksum, head L2 and sketch in one pass: kernels/probe_tiles.cu for bf16,\n"
+          "kernels/probe_rows.cu for fp32) on the DeepSeek-V3 probe shapes (T 4096, T 512, decode B 64) and GLM-5's\n"
+          "DSA scores against a device-to-device copy of the same bytes, median of `repeats` launches (default 30)\n"
+          "after 3 warm-up, inputs rotated past L2; prints time, GB/s read, the copy's GB/s (read + written), the\n"
+          "ratio, and two digests of the records: `maps` (equal between builds that keep the segment geometry: the\n"
+          "per-row maps and the stats' checksum, counts and absmax, which do not depend on how rows form units) and\n"
+          "`all` (every byte written, the sums included).\n"
           "`patterns`: times read orders alone (linear; the kernel's 16-row tiles, warps contiguous or interleaved;\n"
           "the kernel's cp.async ring alone at several depths and blocks per SM, with the bytes it keeps in flight).\n"
           "scripts/probe_kernel_bench.sh builds it with nvcc, also against other versions of kernels/probe_tiles.cu,\n"
@@ -299,30 +316,51 @@ int run(int argc, char** argv) {
       {"kv_cache T=4096 [4096,576]", 4096, 576, 0, true, 1},
       {"k_pe T=4096 [4096,64]", 4096, 64, 0, true, 2},
       {"q_nope T=512 [512,16384] h128", 512, 16384, 128},
+      {"q_pe T=512 [512,8192] h128", 512, 8192, 128},
       {"hidden T=512 [512,7168]", 512, 7168, 0},
+      {"q_a T=512 [512,1536]", 512, 1536, 0},
+      {"kv_c T=512 [512,512]", 512, 512, 0},
+      {"kv_cache T=512 [512,576]", 512, 576, 0},
+      {"k_pe T=512 [512,64]", 512, 64, 0},
+      {"(stats) q_a T=512 [512,1536]", 512, 1536, 0, false},
+      {"lse T=512 [512,128] fp32 h128", 512, 128, 128, true, 0, true},
       {"q_nope B=64 [64,16384] h128", 64, 16384, 128},
+      {"hidden B=64 [64,7168]", 64, 7168, 0},
+      {"q_a B=64 [64,1536]", 64, 1536, 0},
+      {"lse B=64 [64,128] fp32 h128", 64, 128, 128, true, 0, true},
+      // GLM-5's DSA: index scores and top-k at decode B 64 (L 16384) and chunked T 512 (L 16896), fp32.
+      {"idx_scores B=64 [64,16385] fp32", 64, 16385, 0, true, 0, true},
+      {"(stats) idx_scores B=64 [64,16385]", 64, 16385, 0, false, 0, true},
+      {"topk B=64 [64,2048] fp32", 64, 2048, 0, true, 0, true},
+      {"idx_scores T=512 [512,16896] fp32", 512, 16896, 0, true, 0, true},
+      {"(stats) idx_scores T=512 [512,16896]", 512, 16896, 0, false, 0, true},
+      // Fewer and more rows: the row kernel's sketch split over 4 and 2 warps a row.
+      {"idx_scores B=128 [128,8193] fp32", 128, 8193, 0, true, 0, true},
+      {"idx_scores B=200 [200,4097] fp32", 200, 4097, 0, true, 0, true},
   };
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   ProbeLaunchCache cache;  // the probe launches' geometry per shape, as a rank of the engine keeps it
-  std::printf("%-34s %10s %9s %10s %9s %7s  %s\n", "shape", "probe us", "GB/s", "copy us", "copy GB/s", "ratio",
-              "digest");
+  std::printf("%-36s %10s %9s %10s %9s %7s  %-16s  %s\n", "shape", "probe us", "GB/s", "copy us", "copy GB/s",
+              "ratio", "digest maps", "digest all");
   double layer_us = 0, layer_bytes = 0, layer_copy_us = 0;
   for (const Shape& s : shapes) {
-    const size_t n = static_cast<size_t>(s.rows * s.cols), bytes = n * 2;
+    const size_t n = static_cast<size_t>(s.rows * s.cols), bytes = n * (s.fp32 ? 4 : 2);
     // Two inputs, used in turn, so that a tensor smaller than L2 is not read from it.
     void *x[2], *y = nullptr;
     for (auto& p : x) CUDA_CHECK(cudaMalloc(&p, bytes));
     CUDA_CHECK(cudaMalloc(&y, bytes));
-    fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(x[0]), n, 1);
-    fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(x[1]), n, 1);
+    for (void* xi : x) {
+      if (s.fp32) fill_kernel_f32<<<1024, 256>>>(static_cast<float*>(xi), n, 1);
+      else fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(xi), n, 1);
+    }
     CUDA_CHECK_LAUNCH();
     uint32_t* bits = nullptr;
     CUDA_CHECK(cudaMalloc(&bits, sketch_sign_bits_words(s.cols) * 4));
     launch_sketch_sign_bits(0x1234, 0, s.cols, bits, nullptr);
     ProbeStatsArgs a;
-    a.dtype = DType::DType_bf16;
+    a.dtype = s.fp32 ? DType::DType_f32 : DType::DType_bf16;
     a.rows = s.rows;
     a.cols = s.cols;
     a.heads = s.heads;
@@ -364,8 +402,10 @@ int run(int argc, char** argv) {
     }
     const float mp = median(tp) * 1e3f, mc = median(tc) * 1e3f;
     // The copy reads and writes the bytes; the probe reads them once: rates are bytes read (and written) per second.
-    std::printf("%-34s %10.1f %9.0f %10.1f %9.0f %6.2fx  %016llx\n", s.name, mp, bytes / (mp * 1e3f), mc,
-                2.0 * bytes / (mc * 1e3f), mp / mc, static_cast<unsigned long long>(digest(dev, out, s.rows)));
+    const Digests dg = digest(dev, out, s.rows);
+    std::printf("%-36s %10.1f %9.0f %10.1f %9.0f %6.2fx  %016llx  %016llx\n", s.name, mp, bytes / (mp * 1e3f), mc,
+                2.0 * bytes / (mc * 1e3f), mp / mc, static_cast<unsigned long long>(dg.maps),
+                static_cast<unsigned long long>(dg.all));
     layer_us += s.in_layer * mp;
     layer_copy_us += s.in_layer * mc;
     layer_bytes += s.in_layer * static_cast<double>(bytes);
@@ -374,7 +414,7 @@ int run(int argc, char** argv) {
     CUDA_CHECK(cudaFree(bits));
     CUDA_CHECK(cudaFree(dev));
   }
-  std::printf("%-34s %10.1f %9.0f %10.1f %9.0f %6.2fx  (sum over the 16 bf16 probes of a DeepSeek-V3 layer, "
+  std::printf("%-36s %10.1f %9.0f %10.1f %9.0f %6.2fx  (sum over the 16 bf16 probes of a DeepSeek-V3 layer, "
               "T = 4096)\n",
               "layer T=4096 sketch", layer_us, layer_bytes / (layer_us * 1e3), layer_copy_us,
               2.0 * layer_bytes / (layer_copy_us * 1e3), layer_us / layer_copy_us);

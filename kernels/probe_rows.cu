@@ -3,6 +3,11 @@
 // row for the finite sum, sum of squares, absmax, NaN/Inf counts, the checksum's partial sum and the sketch (in
 // double); a second pass (from L1/L2) for the head L2. The token L2 is NaN when the row has a NaN, else Inf when it
 // has an Inf, as on the host. The unit of stats is the row.
+//
+// The sketch costs 32 signed additions per value, four times the rest of a value's work. With few rows (decode's
+// 64 rows of DSA's idx_scores, 16385 columns: a warp on each of 64 SMs) a row's sketch lanes are split over up to
+// 8 warps, each of which reads the whole row and sums its own lanes; the first also takes the stats. Each sketch
+// lane's additions are the same, in the same order, however the lanes are split, and so are its bits.
 #include "kernels/cuda_check.cuh"
 #include "kernels/probe_kernels.cuh"
 #include "kernels/probe_stats_device.cuh"
@@ -40,10 +45,23 @@ __device__ __forceinline__ double warp_sum_transposed(double (&v)[kSketchLanes],
   return v[0];
 }
 
-template <class T>
+// The most warps a row's sketch is split over, and how many warps per SM a split aims at: no more, since each of a
+// row's warps reads the whole row (from L2 but for the first), and beyond a few warps per SM a warp a row already
+// keeps the SMs busy (T 512's 512 rows of idx_scores took 27% longer split in 8).
+constexpr int kMaxSketchParts = 8;
+constexpr int64_t kSplitWarpsPerSm = 4;
+
+// kParts warps per row: warp `part` sums sketch lanes [part·kLanes, (part + 1)·kLanes), and part 0 the stats and head
+// L2 as well (kParts 1: every lane and the stats by one warp).
+template <class T, int kParts>
 __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a) {
+  static_assert(kSketchLanes % kParts == 0, "whole sketch lanes per warp");
+  constexpr int kLanes = kSketchLanes / kParts;
   const int lane = threadIdx.x & 31;
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t task = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t r = task / kParts;
+  const int part = static_cast<int>(task % kParts);
+  const bool stats = part == 0;  // warp-uniform
   if (r >= a.rows) return;
   const T* x = static_cast<const T*>(a.data) + r * a.cols;
   // Column c's checksum multiplier is H(r)·A^(c >> 3) + step·(c & 7); a lane's columns step by 32, its power by A^4.
@@ -55,43 +73,76 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
     else return x[c];
   };
   RowAcc acc;
-  double skacc[kSketchLanes];
+  double skacc[kLanes];
 #pragma unroll
-  for (int k = 0; k < kSketchLanes; ++k) skacc[k] = 0;
+  for (int j = 0; j < kLanes; ++j) skacc[j] = 0;
   // Column c's value into the lane's sums, in the order of the columns (the additions, and so the bits, are the
   // same however far ahead the values were loaded).
   const auto take = [&](int64_t c, float v) {
     uint32_t bits;
     if constexpr (sizeof(T) == 2) bits = __float_as_uint(v) >> 16;  // exact: v is the bf16 value
     else bits = __float_as_uint(v);
-    acc.add(v, bits, checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)));
-    power *= kA4;
+    if (stats) {
+      acc.add(v, bits, checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)));
+      power *= kA4;
+    }
     if (a.sketch_bits) {
       const double d = v;
       const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit sign_bit(k / 8, c % 8)
       const int i = static_cast<int>(c & 7);
 #pragma unroll
-      for (int k = 0; k < kSketchLanes; ++k) skacc[k] += ((words[k & 7] >> sign_bit(k >> 3, i)) & 1u) ? -d : d;
+      for (int j = 0; j < kLanes; ++j) {
+        const int k = part * kLanes + j;
+        skacc[j] += ((words[k & 7] >> sign_bit(k >> 3, i)) & 1u) ? -d : d;
+      }
     }
   };
   // A warp a row leaves few warps per SM (decode's 64 rows of DSA's idx_scores: one), so each lane loads kAhead
-  // columns at once before it adds them: kAhead loads in flight instead of one round trip to memory per column.
+  // columns at once, and the next kAhead while it adds them: a chunk's loads in flight all the time instead of one
+  // round trip to memory per column.
   constexpr int kAhead = 32;
+  constexpr int64_t kChunk = 32 * kAhead;  // a chunk's columns over the warp
+  const auto whole = [&](int64_t from) { return from + 32 * (kAhead - 1) < a.cols; };
   int64_t c = lane;
-  for (; c + 32 * (kAhead - 1) < a.cols; c += 32 * kAhead) {
+  if (whole(c)) {
     float v[kAhead];
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) v[u] = value(c + 32 * u);
+    for (;;) {
+      const bool more = whole(c + kChunk);
+      float next[kAhead];
+      if (more) {
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) take(c + 32 * u, v[u]);
+        for (int u = 0; u < kAhead; ++u) next[u] = value(c + kChunk + 32 * u);
+      }
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) take(c + 32 * u, v[u]);
+      c += kChunk;
+      if (!more) break;
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) v[u] = next[u];
+    }
   }
   for (; c < a.cols; c += 32) take(c, value(c));
+  if (a.sketch_bits) {
+    if constexpr (kParts == 1) {
+      const double s = warp_sum_transposed(skacc, lane);
+      a.sketch_out[r * kSketchLanes + lane] = static_cast<float>(s * kSketchScale);
+    } else {
+      // Each lane's sum over the warp, by warp_sum's steps: the bits warp_sum_transposed gives it.
+      double mine = 0;
+#pragma unroll
+      for (int j = 0; j < kLanes; ++j) {
+        const double s = warp_sum(skacc[j]);
+        if (lane == j) mine = s;
+      }
+      if (lane < kLanes)
+        a.sketch_out[r * kSketchLanes + part * kLanes + lane] = static_cast<float>(mine * kSketchScale);
+    }
+  }
+  if (!stats) return;
   warp_fold(acc);
   if (lane == 0) store_row(a, r, acc);
-  if (a.sketch_bits) {
-    const double s = warp_sum_transposed(skacc, lane);
-    a.sketch_out[r * kSketchLanes + lane] = static_cast<float>(s * kSketchScale);
-  }
   if (a.heads > 0) {
     const int64_t X = a.cols / a.heads;
     if (X < 32) {  // narrow heads (lse: one column each): a lane per head
@@ -112,17 +163,33 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
 }
 }  // namespace
 
-void launch_probe_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
-  // A warp a row, as many rows a block as leave a block for every SM (decode's 64 rows of DSA's idx_scores, 4097
-  // to 16385 columns: on 8 SMs in blocks of 8 warps, on 64 in blocks of one); a row's work is the same either way.
+namespace {
+template <int kParts>
+void launch_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
+  // kParts warps a row, as many a block as leave a block for every SM (decode's 64 rows of DSA's idx_scores at the
+  // sketch level: 512 warps, two a block); a warp's work is the same either way.
+  const int64_t tasks = a.rows * kParts;
   int warps = kThreads / 32;
-  while (warps > 1 && (a.rows + warps - 1) / warps < sms) warps /= 2;
-  const auto blocks = static_cast<unsigned>((a.rows + warps - 1) / warps);
+  while (warps > 1 && (tasks + warps - 1) / warps < sms) warps /= 2;
+  const auto blocks = static_cast<unsigned>((tasks + warps - 1) / warps);
   if (a.dtype == DType::DType_bf16)
-    probe_stats_kernel<bf16><<<blocks, warps * 32, 0, stream>>>(a);
+    probe_stats_kernel<bf16, kParts><<<blocks, warps * 32, 0, stream>>>(a);
   else
-    probe_stats_kernel<float><<<blocks, warps * 32, 0, stream>>>(a);
+    probe_stats_kernel<float, kParts><<<blocks, warps * 32, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void launch_probe_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
+  int parts = 1;  // decode's 64 rows: 8; 128 rows: 4; T 512: 1
+  if (a.sketch_bits)
+    while (parts < kMaxSketchParts && a.rows * parts * 2 <= kSplitWarpsPerSm * sms) parts *= 2;
+  switch (parts) {
+    case 8: return launch_rows<8>(a, sms, stream);
+    case 4: return launch_rows<4>(a, sms, stream);
+    case 2: return launch_rows<2>(a, sms, stream);
+    default: return launch_rows<1>(a, sms, stream);
+  }
 }
 
 }  // namespace mla::cuda

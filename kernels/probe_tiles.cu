@@ -257,6 +257,7 @@ __device__ void fold_row(const ProbeStatsArgs& a, const TileGeometry& g, const R
   if (lane == 0) store_row(a, r, t);
 }
 
+constexpr int kFoldSegsAhead = 4;
 // The tile's rows from their segments' partials, by one warp, in a fixed order (the same for both folds, so a
 // record does not depend on which one ran): lane rr folds row tile·16 + rr's stats over the segments in order;
 // every lane sums its sketch lane over the tile's rows, segment by segment, so that a segment's 16 loads (and the
@@ -279,7 +280,23 @@ __device__ void fold_tile(const ProbeStatsArgs& a, const TileGeometry& g, int64_
   if (a.sketch_out) {
     const float* p = sketch_part + lane;  // row rr, segment k: p + (rr·segs + k)·32
     float sum[kTileRows] = {};
-    for (int64_t k = 0; k < g.segs; ++k)
+    // Each row's sum adds the segments in order; from global memory the loads of kFoldSegsAhead segments go out
+    // together (one segment at a time made a tile of 6 segments wait for 6 round trips to L2).
+    int64_t k = 0;
+    for (; !kShared && k + kFoldSegsAhead <= g.segs; k += kFoldSegsAhead) {
+      float v[kFoldSegsAhead][kTileRows];
+#pragma unroll
+      for (int i = 0; i < kFoldSegsAhead; ++i)
+#pragma unroll
+        for (int rr = 0; rr < kTileRows; ++rr)
+          v[i][rr] = rr < rows_here ? load_partial<kShared>(p + (rr * g.segs + k + i) * kSketchLanes) : 0.f;
+#pragma unroll
+      for (int i = 0; i < kFoldSegsAhead; ++i)
+#pragma unroll
+        for (int rr = 0; rr < kTileRows; ++rr)
+          if (rr < rows_here) sum[rr] += v[i][rr];
+    }
+    for (; k < g.segs; ++k)
 #pragma unroll
       for (int rr = 0; rr < kTileRows; ++rr)
         if (rr < rows_here) sum[rr] += load_partial<kShared>(p + (rr * g.segs + k) * kSketchLanes);

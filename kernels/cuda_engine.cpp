@@ -9,10 +9,10 @@
 //                    every rank has its own GPU, else local)
 //   probe=device|host     where probe statistics and sketches are computed (default device)
 //   probe_stream=rank|side  device probes' kernels on the rank's stream, in order with its stages (default), or
-//                    on a side stream beside the rank's next stages (measured on an H200, DeepSeek-V3 at sketch
-//                    level, the layer's wall against the rank's stream in the same call: T = 4096 1.61x against
-//                    1.09x, T = 512 2.10x against 1.59x, decode B 64, L 4096 1.43x against 1.38x: the probe kernels
-//                    mostly wait for the stages and then slow the ones they share SMs with)
+//                    on a side stream beside the rank's next stages, a stage's (or a layer's held) probes together
+//                    after an event (measured on an H200, DeepSeek-V3 at sketch level, a run of 8 layers against
+//                    the rank's stream in the same call: T = 4096 +48% against +18%, T = 512 +89% against +64%: the
+//                    probe kernels slow the stages they share SMs with by more than they overlap)
 //   probe_pdl=0|1    device probes' tile kernels launched as programmatic dependents of the stage before them on
 //                    compute capability 9 and later (1, default: their launch overlaps the end of that stage), or
 //                    plainly (0)
@@ -1124,7 +1124,7 @@ void CudaEngine::probe_async(int rank, const ProbeSpec& spec, const ProbeRequest
     held_.push_back({rank, spec.name, req});
     return;
   }
-  if (probe_batch_ != ProbeBatch::kProbe && queues_probes() && !probe_side_stream_) {
+  if (probe_batch_ != ProbeBatch::kProbe && queues_probes()) {
     staged_.push_back({rank, spec.name, req});
     return;
   }

@@ -158,10 +158,6 @@ int ProbeCapture::start(const std::string& probe, const DeviceTensor& t, const P
 std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list, bool beside) {
   DeviceGuard g(rc_.device());
   std::vector<int> ids;
-  if (side_stream_) {  // each probe waits for its own event there: one at a time
-    for (const auto& p : list) ids.push_back(start(p.probe, *p.tensor, p.req));
-    return ids;
-  }
   // Every record's results in one arena, so that one copy and one flag bring them all to the host. The tensors the
   // tile kernel's task kind takes go in batch launches; the rest (wide tensors folded in their blocks, fp32 and odd
   // widths) one launch each, as start() makes them.
@@ -178,11 +174,8 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list, bool b
   *arena.flag = 0;
   arena.seq = arena.seq + 1 ? arena.seq + 1 : 1;
   arena.bytes = total;
-  std::vector<ProbeStatsArgs> batch;
+  std::vector<ProbeStatsArgs> batch, others;
   cudaStream_t stream = rc_.stream();
-  // Right after a stage, its probes' first kernel may be launched as its programmatic dependent (start()); the held
-  // probes' kernels follow other probes' kernels and a layer's last stage, where it was measured not to help.
-  const bool programmatic = beside && programmatic_;
   for (size_t k = 0; k < list.size(); ++k) {
     Slot& s = slot(ids[k]);
     s.arena = &arena;
@@ -190,8 +183,18 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list, bool b
     place(ids[k], list[k].req, args[k], static_cast<unsigned char*>(arena.dev.get()) + offsets[k], stream);
     if (s.numel == 0) continue;
     if (probe_stats_batchable(rc_.probe_launch_cache(), args[k])) batch.push_back(args[k]);
-    else launch_probe_stats(rc_.probe_launch_cache(), args[k], programmatic, stream);
+    else others.push_back(args[k]);
   }
+  if (side_stream_) {  // the kernels, the copy and the flag on the side stream, after the tensors
+    CUDA_CHECK(cudaEventRecord(arena.computed, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_, arena.computed, 0));
+    stream = copy_;
+    beside = false;
+  }
+  // Right after a stage, its probes' first kernel may be launched as its programmatic dependent (start()); the held
+  // probes' kernels follow other probes' kernels and a layer's last stage, where it was measured not to help.
+  const bool programmatic = beside && programmatic_;
+  for (const auto& a : others) launch_probe_stats(rc_.probe_launch_cache(), a, programmatic, stream);
   launch_probe_stats_batch(rc_.probe_launch_cache(), batch, programmatic, stream);
   for (size_t k = 0; k < list.size(); ++k)
     if (slot(ids[k]).numel > 0) copy_full(slot(ids[k]), *list[k].tensor, stream);
@@ -314,7 +317,7 @@ void ProbeCapture::place(int id, const ProbeRequest& req, ProbeStatsArgs& a, uns
     a.head_l2 = s.heads ? reinterpret_cast<float*>(dev + s.off_head) : nullptr;
     a.sketch_out = s.sketch ? reinterpret_cast<float*>(dev + s.off_sketch) : nullptr;
     a.workspace = work ? scratch + here : nullptr;
-    if (side_stream_) {  // the probe's kernels wait for the tensor, then run beside the rank's next stages
+    if (side_stream_ && !results) {  // the probe's kernels wait for the tensor, then run beside the rank's next stages
       CUDA_CHECK(cudaEventRecord(s.computed, stream));
       CUDA_CHECK(cudaStreamWaitEvent(copy_, s.computed, 0));
       stream = copy_;

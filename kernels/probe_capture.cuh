@@ -58,7 +58,8 @@ class ProbeCapture {
   // batch launches (launch_probe_stats_batch); the same records. Their results go in one arena, copied in one piece
   // under one flag: right behind the kernels on the rank's stream (the engine's held probes, awaited at once at the
   // end of a layer), or, with `beside` (a stage's probes launched after it), on the copy stream after an event, so
-  // that the copy overlaps the rank's next stages (queued by the first of the slots' ship() calls).
+  // that the copy overlaps the rank's next stages (queued by the first of the slots' ship() calls). With
+  // side_stream the kernels, the copy and the flag all go on the copy stream, after one event on the rank's.
   struct Start {
     std::string probe;
     const DeviceTensor* tensor;

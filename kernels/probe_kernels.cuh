@@ -90,6 +90,8 @@ void launch_probe_fold_rows(const ProbeStatsArgs& a, const TileGeometry& g, cons
                             const float* sketch_part, cudaStream_t stream);
 // Several tensors' tile kernels (the task kind) in one launch, and their fold kernels in another: task i's blocks
 // are [first_block, next task's first_block); the same partials and records as each tensor's own launch.
+// A batch also takes narrow tensors' rows (row_parts > 0; g, part, sketch_part and tile_done unused): kTileWarps
+// warps a block, each the row kernel's warp of the same index (row_parts warps a row).
 struct TileBatchTask {
   ProbeStatsArgs a;
   TileGeometry g;
@@ -97,6 +99,7 @@ struct TileBatchTask {
   float* sketch_part;
   unsigned* tile_done;
   unsigned first_block;
+  int row_parts = 0;
 };
 // A tensor's task launch as a batch's entry: its arguments, geometry and the places of its partials and tile
 // counters in its workspace (first_block 0). The blocks it takes: task_blocks.
@@ -118,5 +121,12 @@ void launch_probe_tiles_batch(const TileBatch& b, unsigned blocks, bool programm
 void launch_probe_fold_rows_batch(const TileBatch& b, unsigned blocks, cudaStream_t stream);
 // The row kernel: a warp per token row, the unit of stats the row; `sms`: the device's multiprocessors.
 void launch_probe_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream);
+// How many warps share a row's sketch lanes in the row kernel (1, 2, 4 or 8; 1 without the sketch): as many as
+// keep about kRowSplitWarpsPerSm warps per SM, at most kRowMaxSketchParts. No more, since each of a row's warps
+// reads the whole row (from L2 but for the first), and beyond a few warps per SM a warp a row already keeps the SMs
+// busy (T 512's 512 rows of idx_scores took 27% longer split in 8).
+constexpr int kRowMaxSketchParts = 8;
+constexpr int64_t kRowSplitWarpsPerSm = 4;
+int probe_rows_parts(const ProbeStatsArgs& a, int sms);
 
 }  // namespace mla::cuda

@@ -169,8 +169,34 @@ TileBatchTask task_launch(const ProbeStatsArgs& a, const TileGeometry& g) {
 
 int64_t task_blocks(const TileGeometry& g) { return (g.row_tiles * g.segs + kTileWarps - 1) / kTileWarps; }
 
+int probe_rows_parts(const ProbeStatsArgs& a, int sms) {
+  int parts = 1;  // decode's 64 rows: 8; 128 rows: 4; T 512: 1
+  if (a.sketch_bits)
+    while (parts < kRowMaxSketchParts && a.rows * parts * 2 <= kRowSplitWarpsPerSm * sms) parts *= 2;
+  return parts;
+}
+
+namespace {
+// The warps a row of a batch's row task: without the sketch one; with it at least kBatchRowParts (a batch block's
+// registers are fewer than the row kernel's, and a row's 32 sketch sums in double would not fit one warp's).
+constexpr int kBatchRowParts = 4;
+int batch_row_parts(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
+  if (!a.sketch_bits) return 1;
+  return std::max(kBatchRowParts, probe_rows_parts(a, cache.tile_occupancy(false, kTileWarps).sms));
+}
+// A row-kernel tensor goes in a batch, its rows beside the tiles, when that does not split its rows more than the
+// row kernel would: at stats level, where rows are few (the row kernel splits them in 4 or 8 already), and for small
+// tensors (lse), whose extra warps cost nothing.
+bool batch_takes_rows(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
+  if (launch_path(cache.tile_geometry(a)) != LaunchPath::kRows || a.rows > INT_MAX) return false;
+  return !a.sketch_bits || a.rows * a.cols <= (int64_t{1} << 16) ||
+         probe_rows_parts(a, cache.tile_occupancy(false, kTileWarps).sms) >= kBatchRowParts;
+}
+}  // namespace
+
 bool probe_stats_batchable(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
-  return a.rows > 0 && a.workspace && launch_path(cache.tile_geometry(a)) == LaunchPath::kTasks;
+  if (a.rows <= 0) return false;
+  return (a.workspace && launch_path(cache.tile_geometry(a)) == LaunchPath::kTasks) || batch_takes_rows(cache, a);
 }
 
 void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeStatsArgs>& list, bool programmatic,
@@ -181,11 +207,23 @@ void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeSt
     const size_t to = std::min(list.size(), from + kTileBatchMax);
     TileBatch tiles, folds;
     int64_t tile_blocks = 0, fold_blocks = 0;
+    // The row tasks' blocks first: a row's warps run longest (a chain along the row), the tiles fill in after.
     for (size_t k = from; k < to; ++k) {
       const ProbeStatsArgs& a = list[k];
       if (!probe_stats_batchable(cache, a))
         throw EngineError("probe stats: a [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
                           "] tensor is not one the batch launch takes (probe_stats_batchable)");
+      if (!batch_takes_rows(cache, a)) continue;
+      TileBatchTask t{};
+      t.a = a;
+      t.row_parts = batch_row_parts(cache, a);
+      t.first_block = static_cast<unsigned>(tile_blocks);
+      tiles.task[tiles.n++] = t;
+      tile_blocks += (a.rows * t.row_parts + kTileWarps - 1) / kTileWarps;
+    }
+    for (size_t k = from; k < to; ++k) {
+      const ProbeStatsArgs& a = list[k];
+      if (batch_takes_rows(cache, a)) continue;
       const TileGeometry g = cache.tile_geometry(a);
       TileBatchTask t = task_launch(a, g);
       t.first_block = static_cast<unsigned>(tile_blocks);

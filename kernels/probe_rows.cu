@@ -1,16 +1,8 @@
 // The probe's row kernel, for the tensors the tile kernel (probe_tiles.cu) does not take: fp32 tensors such as lse,
-// odd widths, heads narrower than 32 columns. One warp per token row, warp-level reductions only: one pass over the
-// row for the finite sum, sum of squares, absmax, NaN/Inf counts, the checksum's partial sum and the sketch (in
-// double); a second pass (from L1/L2) for the head L2. The token L2 is NaN when the row has a NaN, else Inf when it
-// has an Inf, as on the host. The unit of stats is the row.
-//
-// The sketch costs 32 signed additions per value, four times the rest of a value's work. With few rows (decode's
-// 64 rows of DSA's idx_scores, 16385 columns: a warp on each of 64 SMs) a row's sketch lanes are split over up to
-// 8 warps, each of which reads the whole row and sums its own lanes; the first also takes the stats. Each sketch
-// lane's additions are the same, in the same order, however the lanes are split, and so are its bits.
+// odd widths, heads narrower than 32 columns; a warp's work is rows_warp (probe_rows_device.cuh).
 #include "kernels/cuda_check.cuh"
 #include "kernels/probe_kernels.cuh"
-#include "kernels/probe_stats_device.cuh"
+#include "kernels/probe_rows_device.cuh"
 
 namespace mla::cuda {
 
@@ -19,152 +11,15 @@ using namespace probe_device;
 
 constexpr int kThreads = 256;  // at most: fewer when the rows are too few for a block on every SM (launch_probe_rows)
 
-// One step of warp_sum_transposed: lanes `o` apart exchange halves of their first 2·o values.
-template <int O>
-__device__ __forceinline__ void transposed_step(double (&v)[kSketchLanes], int lane) {
-  const bool upper = lane & O;
-#pragma unroll
-  for (int i = 0; i < O; ++i) {
-    const double lo = v[i], hi = v[i + O];
-    const double recv = __shfl_xor_sync(0xffffffffu, upper ? lo : hi, O);
-    v[i] = (upper ? hi : lo) + recv;
-  }
-}
-
-// Lane k gets the warp's sum of v[k] (32 values a lane), bit for bit the sum warp_sum(v[k]) gives (the same two
-// values added at each of its five steps, own + partner's), in 31 shuffles instead of 160: at each step a lane
-// keeps half of its values, whose partner's halves it takes, and sends the other half. (Each step's count is a
-// constant, so that v stays in registers.)
-__device__ __forceinline__ double warp_sum_transposed(double (&v)[kSketchLanes], int lane) {
-  static_assert(kSketchLanes == 32, "a value per lane");
-  transposed_step<16>(v, lane);
-  transposed_step<8>(v, lane);
-  transposed_step<4>(v, lane);
-  transposed_step<2>(v, lane);
-  transposed_step<1>(v, lane);
-  return v[0];
-}
-
-// The most warps a row's sketch is split over, and how many warps per SM a split aims at: no more, since each of a
-// row's warps reads the whole row (from L2 but for the first), and beyond a few warps per SM a warp a row already
-// keeps the SMs busy (T 512's 512 rows of idx_scores took 27% longer split in 8).
-constexpr int kMaxSketchParts = 8;
-constexpr int64_t kSplitWarpsPerSm = 4;
-
-// kParts warps per row: warp `part` sums sketch lanes [part·kLanes, (part + 1)·kLanes), and part 0 the stats and head
-// L2 as well (kParts 1: every lane and the stats by one warp).
-template <class T, int kParts>
+template <class T, int kParts, bool kSketch>
 __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsArgs a) {
-  static_assert(kSketchLanes % kParts == 0, "whole sketch lanes per warp");
-  constexpr int kLanes = kSketchLanes / kParts;
-  const int lane = threadIdx.x & 31;
   const int64_t task = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int64_t r = task / kParts;
-  const int part = static_cast<int>(task % kParts);
-  const bool stats = part == 0;  // warp-uniform
-  if (r >= a.rows) return;
-  const T* x = static_cast<const T*>(a.data) + r * a.cols;
-  // Column c's checksum multiplier is H(r)·A^(c >> 3) + step·(c & 7); a lane's columns step by 32, its power by A^4.
-  const uint64_t row_hash = checksum_row_hash(static_cast<uint64_t>(r));
-  uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(lane >> 3));
-  constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4);
-  const auto value = [&](int64_t c) {
-    if constexpr (sizeof(T) == 2) return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[c]);
-    else return x[c];
-  };
-  RowAcc acc;
-  double skacc[kLanes];
-#pragma unroll
-  for (int j = 0; j < kLanes; ++j) skacc[j] = 0;
-  // Column c's value into the lane's sums, in the order of the columns (the additions, and so the bits, are the
-  // same however far ahead the values were loaded).
-  const auto take = [&](int64_t c, float v) {
-    uint32_t bits;
-    if constexpr (sizeof(T) == 2) bits = __float_as_uint(v) >> 16;  // exact: v is the bf16 value
-    else bits = __float_as_uint(v);
-    if (stats) {
-      acc.add(v, bits, checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)));
-      power *= kA4;
-    }
-    if (a.sketch_bits) {
-      const double d = v;
-      const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit sign_bit(k / 8, c % 8)
-      const int i = static_cast<int>(c & 7);
-#pragma unroll
-      for (int j = 0; j < kLanes; ++j) {
-        const int k = part * kLanes + j;
-        skacc[j] += ((words[k & 7] >> sign_bit(k >> 3, i)) & 1u) ? -d : d;
-      }
-    }
-  };
-  // A warp a row leaves few warps per SM (decode's 64 rows of DSA's idx_scores: one), so each lane loads kAhead
-  // columns at once, and the next kAhead while it adds them: a chunk's loads in flight all the time instead of one
-  // round trip to memory per column.
-  constexpr int kAhead = 32;
-  constexpr int64_t kChunk = 32 * kAhead;  // a chunk's columns over the warp
-  const auto whole = [&](int64_t from) { return from + 32 * (kAhead - 1) < a.cols; };
-  int64_t c = lane;
-  if (whole(c)) {
-    float v[kAhead];
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) v[u] = value(c + 32 * u);
-    for (;;) {
-      const bool more = whole(c + kChunk);
-      float next[kAhead];
-      if (more) {
-#pragma unroll
-        for (int u = 0; u < kAhead; ++u) next[u] = value(c + kChunk + 32 * u);
-      }
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) take(c + 32 * u, v[u]);
-      c += kChunk;
-      if (!more) break;
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) v[u] = next[u];
-    }
-  }
-  for (; c < a.cols; c += 32) take(c, value(c));
-  if (a.sketch_bits) {
-    if constexpr (kParts == 1) {
-      const double s = warp_sum_transposed(skacc, lane);
-      a.sketch_out[r * kSketchLanes + lane] = static_cast<float>(s * kSketchScale);
-    } else {
-      // Each lane's sum over the warp, by warp_sum's steps: the bits warp_sum_transposed gives it.
-      double mine = 0;
-#pragma unroll
-      for (int j = 0; j < kLanes; ++j) {
-        const double s = warp_sum(skacc[j]);
-        if (lane == j) mine = s;
-      }
-      if (lane < kLanes)
-        a.sketch_out[r * kSketchLanes + part * kLanes + lane] = static_cast<float>(mine * kSketchScale);
-    }
-  }
-  if (!stats) return;
-  warp_fold(acc);
-  if (lane == 0) store_row(a, r, acc);
-  if (a.heads > 0) {
-    const int64_t X = a.cols / a.heads;
-    if (X < 32) {  // narrow heads (lse: one column each): a lane per head
-      for (int h = lane; h < a.heads; h += 32) {
-        double s = 0;
-        for (int64_t c = 0; c < X; ++c) s += static_cast<double>(value(h * X + c)) * value(h * X + c);
-        a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
-      }
-    } else {
-      for (int h = 0; h < a.heads; ++h) {
-        double s = 0;
-        for (int64_t c = lane; c < X; c += 32) s += static_cast<double>(value(h * X + c)) * value(h * X + c);
-        s = warp_sum(s);
-        if (lane == 0) a.head_l2[r * a.heads + h] = static_cast<float>(sqrt(s));
-      }
-    }
-  }
+  rows_warp<T, kParts, kSketch>(a, task, threadIdx.x & 31);
 }
 }  // namespace
 
 namespace {
-template <int kParts>
+template <int kParts, bool kSketch>
 void launch_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
   // kParts warps a row, as many a block as leave a block for every SM (decode's 64 rows of DSA's idx_scores at the
   // sketch level: 512 warps, two a block); a warp's work is the same either way.
@@ -173,22 +28,20 @@ void launch_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
   while (warps > 1 && (tasks + warps - 1) / warps < sms) warps /= 2;
   const auto blocks = static_cast<unsigned>((tasks + warps - 1) / warps);
   if (a.dtype == DType::DType_bf16)
-    probe_stats_kernel<bf16, kParts><<<blocks, warps * 32, 0, stream>>>(a);
+    probe_stats_kernel<bf16, kParts, kSketch><<<blocks, warps * 32, 0, stream>>>(a);
   else
-    probe_stats_kernel<float, kParts><<<blocks, warps * 32, 0, stream>>>(a);
+    probe_stats_kernel<float, kParts, kSketch><<<blocks, warps * 32, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace
 
 void launch_probe_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
-  int parts = 1;  // decode's 64 rows: 8; 128 rows: 4; T 512: 1
-  if (a.sketch_bits)
-    while (parts < kMaxSketchParts && a.rows * parts * 2 <= kSplitWarpsPerSm * sms) parts *= 2;
-  switch (parts) {
-    case 8: return launch_rows<8>(a, sms, stream);
-    case 4: return launch_rows<4>(a, sms, stream);
-    case 2: return launch_rows<2>(a, sms, stream);
-    default: return launch_rows<1>(a, sms, stream);
+  if (!a.sketch_bits) return launch_rows<1, false>(a, sms, stream);
+  switch (probe_rows_parts(a, sms)) {
+    case 8: return launch_rows<8, true>(a, sms, stream);
+    case 4: return launch_rows<4, true>(a, sms, stream);
+    case 2: return launch_rows<2, true>(a, sms, stream);
+    default: return launch_rows<1, true>(a, sms, stream);
   }
 }
 

@@ -55,8 +55,11 @@ size_t probe_stats_workspace(ProbeLaunchCache& cache, const ProbeStatsArgs& a); 
 // tensor); false: plain launches (the engine's option probe_pdl=0).
 void launch_probe_stats(ProbeLaunchCache& cache, const ProbeStatsArgs& a, bool programmatic, cudaStream_t stream);
 // Several tensors in few launches (a tile kernel and a fold kernel for up to 22 tensors at a time), each tensor's
-// records as launch_probe_stats gives them; for the tensors whose launch takes the tile kernel's task kind
-// (probe_stats_batchable: bf16, fewer 16-row tiles than the GPU has SMs), with their workspace as for one launch.
+// records as launch_probe_stats gives them; for the tensors whose launch takes the tile kernel's task kind (bf16,
+// fewer 16-row tiles than the GPU has SMs), with their workspace as for one launch, and those the row kernel takes
+// where a batch runs their rows as its warps would (fp32 such as lse and DSA's index scores: all at stats level; with
+// the sketch those of at most 65536 values and those of few rows, at most 66 on an H200, which the row kernel splits
+// over 4 or more warps a row anyway; probe_stats_batchable says which).
 // programmatic: the tile kernel as for launch_probe_stats.
 bool probe_stats_batchable(ProbeLaunchCache& cache, const ProbeStatsArgs& a);
 void launch_probe_stats_batch(ProbeLaunchCache& cache, const std::vector<ProbeStatsArgs>& list, bool programmatic,

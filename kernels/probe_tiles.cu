@@ -32,6 +32,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/mma_util.cuh"
 #include "kernels/probe_kernels.cuh"
+#include "kernels/probe_rows_device.cuh"
 #include "kernels/probe_stats_device.cuh"
 
 namespace mla::cuda {
@@ -587,8 +588,27 @@ __device__ const TileBatchTask& batch_task(const TileBatchOf<N>& b) {
   return b.task[i];
 }
 
-// Several tensors' (tile, segment) tasks in one launch: block b works for batch_task(b), as block b − first_block
-// of that tensor's own launch.
+// A batch's row task (TileBatchTask::row_parts): block `block` of it, each warp the row kernel's warp of the same
+// index (rows_warp), so the same records. Not inlined: its registers (a row's sketch sums in double, its loads in
+// flight) would otherwise be the tile path's too, which then spilled.
+__device__ __noinline__ void rows_block(const TileBatchTask& t, int64_t block) {
+  const int64_t task = block * kTileWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  const bool bf = t.a.dtype == DType::DType_bf16;
+  if (!t.a.sketch_bits) {
+    if (bf) rows_warp<bf16, 1, false>(t.a, task, lane);
+    else rows_warp<float, 1, false>(t.a, task, lane);
+  } else if (t.row_parts == 8) {
+    if (bf) rows_warp<bf16, 8, true>(t.a, task, lane);
+    else rows_warp<float, 8, true>(t.a, task, lane);
+  } else {
+    if (bf) rows_warp<bf16, 4, true>(t.a, task, lane);
+    else rows_warp<float, 4, true>(t.a, task, lane);
+  }
+}
+
+// Several tensors' (tile, segment) tasks and narrow tensors' rows in one launch: block b works for batch_task(b), as
+// block b − first_block of that tensor's own launch (a tile task) or of its row tasks.
 template <int N>
 __global__ void __launch_bounds__(kTileWarps * 32, kTaskMinBlocks)
     probe_tiles_batch_kernel(const __grid_constant__ TileBatchOf<N> b) {
@@ -597,7 +617,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTaskMinBlocks)
   asm volatile("griddepcontrol.wait;" ::: "memory");  // as probe_tiles_kernel's
 #endif
   const TileBatchTask& t = batch_task(b);
-  tiles_block<false>(t.a, t.g, t.part, t.sketch_part, t.tile_done, blockIdx.x - t.first_block, ring);
+  if (t.row_parts > 0) rows_block(t, blockIdx.x - t.first_block);
+  else tiles_block<false>(t.a, t.g, t.part, t.sketch_part, t.tile_done, blockIdx.x - t.first_block, ring);
 }
 
 // Many segments per row (few rows: narrow segments keep the GPU busy): one warp per row.

@@ -66,7 +66,8 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
 // Probes held and launched together — all at the end of the layer (probe_launch=layer, the default), or before the
 // attention and at the end (probe_launch=attention) — give the same records, bit for bit, as each probe launched
 // alone after its stage (probe_launch=stage,probe_batch=probe): every statistic, map, sketch and full tensor; over
-// two layers (the second layer's stages rewrite every tensor the first layer's probes read) and at tp 8 on one GPU.
+// two layers (the second layer's stages rewrite every tensor the first layer's probes read), at tp 8 on one GPU, and
+// with DSA's fp32 index scores and top-k (rows of the row kernel's, taken beside the tiles in a batch launch).
 // The held ones pipeline their probes (the Runner takes the first layer's records while the second runs); those
 // launched after each stage, a stage's probes together (probe_launch=stage, or nothing held: probe_hold_rows=0),
 // those of the stages before the attention together (probe_batch=attention) and those on a side stream
@@ -78,6 +79,7 @@ TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
   };
   for (Case c : {make_case("held_decode_tp8", "tiny", kDecode, kAbsorbed, 8, 2, 2, {64, 130}),
                  make_case("held_chunked_tp2", "tiny", kChunked, kMha, 2, 5, 2, {3, 66}),
+                 make_case("held_dsa_decode_tp2", "tiny-dsa", kDecode, kAbsorbed, 2, 1, 3, {5, 100, 300}),
                  make_case("held_dsv3_prefill_tp1", "deepseek-v3", kPrefill, kMha, 1, 33)}) {
     c.layers = 2;
     c.input_norm = true;  // h and h_out: the second layer's input is the first's output

@@ -184,9 +184,10 @@ int batch_row_parts(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
   if (!a.sketch_bits) return 1;
   return std::max(kBatchRowParts, probe_rows_parts(a, cache.tile_occupancy(false, kTileWarps).sms));
 }
-// A row-kernel tensor goes in a batch, its rows beside the tiles, when that does not split its rows more than the
-// row kernel would: at stats level, where rows are few (the row kernel splits them in 4 or 8 already), and for small
-// tensors (lse), whose extra warps cost nothing.
+// A row-kernel tensor goes in a batch, its rows beside the tiles, unless the batch would split its rows over more
+// warps than the row kernel does where that costs: always at stats level (a warp a row either way); with the sketch
+// for small tensors (lse), whose extra warps cost nothing, and for few rows, which the row kernel splits over 4 or 8
+// warps already.
 bool batch_takes_rows(ProbeLaunchCache& cache, const ProbeStatsArgs& a) {
   if (launch_path(cache.tile_geometry(a)) != LaunchPath::kRows || a.rows > INT_MAX) return false;
   return !a.sketch_bits || a.rows * a.cols <= (int64_t{1} << 16) ||

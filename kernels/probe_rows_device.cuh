@@ -43,10 +43,17 @@ __device__ __forceinline__ double warp_sum_transposed(double (&v)[kSketchLanes],
 }
 
 
-// kParts warps per row: warp `part` sums sketch lanes [part·kLanes, (part + 1)·kLanes), and part 0 the stats and head
-// L2 as well (kParts 1: every lane and the stats by one warp).
-// Warp `task` of a launch over `a` (row task / kParts, part task % kParts). kSketch: a.sketch_bits is set (without
-// it the sketch's accumulators are left out, and with them their registers).
+// Warp `task` of a launch over `a`: row task / kParts, whose sketch lanes [part·kLanes, (part + 1)·kLanes) it sums
+// (part = task % kParts), part 0 the stats and head L2 as well (kParts 1: every lane and the stats by one warp).
+// kSketch: a.sketch_bits is set (without it the sketch's accumulators are left out, and with them their registers).
+//
+// A lane's stats are chains of dependent operations, one link a value, so each link is kept short (the warps are few
+// where it matters: decode's 64 rows of DSA's idx_scores, a warp on each of 64 SMs) and the results are the same bits
+// as RowAcc::add value by value: the finite sum and sum of squares in double in the columns' order (a non-finite
+// value adds +0.0, which leaves a sum that is never −0.0 unchanged; the square as the same fused multiply-add); the
+// absmax of exact values in float, the NaN and Inf counts in integers; the checksum as two sums mod 2^64 that give
+// Σ (H·A^(c >> 3) + step·(c & 7))·(2b + 1) once multiplied out: c & 7 is the lane's own for every column it takes, and
+// a chunk's powers of A are the chunk's first times constants.
 template <class T, int kParts, bool kSketch>
 __device__ __forceinline__ void rows_warp(const ProbeStatsArgs& a, int64_t task, int lane) {
   static_assert(kSketchLanes % kParts == 0, "whole sketch lanes per warp");
@@ -57,28 +64,37 @@ __device__ __forceinline__ void rows_warp(const ProbeStatsArgs& a, int64_t task,
   const bool stats = part == 0;  // warp-uniform
   if (r >= a.rows) return;
   const T* x = static_cast<const T*>(a.data) + r * a.cols;
-  // Column c's checksum multiplier is H(r)·A^(c >> 3) + step·(c & 7); a lane's columns step by 32, its power by A^4.
-  const uint64_t row_hash = checksum_row_hash(static_cast<uint64_t>(r));
-  uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(lane >> 3));
-  constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4);
   const auto value = [&](int64_t c) {
     if constexpr (sizeof(T) == 2) return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(x)[c]);
     else return x[c];
   };
-  RowAcc acc;
+  const auto bits_of = [](float v) -> uint32_t {
+    if constexpr (sizeof(T) == 2) return __float_as_uint(v) >> 16;  // exact: v is the bf16 value
+    else return __float_as_uint(v);
+  };
+  double sum = 0, sumsq = 0;
+  float amax = 0.f;
+  unsigned nan = 0, inf = 0;
+  // The checksum: Σ A^(c >> 3)·(2b + 1) and Σ (2b + 1) over the lane's columns. A lane's columns step by 32, its power
+  // of A by A^4; `power` is A^(c >> 3) for the lane's next column.
+  unsigned long long check_pow = 0, check_one = 0;
+  uint64_t power = pow_mod64(kChecksumBase, static_cast<uint64_t>(lane >> 3));
+  constexpr uint64_t kA4 = pow_mod64(kChecksumBase, 4);
+  const auto stat = [&](float v) {
+    const bool finite = isfinite(v);
+    nan += isnan(v);
+    inf += isinf(v);
+    const double e = finite ? static_cast<double>(v) : 0.0;
+    sum += e;
+    sumsq = fma(e, e, sumsq);
+    amax = fmaxf(amax, finite ? fabsf(v) : 0.f);
+  };
   double skacc[kLanes];
 #pragma unroll
   for (int j = 0; j < kLanes; ++j) skacc[j] = 0;
-  // Column c's value into the lane's sums, in the order of the columns (the additions, and so the bits, are the
-  // same however far ahead the values were loaded).
-  const auto take = [&](int64_t c, float v) {
-    uint32_t bits;
-    if constexpr (sizeof(T) == 2) bits = __float_as_uint(v) >> 16;  // exact: v is the bf16 value
-    else bits = __float_as_uint(v);
-    if (stats) {
-      acc.add(v, bits, checksum_multiplier_at(row_hash, power, static_cast<uint64_t>(c)));
-      power *= kA4;
-    }
+  // Column c's value into the lane's sketch sums, in the order of the columns (the additions, and so the bits, are
+  // the same however far ahead the values were loaded).
+  const auto sketch = [&](int64_t c, float v) {
     if constexpr (kSketch) {
       const double d = v;
       const uint32_t* words = a.sketch_bits + (c / 8) * 8;  // lane k: word k % 8, bit sign_bit(k / 8, c % 8)
@@ -95,6 +111,7 @@ __device__ __forceinline__ void rows_warp(const ProbeStatsArgs& a, int64_t task,
   // round trip to memory per column.
   constexpr int kAhead = 32;
   constexpr int64_t kChunk = 32 * kAhead;  // a chunk's columns over the warp
+  constexpr uint64_t kChunkPower = pow_mod64(kChecksumBase, 4 * kAhead);  // a lane's power of A from chunk to chunk
   const auto whole = [&](int64_t from) { return from + 32 * (kAhead - 1) < a.cols; };
   int64_t c = lane;
   if (whole(c)) {
@@ -108,15 +125,38 @@ __device__ __forceinline__ void rows_warp(const ProbeStatsArgs& a, int64_t task,
 #pragma unroll
         for (int u = 0; u < kAhead; ++u) next[u] = value(c + kChunk + 32 * u);
       }
+      unsigned long long weighted = 0;
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) take(c + 32 * u, v[u]);
+      for (int u = 0; u < kAhead; ++u) {
+        if (stats) {
+          stat(v[u]);
+          const uint64_t t = 2ull * bits_of(v[u]) + 1ull;
+          weighted += pow_mod64(kChecksumBase, 4 * u) * t;  // a constant once unrolled
+          check_one += t;
+        }
+        sketch(c + 32 * u, v[u]);
+      }
+      if (stats) {
+        check_pow += power * weighted;
+        power *= kChunkPower;
+      }
       c += kChunk;
       if (!more) break;
 #pragma unroll
       for (int u = 0; u < kAhead; ++u) v[u] = next[u];
     }
   }
-  for (; c < a.cols; c += 32) take(c, value(c));
+  for (; c < a.cols; c += 32) {
+    const float v = value(c);
+    if (stats) {
+      stat(v);
+      const uint64_t t = 2ull * bits_of(v) + 1ull;
+      check_pow += power * t;
+      check_one += t;
+      power *= kA4;
+    }
+    sketch(c, v);
+  }
   if constexpr (kSketch) {
     if constexpr (kParts == 1) {
       const double s = warp_sum_transposed(skacc, lane);
@@ -134,6 +174,14 @@ __device__ __forceinline__ void rows_warp(const ProbeStatsArgs& a, int64_t task,
     }
   }
   if (!stats) return;
+  RowAcc acc;
+  acc.sum = sum;
+  acc.sumsq = sumsq;
+  acc.amax = amax;
+  acc.nan = nan;
+  acc.inf = inf;
+  acc.check = checksum_row_hash(static_cast<uint64_t>(r)) * check_pow +
+              kChecksumStep * static_cast<uint64_t>(lane & 7) * check_one;
   warp_fold(acc);
   if (lane == 0) store_row(a, r, acc);
   if (a.heads > 0) {

@@ -42,14 +42,13 @@ __device__ __forceinline__ double warp_sum_transposed(double (&v)[kSketchLanes],
   return v[0];
 }
 
-
 // Warp `task` of a launch over `a`: row task / kParts, whose sketch lanes [part·kLanes, (part + 1)·kLanes) it sums
 // (part = task % kParts), part 0 the stats and head L2 as well (kParts 1: every lane and the stats by one warp).
 // kSketch: a.sketch_bits is set (without it the sketch's accumulators are left out, and with them their registers).
 //
 // A lane's stats are chains of dependent operations, one link a value, so each link is kept short (the warps are few
 // where it matters: decode's 64 rows of DSA's idx_scores, a warp on each of 64 SMs) and the results are the same bits
-// as RowAcc::add value by value: the finite sum and sum of squares in double in the columns' order (a non-finite
+// as adding value by value in double, the host's way: the finite sum and sum of squares in double in the columns' order (a non-finite
 // value adds +0.0, which leaves a sum that is never −0.0 unchanged; the square as the same fused multiply-add); the
 // absmax of exact values in float, the NaN and Inf counts in integers; the checksum as two sums mod 2^64 that give
 // Σ (H·A^(c >> 3) + step·(c & 7))·(2b + 1) once multiplied out: c & 7 is the lane's own for every column it takes, and

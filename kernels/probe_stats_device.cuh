@@ -36,22 +36,6 @@ struct RowAcc {
     inf += load_partial<kShared>(&p->inf);
     check += load_partial<kShared>(&p->check);
   }
-
-  // `multiplier`: the element's checksum multiplier (checksum_multiplier of probes/probe_hash.h).
-  __device__ void add(float v, uint32_t bits, uint64_t multiplier) {
-    add_value(v);
-    check += multiplier * (2ull * bits + 1ull);
-  }
-  __device__ void add_value(float v) {
-    const double d = v;
-    if (isnan(v)) nan += 1;
-    else if (isinf(v)) inf += 1;
-    else {
-      sum += d;
-      sumsq += d * d;
-      amax = fmax(amax, fabs(d));
-    }
-  }
 };
 
 // Where the sign of (column i of a group of 8, sketch lane g + 8j) sits in the group's word g of the sign-bit

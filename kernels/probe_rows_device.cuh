@@ -47,12 +47,12 @@ __device__ __forceinline__ double warp_sum_transposed(double (&v)[kSketchLanes],
 // kSketch: a.sketch_bits is set (without it the sketch's accumulators are left out, and with them their registers).
 //
 // A lane's stats are chains of dependent operations, one link a value, so each link is kept short (the warps are few
-// where it matters: decode's 64 rows of DSA's idx_scores, a warp on each of 64 SMs) and the results are the same bits
-// as adding value by value in double, the host's way: the finite sum and sum of squares in double in the columns' order (a non-finite
-// value adds +0.0, which leaves a sum that is never −0.0 unchanged; the square as the same fused multiply-add); the
-// absmax of exact values in float, the NaN and Inf counts in integers; the checksum as two sums mod 2^64 that give
-// Σ (H·A^(c >> 3) + step·(c & 7))·(2b + 1) once multiplied out: c & 7 is the lane's own for every column it takes, and
-// a chunk's powers of A are the chunk's first times constants.
+// where it matters: decode's 64 rows of DSA's idx_scores, a warp on each of 64 SMs), with the bits of adding value by
+// value in double: the finite sum and sum of squares in the columns' order (a non-finite value adds +0.0, which leaves
+// a sum that is never −0.0 unchanged; the square by a fused multiply-add); the absmax of exact values in float, the
+// NaN and Inf counts in integers; the checksum as two sums mod 2^64 that give Σ (H·A^(c >> 3) + step·(c & 7))·(2b + 1)
+// once multiplied out: c & 7 is the lane's own for every column it takes, and a chunk's powers of A are the chunk's
+// first times constants.
 template <class T, int kParts, bool kSketch>
 __device__ __forceinline__ void rows_warp(const ProbeStatsArgs& a, int64_t task, int lane) {
   static_assert(kSketchLanes % kParts == 0, "whole sketch lanes per warp");

@@ -16,9 +16,7 @@ __global__ void __launch_bounds__(kThreads) probe_stats_kernel(const ProbeStatsA
   const int64_t task = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
   rows_warp<T, kParts, kSketch>(a, task, threadIdx.x & 31);
 }
-}  // namespace
 
-namespace {
 template <int kParts, bool kSketch>
 void launch_rows(const ProbeStatsArgs& a, int sms, cudaStream_t stream) {
   // kParts warps a row, as many a block as leave a block for every SM (decode's 64 rows of DSA's idx_scores at the

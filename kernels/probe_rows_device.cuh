@@ -173,14 +173,9 @@ __device__ __forceinline__ void rows_warp(const ProbeStatsArgs& a, int64_t task,
     }
   }
   if (!stats) return;
-  RowAcc acc;
-  acc.sum = sum;
-  acc.sumsq = sumsq;
-  acc.amax = amax;
-  acc.nan = nan;
-  acc.inf = inf;
-  acc.check = checksum_row_hash(static_cast<uint64_t>(r)) * check_pow +
-              kChecksumStep * static_cast<uint64_t>(lane & 7) * check_one;
+  const uint64_t check = checksum_row_hash(static_cast<uint64_t>(r)) * check_pow +
+                         kChecksumStep * static_cast<uint64_t>(lane & 7) * check_one;
+  RowAcc acc{sum, sumsq, amax, static_cast<double>(nan), static_cast<double>(inf), check};
   warp_fold(acc);
   if (lane == 0) store_row(a, r, acc);
   if (a.heads > 0) {

@@ -24,6 +24,12 @@
 //                    delay it by about what they save in the tail: decode B 64 on an H200 +15% / +21% at stats /
 //                    sketch against +14% / +18%); or each launched after its stage (stage: a device fault then keeps
 //                    the records of the stages before it in its layer too)
+//   probe_copy=side|rank  where a held layer's records are copied back to the host: on the copy stream after an
+//                    event, beside the next layer's first stages (side, default: the copy is off the device's path;
+//                    a device fault in the next layer's first ~0.02 ms can then stop it, losing that layer's records
+//                    as well as its own), or on the rank's stream behind the probe kernels, ahead of the next layer
+//                    (rank: a fault in a later layer never stops it; DeepSeek-V3 decode B 64 on an H200, a run of 8
+//                    layers at stats / sketch: +15% / +22% against +10% / +17% with side)
 //   probe_hold_rows=N  the most token rows of a tensor whose probe is held (default 256: larger ones are launched
 //                    after their stage, where their results' copies overlap the next stages)
 //   probe_batch=stage|attention|probe  device probes launched after their stage (not held): a stage's probes
@@ -176,6 +182,9 @@ class CudaEngine : public Engine, public EngineTiming {
         if (v != "memop" && v != "kernel")
           throw UsageError("cuda engine: probe_flag=" + v + " (expected memop or kernel)");
         probe_flag_kernel_ = v == "kernel";
+      } else if (k == "probe_copy") {
+        if (v != "side" && v != "rank") throw UsageError("cuda engine: probe_copy=" + v + " (expected side or rank)");
+        probe_copy_side_ = v == "side";
       } else if (k == "probe_launch") {
         if (v != "attention" && v != "layer" && v != "stage")
           throw UsageError("cuda engine: probe_launch=" + v + " (expected layer, attention or stage)");
@@ -245,7 +254,7 @@ class CudaEngine : public Engine, public EngineTiming {
   std::string options() const override {
     return "comm=" + (comm_ ? comm_->name() : comm_opt_) + ",devices=" + std::to_string(ndev_) +
            ",poison=" + (poison_ ? "1" : "0") + ",probe=" + (device_probes_ ? "device" : "host") +
-           ",probe_batch=" + probe_batch_name() +
+           ",probe_batch=" + probe_batch_name() + ",probe_copy=" + (probe_copy_side_ ? "side" : "rank") +
            ",probe_flag=" + (probe_flag_kernel_ ? "kernel" : "memop") +
            ",probe_hold_rows=" + std::to_string(held_rows_max_) +
            ",probe_launch=" + (!probe_at_layer_end_ ? "stage" : probe_before_attention_ ? "attention" : "layer") +
@@ -303,11 +312,11 @@ class CudaEngine : public Engine, public EngineTiming {
     return b;
   }
   bool queues_probes() const override { return device_probes_ && !sync_debug_; }
-  // When every probe of the run is held (at most probe_hold_rows token rows): a flush queues the kernels, the copy
-  // and the flag of a layer's records on the rank's stream, ahead of the next layer's stages, so nothing there can
-  // change what they saw, and a device fault there cannot cut their copy short. Probes launched after their stage
-  // copy on a stream of their own, which such a fault could stop; the side stream's kernels run beside the next
-  // stages.
+  // When every probe of the run is held (at most probe_hold_rows token rows): a flush queues the kernels of a
+  // layer's records on the rank's stream, ahead of the next layer's stages, so nothing there can change what they
+  // saw; their copy and flag go on the copy stream beside those stages (probe_copy=side, where a device fault in
+  // them can stop the copy), or behind the kernels on the rank's stream (probe_copy=rank, where it cannot). The side
+  // stream's kernels run beside the next stages.
   bool pipelines_probes() const override { return holds_probes() && !probe_side_stream_ && T_ <= held_rows_max_; }
   void flush_probes() override;
   bool device_stage(int rank, int& layer, Stage& stage) const override;
@@ -350,7 +359,7 @@ class CudaEngine : public Engine, public EngineTiming {
   static Tensor to_float(const DeviceTensor& t, const std::vector<unsigned char>& raw);
 
   bool sync_debug_ = false, poison_ = true, device_probes_ = true, probe_side_stream_ = false;
-  bool probe_pdl_ = true, probe_flag_kernel_ = false;
+  bool probe_pdl_ = true, probe_flag_kernel_ = false, probe_copy_side_ = true;
   bool probe_at_layer_end_ = true;      // probe_launch=attention or layer
   enum class ProbeBatch { kStage, kAttention, kProbe };  // probe_batch
   ProbeBatch probe_batch_ = ProbeBatch::kStage;
@@ -1183,7 +1192,7 @@ void CudaEngine::flush_probes() {
   if (held_.empty()) return;
   std::vector<HeldProbe> held;
   held.swap(held_);
-  start_all(held, false);
+  start_all(held, probe_copy_side_);  // the copy beside the next stages, or behind the kernels
 }
 
 bool CudaEngine::device_stage(int rank, int& layer, Stage& stage) const {

@@ -191,8 +191,9 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list, bool b
     stream = copy_;
     beside = false;
   }
-  // Right after a stage, its probes' first kernel may be launched as its programmatic dependent (start()); the held
-  // probes' kernels follow other probes' kernels and a layer's last stage, where it was measured not to help.
+  // With the copy beside, the first kernel is launched as a programmatic dependent of the kernel before it (a stage,
+  // or a layer's last stage for held probes; start()); with the copy behind the kernels plainly (measured not to
+  // help there).
   const bool programmatic = beside && programmatic_;
   for (const auto& a : others) launch_probe_stats(rc_.probe_launch_cache(), a, programmatic, stream);
   launch_probe_stats_batch(rc_.probe_launch_cache(), batch, programmatic, stream);
@@ -204,8 +205,8 @@ std::vector<int> ProbeCapture::start_many(const std::vector<Start>& list, bool b
     CUDA_CHECK(cudaEventRecord(arena.computed, stream));
     return ids;
   }
-  // The arena's copy and flag behind the kernels on the rank's stream itself: the records are awaited at once (the
-  // end of a layer), and an event and the copy stream's wait for it would only add their latency to that wait.
+  // The arena's copy and flag behind the kernels on the rank's stream itself (the engine's probe_copy=rank): the next
+  // stages wait for the copy, which a device fault in them then cannot stop.
   CUDA_CHECK(cudaMemcpyAsync(arena.host.reserve(0), arena.dev.get(), arena.bytes, cudaMemcpyDeviceToHost, stream));
   launch_set_flag(arena.flag_dev, arena.seq, write_flag_, stream);
   return ids;

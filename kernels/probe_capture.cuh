@@ -11,8 +11,8 @@
 // (kernels/probe_flag.cuh). The copy stream has the device's greatest priority (with probe_stream=side, where the
 // probe kernels run on it, the least). start_many() starts several probes at once (the engine's held probes, or a
 // stage's probes): their kernels in batch launches, their results in one arena copied in one piece under one flag:
-// right behind them on the rank's stream (held probes), or on the copy stream after an event (a stage's probes,
-// launched after it).
+// right behind them on the rank's stream, or on the copy stream after an event (a stage's probes, launched after
+// it, and the engine's held probes unless its option probe_copy=rank).
 #pragma once
 #include <atomic>
 #include <map>
@@ -56,10 +56,12 @@ class ProbeCapture {
   int start(const std::string& probe, const DeviceTensor& t, const ProbeRequest& req);
   // Several probes at once: as start() for each, in order, with the kernels of the tensors that allow it in a few
   // batch launches (launch_probe_stats_batch); the same records. Their results go in one arena, copied in one piece
-  // under one flag: right behind the kernels on the rank's stream (the engine's held probes, awaited at once at the
-  // end of a layer), or, with `beside` (a stage's probes launched after it), on the copy stream after an event, so
-  // that the copy overlaps the rank's next stages (queued by the first of the slots' ship() calls). With
-  // side_stream the kernels, the copy and the flag all go on the copy stream, after one event on the rank's.
+  // under one flag: right behind the kernels on the rank's stream (the engine's held probes with probe_copy=rank:
+  // a device fault in a later stage cannot stop the copy), or, with `beside` (a stage's probes launched after it, or
+  // a layer's held ones), on the copy stream after an event, so that the copy overlaps the rank's next stages
+  // (queued by the first of the slots' ship() calls), the kernels' first launch a programmatic dependent of the
+  // kernel before it. With side_stream the kernels, the copy and the flag all go on the copy stream, after one
+  // event on the rank's.
   struct Start {
     std::string probe;
     const DeviceTensor* tensor;

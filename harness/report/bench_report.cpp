@@ -92,15 +92,15 @@ void print_device_bench(const BenchResult& r, std::ostream& os) {
        << "  host time in the stages' calls " << fmt("%.3f", p.stage_calls.median * 1e3) << " ms vs "
        << fmt("%.3f", r.bare_stage_calls.median * 1e3) << " ms without probes\n"
        << "  on the device: the layer's span with these probes " << fmt("%.3f", p.device_span.median * 1e3)
-       << " ms vs " << fmt("%.3f", r.layer_time.median * 1e3) << " ms without (+"
-       << fmt("%.3f", (p.device_span.median - r.layer_time.median) * 1e3) << " ms, each round +"
-       << fmt("%.3f", (p.device_span.min - r.layer_time.median) * 1e3) << "..+"
-       << fmt("%.3f", (p.device_span.max - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
+       << " ms vs " << fmt("%.3f", r.layer_time.median * 1e3) << " ms without ("
+       << fmt("%+.3f", (p.device_span.median - r.layer_time.median) * 1e3) << " ms, each round "
+       << fmt("%+.3f", (p.device_span.min - r.layer_time.median) * 1e3) << ".."
+       << fmt("%+.3f", (p.device_span.max - r.layer_time.median) * 1e3) << " ms: the probes' device work between "
        << "the stages; the rest of the wall's overhead is the host's and the last records' copies)\n";
     if (p.held)
       os << "  held (cuda:probe_launch=layer or attention): the probes' kernels run together after the last stage "
-         << "(and before the attention with attention), followed by one copy and the records: the wall's overhead "
-         << "is that tail\n";
+         << "(and before the attention with attention), then one copy (beside the next layer's stages; behind the "
+         << "kernels with probe_copy=rank) and the records: the wall's overhead is that tail\n";
     // Where the span's growth is: the device time after each stage beyond the bare layer's, largest first.
     if (!p.after_stage.empty() && !p.held) {
       auto order = p.after_stage;

@@ -51,12 +51,21 @@ TEST(CudaEngine, RejectsUnknownAndBadOptions) {
   }
   EXPECT_NE(make_engine(EngineSpec::parse("cuda"))
                 ->options()
-                .find("probe_batch=stage,probe_flag=memop,probe_hold_rows=256,probe_launch=layer,probe_pdl=1"),
+                .find("probe_batch=stage,probe_copy=side,probe_flag=memop,probe_hold_rows=256,probe_launch=layer,"
+                      "probe_pdl=1"),
             std::string::npos);
-  EXPECT_NE(cuda_engine("probe_pdl=0,probe_flag=kernel,probe_launch=stage,probe_hold_rows=512,probe_batch=probe")
+  EXPECT_NE(cuda_engine("probe_pdl=0,probe_flag=kernel,probe_launch=stage,probe_hold_rows=512,probe_batch=probe,"
+                        "probe_copy=rank")
                 ->options()
-                .find("probe_batch=probe,probe_flag=kernel,probe_hold_rows=512,probe_launch=stage,probe_pdl=0"),
+                .find("probe_batch=probe,probe_copy=rank,probe_flag=kernel,probe_hold_rows=512,probe_launch=stage,"
+                      "probe_pdl=0"),
             std::string::npos);
+  try {
+    cuda_engine("probe_copy=host");
+    ADD_FAILURE() << "probe_copy=host was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("probe_copy=host (expected side or rank)"), std::string::npos) << e.what();
+  }
   try {
     cuda_engine("probe_batch=layer");
     ADD_FAILURE() << "probe_batch=layer was accepted";

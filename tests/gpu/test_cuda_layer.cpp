@@ -63,8 +63,9 @@ TEST(CudaLayerDeterminism, RepeatedRunsAreBitIdentical) {
   }
 }
 
-// Probes held and launched together — all at the end of the layer (probe_launch=layer, the default), or before the
-// attention and at the end (probe_launch=attention) — give the same records, bit for bit, as each probe launched
+// Probes held and launched together — all at the end of the layer (probe_launch=layer, the default; their copy beside
+// the next layer or, with probe_copy=rank, ahead of it), or before the attention and at the end
+// (probe_launch=attention) — give the same records, bit for bit, as each probe launched
 // alone after its stage (probe_launch=stage,probe_batch=probe): every statistic, map, sketch and full tensor; over
 // two layers (the second layer's stages rewrite every tensor the first layer's probes read), at tp 8 on one GPU, and
 // with DSA's fp32 index scores and top-k (rows of the row kernel's, taken beside the tiles in a batch launch).
@@ -87,14 +88,15 @@ TEST(CudaLayerDeterminism, HeldProbesAreTheSameRecords) {
     auto each = cuda_engine("probe_launch=stage,probe_batch=probe");
     const Capture b = capture(*each, run);
     EXPECT_FALSE(each->pipelines_probes());  // (asked after the run's prepare, as the Runner asks)
-    for (const std::string launch : {"", "probe_launch=attention", "probe_stream=side", "probe_launch=stage",
-                                     "probe_hold_rows=0", "probe_hold_rows=0,probe_batch=attention"}) {
+    for (const std::string launch : {"", "probe_copy=rank", "probe_launch=attention", "probe_stream=side",
+                                     "probe_launch=stage", "probe_hold_rows=0",
+                                     "probe_hold_rows=0,probe_batch=attention"}) {
       auto held = cuda_engine(launch);
       std::stringstream parts(launch.empty() ? "probe_launch=layer" : launch);
       for (std::string part; std::getline(parts, part, ',');)
         ASSERT_NE(held->options().find(part), std::string::npos) << held->options();
       const Capture a = capture(*held, run);
-      const bool holds = launch.empty() || launch == "probe_launch=attention";
+      const bool holds = launch.empty() || launch == "probe_copy=rank" || launch == "probe_launch=attention";
       EXPECT_EQ(held->pipelines_probes(), holds) << held->options();
       ASSERT_EQ(a.recs.size(), b.recs.size());
       for (const auto& [key, x] : a.recs) {

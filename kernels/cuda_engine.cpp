@@ -58,8 +58,9 @@
 // Planted bugs (--inject, docs/bugs.md): every entry that applies to a GPU path and needs no quantized weights is
 // planted in this engine's own computation — a wrong constant, a wrong flag or index of a kernel, a wrong
 // shard — the same bug the reference plants, never a copy of the reference's result (see planted() below).
-// nan-at, hang-at and crash-at are applied by the Runner. The quantized-weight entries act when the packed
-// weights are dequantized on the device (kernels/dequant.cu), as the reference's act in its dequantization.
+// nan-at, hang-at and crash-at are applied by the Runner, fault-at by run_stage. The quantized-weight entries act
+// when the packed weights are dequantized on the device (kernels/dequant.cu), as the reference's act in its
+// dequantization.
 #include "kernels/cuda_engine.h"
 
 #include <cuda_runtime.h>
@@ -81,6 +82,7 @@
 #include "kernels/communicator.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/dequant.cuh"
+#include "kernels/device_fault.cuh"
 #include "kernels/dsa_indexer.cuh"
 #include "kernels/kv_a_proj.cuh"
 #include "kernels/kv_b_proj.cuh"
@@ -284,7 +286,7 @@ class CudaEngine : public Engine, public EngineTiming {
 
   void set_injections(const std::vector<Injection>& list) override {
     for (const auto& inj : list) {
-      if (is_generic_injection(inj)) continue;
+      if (is_generic_injection(inj) || inj.name == "fault-at") continue;  // fault-at: run_stage plants it
       const auto& ok = cuda_injections();
       if (std::find(ok.begin(), ok.end(), inj.name) != ok.end()) continue;
       const auto* z = find_zoo_entry(inj.name);
@@ -292,7 +294,7 @@ class CudaEngine : public Engine, public EngineTiming {
       for (const auto& n : ok) known += " " + n;
       throw UsageError("cuda engine cannot plant '" + inj.name + "'" +
                        (z && z->needs_quantized ? " (it corrupts quantized weights: needs --weight-format)" : "") +
-                       " (it plants:" + known + " nan-at hang-at crash-at)");
+                       " (it plants:" + known + " nan-at hang-at crash-at fault-at)");
     }
     injections_ = list;
   }
@@ -664,6 +666,11 @@ void CudaEngine::run_stage(const StageSpec& st, int layer, int rank) {
       begin = timing_event(rank);
       CUDA_CHECK(cudaEventRecord(begin, ranks_[rank].ctx->stream()));
     }
+    // fault-at: a real device fault (an illegal address) as the stage begins, as a broken kernel of it would make.
+    for (const auto& inj : injections())
+      if (inj.name == "fault-at" && inj.target == stage_name(st.stage) && (inj.rank < 0 || inj.rank == rank) &&
+          (inj.layer < 0 || inj.layer == layer))
+        cuda::launch_device_fault(ranks_[rank].ctx->stream());
     run_stage_impl(st, layer, rank);
     if (holds_probes()) {  // where the device is, for a hang seen while the held records wait
       if (static_cast<int>(begun_.size()) <= rank) begun_.resize(rank + 1), begun_free_.resize(rank + 1);

@@ -110,7 +110,9 @@ void ReferenceEngine::set_injections(const std::vector<Injection>& list) {
     const auto* z = find_zoo_entry(inj.name);
     if (!is_generic_injection(inj) && (!z || z->needs_quantized))
       throw UsageError("reference engine cannot plant '" + inj.name + "'" +
-                       (z && z->needs_quantized ? " (it corrupts quantized weights: needs --weight-format)" : ""));
+                       (z && z->needs_quantized ? " (it corrupts quantized weights: needs --weight-format)"
+                        : inj.name == "fault-at" ? " (a device fault: the cuda engine plants it)"
+                                                 : ""));
   }
   injections_ = list;
 }

@@ -105,7 +105,8 @@ void setup_bisect(CLI::App& app, int& exit_code) {
   cmd->add_option("--reference", o->reference, "Reference engine")->capture_default_str();
   cmd->add_option("--inject", o->inject,
                   "Plant bugs in the candidate: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX, "
-                  "hang-at:STAGE[@rank], crash-at:STAGE[@rank], slow-at:STAGE:MS[@rank] (STAGE * for every stage)");
+                  "hang-at:STAGE[@rank], crash-at:STAGE[@rank], fault-at:STAGE[:LAYER][@rank] (cuda: a device fault), "
+                  "slow-at:STAGE:MS[@rank] (STAGE * for every stage)");
   cmd->add_option("--timeout", o->timeout, "Per-stage watchdog of each run, seconds")->capture_default_str()
       ->check(finite_number(0, true, "seconds"));
   cmd->add_option("--workdir", o->workdir, "Where the reference and candidate dumps are written")->capture_default_str();

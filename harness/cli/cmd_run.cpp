@@ -242,10 +242,14 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
                      "cuda can); drop --rank to run every rank in this process");
   auto engine = make_engine(engine_spec);
   const auto injections = parse_injections(o.inject);
-  for (const auto& inj : injections)
+  for (const auto& inj : injections) {
     if (inj.rank >= spec.tp)
       throw UsageError("--inject " + inj.text + ": rank " + std::to_string(inj.rank) + " does not exist at --tp " +
                        std::to_string(spec.tp));
+    if (inj.layer >= spec.layers)
+      throw UsageError("--inject " + inj.text + ": layer " + std::to_string(inj.layer) +
+                       " does not exist at --layers " + std::to_string(spec.layers));
+  }
   engine->set_injections(engine_injections(injections));  // weight injections act in load_weights
   // Before any work: a run that cannot fit in this machine's memory is refused now, not after minutes.
   const WeightSpec ws = o.run.weight_spec();
@@ -379,7 +383,8 @@ void setup_run(CLI::App& app, int& exit_code) {
                                        "the dump)");
   cmd->add_option("--inject", o->inject,
                   "Plant bugs in this engine: NAME[,NAME...] from docs/bugs.md, nan-at:PROBE:INDEX[@rank], "
-                  "hang-at:STAGE[@rank], crash-at:STAGE[@rank], slow-at:STAGE:MS[@rank] (STAGE * for every stage)");
+                  "hang-at:STAGE[@rank], crash-at:STAGE[@rank], fault-at:STAGE[:LAYER][@rank] (cuda: a device fault), "
+                  "slow-at:STAGE:MS[@rank] (STAGE * for every stage)");
   cmd->add_option("--watchdog", o->watchdog, "Exit 3 when a stage makes no progress for this many seconds, closing "
                                              "the dump with the rank and stage that hung (0: off)")
       ->check(finite_number(0, false, "seconds (0: off)"));

@@ -969,12 +969,13 @@ void Explorer::cmd_isolate(int i) {
   const uint64_t weight_seed = ref_.meta.run_options.value("weight_seed", uint64_t{0});
   if (cand_.meta.run_options.value("weight_seed", weight_seed) != weight_seed)
     os_ << "note: the dumps name different weight seeds; isolation uses the reference's (" << weight_seed << ")\n";
-  // The candidate engine as its dump recorded it; a hang or crash injection would take this session down.
+  // The candidate engine as its dump recorded it; a hang, crash or fault injection would take this session down.
   const std::string cand_engine = cand_.meta.engine + (cand_.meta.engine_options.empty() ? "" : ":" + cand_.meta.engine_options);
   std::vector<Injection> inject;
   std::string skipped;
   for (auto& inj : parse_injections(cand_.meta.inject)) {
-    if (inj.name == "hang-at" || inj.name == "crash-at") skipped += (skipped.empty() ? "" : ",") + inj.text;
+    if (inj.name == "hang-at" || inj.name == "crash-at" || inj.name == "fault-at")
+      skipped += (skipped.empty() ? "" : ",") + inj.text;
     else inject.push_back(inj);
   }
   if (!skipped.empty()) os_ << "note: leaving out " << skipped << " (it would stop this session)\n";

@@ -101,8 +101,22 @@ std::vector<Injection> parse_injections(const std::string& text) {
         for (const auto& n : probes) names += " " + n;
         throw UsageError("--inject " + item + ": '" + inj.target + "' is not a probe (probes:" + names + ")");
       }
-    } else if (inj.name == "hang-at" || inj.name == "crash-at") {
-      if (arg.empty()) throw UsageError("--inject " + item + ": expected " + inj.name + ":STAGE[@rank]");
+    } else if (inj.name == "hang-at" || inj.name == "crash-at" || inj.name == "fault-at") {
+      const bool fault = inj.name == "fault-at";
+      if (arg.empty())
+        throw UsageError("--inject " + item + ": expected " + inj.name + (fault ? ":STAGE[:LAYER]" : ":STAGE") +
+                         "[@rank]");
+      if (const auto c2 = arg.find(':'); fault && c2 != std::string::npos) {
+        try {
+          size_t used = 0;
+          inj.layer = std::stoi(arg.substr(c2 + 1), &used);
+          if (used != arg.size() - c2 - 1) throw std::invalid_argument("trailing");
+        } catch (const std::exception&) {
+          throw UsageError("--inject " + item + ": LAYER must be a layer number");
+        }
+        if (inj.layer < 0) throw UsageError("--inject " + item + ": LAYER must be >= 0");
+        arg = arg.substr(0, c2);
+      }
       inj.target = arg;
       try {
         parse_stage(arg);
@@ -134,7 +148,8 @@ std::vector<Injection> parse_injections(const std::string& text) {
       std::string names;
       for (auto& e : bug_zoo()) names += " " + e.name;
       throw UsageError("unknown injection '" + inj.name + "' (known:" + names +
-                       " nan-at:PROBE:INDEX hang-at:STAGE[@rank] crash-at:STAGE[@rank] slow-at:STAGE:MS[@rank])");
+                       " nan-at:PROBE:INDEX hang-at:STAGE[@rank] crash-at:STAGE[@rank] fault-at:STAGE[:LAYER][@rank] "
+                       "slow-at:STAGE:MS[@rank])");
     } else if (!arg.empty()) {
       throw UsageError("--inject " + item + ": '" + inj.name + "' takes no argument");
     }

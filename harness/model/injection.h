@@ -9,10 +9,11 @@ namespace mla {
 
 struct Injection {
   std::string name;    // e.g. "rope-neox", "nan-at", "hang-at"
-  std::string target;  // probe (nan-at) or stage (hang-at, crash-at, slow-at; slow-at also "*": every stage)
+  std::string target;  // probe (nan-at) or stage (hang-at, crash-at, fault-at, slow-at; slow-at also "*")
   int64_t index = 0;   // nan-at: flat index into the rank's local tensor
   int64_t ms = 0;      // slow-at: milliseconds of sleep at the stage's entry
   int rank = -1;       // @rank; -1 = every rank (nan-at: rank 0)
+  int layer = -1;      // fault-at: the layer it acts in; -1 = the first to reach the stage (the fault ends the run)
   std::string text;    // as given
 };
 

@@ -39,7 +39,8 @@ TEST(CudaInjections, AcceptsEveryGpuEntryAndRejectsTheQuantizedOnesByName) {
   MLA_REQUIRE_GPU();
   auto e = cuda_engine();
   for (const auto& name : kGpuEntries) EXPECT_NO_THROW(e->set_injections(parse_injections(name))) << name;
-  EXPECT_NO_THROW(e->set_injections(parse_injections("rope-neox,nan-at:q_c:3,hang-at:rope@1,crash-at:o_proj")));
+  EXPECT_NO_THROW(
+      e->set_injections(parse_injections("rope-neox,nan-at:q_c:3,hang-at:rope@1,crash-at:o_proj,fault-at:rope@0")));
   for (const auto& z : bug_zoo()) {
     if (!z.needs_quantized) continue;
     try {
@@ -236,6 +237,67 @@ TEST(CudaInjections, CrashAndHangKeepEveryRecordBeforeThem) {
     }
     EXPECT_GE(kept, 10u) << name;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A real device fault (fault-at: a kernel's write to an unmapped address as the stage begins) ends the run with an
+// engine error that says so (exit 3), and the dump stays readable and says where the run stopped. With every stage
+// synchronized (sync_debug=1) it keeps every record of the stages before the fault, each equal to the clean run's;
+// with the defaults (probes held to the layer's end) the run stops the same way, without hanging, and keeps no
+// record of the faulting layer's stages after the fault; and a fault in a later layer keeps the layers before.
+TEST(CudaInjections, DeviceFaultEndsTheRunAndKeepsTheRecordsBeforeIt) {
+  MLA_REQUIRE_GPU();
+  const std::string dir = test_dir("fault");
+  const std::string run = "run --quiet --model tiny --tokens 8 --tp 2 --probe-level sketch --out ";
+  const auto clean = run_cli(run + dir + "/clean.h5 --engine cuda:sync_debug=1");
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const Dump ref = read_dump(dir + "/clean.h5");
+  for (const std::string engine : {"cuda:sync_debug=1", "cuda"}) {
+    const bool held = engine == "cuda";
+    const std::string out = dir + "/fault_" + (held ? "held" : "sync") + ".h5";
+    const auto fault = run_cli(run + out + " --engine " + engine + " --inject fault-at:o_proj");
+    EXPECT_EQ(fault.code, 3) << engine << ": " << fault.out;
+    EXPECT_NE(fault.out.find("illegal memory access"), std::string::npos) << engine << ": " << fault.out;
+    const Dump d = read_dump(out);
+    EXPECT_FALSE(d.complete()) << engine << ": " << d.status;
+    size_t kept = 0;
+    for (const DumpProbe& p : ref.probes) {
+      const DumpProbe* q = d.find(p.layer, p.name);
+      if (p.stage == "o_proj" || p.stage == "all_reduce" || p.stage == "residual") {
+        EXPECT_TRUE(q == nullptr || q->ranks.empty()) << engine << ": " << p.name << " recorded after the fault";
+        continue;
+      }
+      if (held) continue;  // held to the layer's end: lost with it
+      ASSERT_NE(q, nullptr) << engine << ": " << p.name << " lost";
+      ASSERT_EQ(q->ranks.size(), p.ranks.size()) << engine << ": " << p.name;
+      for (size_t r = 0; r < p.ranks.size(); ++r)
+        EXPECT_EQ(q->ranks[r].checksum, p.ranks[r].checksum) << engine << ": " << p.name << " rank " << r;
+      ++kept;
+    }
+    if (!held) EXPECT_GE(kept, 10u) << engine;
+  }
+  // Two decode layers, the fault in the second (fault-at:STAGE:LAYER): with the held records' copy ahead of the next
+  // layer (probe_copy=rank) every record of the first layer survives, equal to the clean run's.
+  const std::string decode = "run --quiet --model tiny --mode decode --batch 3 --context 40 --layers 2 --tp 2 "
+                             "--probe-level sketch --engine cuda:probe_copy=rank --out ";
+  const auto clean2 = run_cli(decode + dir + "/clean2.h5");
+  ASSERT_EQ(clean2.code, 0) << clean2.out;
+  const Dump ref2 = read_dump(dir + "/clean2.h5");
+  const auto fault2 = run_cli(decode + dir + "/fault2.h5 --inject fault-at:q_a_proj:1");
+  EXPECT_EQ(fault2.code, 3) << fault2.out;
+  EXPECT_NE(fault2.out.find("illegal memory access"), std::string::npos) << fault2.out;
+  const Dump d2 = read_dump(dir + "/fault2.h5");
+  EXPECT_FALSE(d2.complete()) << d2.status;
+  size_t first_layer = 0;
+  for (const DumpProbe& p : ref2.probes) {
+    if (p.layer != 0) continue;
+    const DumpProbe* q = d2.find(p.layer, p.name);
+    ASSERT_NE(q, nullptr) << "layer 0 " << p.name << " lost";
+    ASSERT_EQ(q->ranks.size(), p.ranks.size()) << p.name;
+    for (size_t r = 0; r < p.ranks.size(); ++r) EXPECT_EQ(q->ranks[r].checksum, p.ranks[r].checksum) << p.name;
+    ++first_layer;
+  }
+  EXPECT_GE(first_layer, 10u);
   std::filesystem::remove_all(dir);
 }
 

@@ -2,6 +2,7 @@
 #include "harness/model/injection.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "harness/model/errors.h"
 #include "harness/model/stage_graph.h"
@@ -58,6 +59,28 @@ const ZooEntry* find_zoo_entry(const std::string& name) {
   return nullptr;
 }
 
+namespace {
+// `text` as a whole integer (nothing after it), else a UsageError for the injection `item` saying `what` it must be.
+int64_t whole_number(const std::string& text, const std::string& item, const std::string& what) {
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError("--inject " + item + ": " + what);
+}
+
+// A UsageError for the injection `item` unless `stage` names a stage.
+void check_stage(const std::string& stage, const std::string& item) {
+  try {
+    parse_stage(stage);
+  } catch (const UsageError& e) {
+    throw UsageError("--inject " + item + ": " + e.what());
+  }
+}
+}  // namespace
+
 std::vector<Injection> parse_injections(const std::string& text) {
   std::vector<Injection> out;
   size_t pos = 0;
@@ -107,43 +130,22 @@ std::vector<Injection> parse_injections(const std::string& text) {
         throw UsageError("--inject " + item + ": expected " + inj.name + (fault ? ":STAGE[:LAYER]" : ":STAGE") +
                          "[@rank]");
       if (const auto c2 = arg.find(':'); fault && c2 != std::string::npos) {
-        try {
-          size_t used = 0;
-          inj.layer = std::stoi(arg.substr(c2 + 1), &used);
-          if (used != arg.size() - c2 - 1) throw std::invalid_argument("trailing");
-        } catch (const std::exception&) {
-          throw UsageError("--inject " + item + ": LAYER must be a layer number");
-        }
-        if (inj.layer < 0) throw UsageError("--inject " + item + ": LAYER must be >= 0");
+        const int64_t layer = whole_number(arg.substr(c2 + 1), item, "LAYER must be a layer number");
+        if (layer < 0 || layer > INT_MAX) throw UsageError("--inject " + item + ": LAYER must be >= 0");
+        inj.layer = static_cast<int>(layer);
         arg = arg.substr(0, c2);
       }
       inj.target = arg;
-      try {
-        parse_stage(arg);
-      } catch (const UsageError& e) {
-        throw UsageError("--inject " + item + ": " + e.what());
-      }
+      check_stage(arg, item);
     } else if (inj.name == "slow-at") {
       const auto c2 = arg.find(':');
       if (c2 == std::string::npos || c2 == 0)
         throw UsageError("--inject " + item + ": expected slow-at:STAGE:MS[@rank] (STAGE * for every stage)");
       inj.target = arg.substr(0, c2);
-      try {
-        size_t used = 0;
-        inj.ms = std::stoll(arg.substr(c2 + 1), &used);
-        if (used != arg.size() - c2 - 1) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        throw UsageError("--inject " + item + ": MS must be an integer (milliseconds)");
-      }
+      inj.ms = whole_number(arg.substr(c2 + 1), item, "MS must be an integer (milliseconds)");
       if (inj.ms < 0 || inj.ms > 3600000)
         throw UsageError("--inject " + item + ": MS must be 0 .. 3600000 (an hour)");
-      if (inj.target != "*") {
-        try {
-          parse_stage(inj.target);
-        } catch (const UsageError& e) {
-          throw UsageError("--inject " + item + ": " + e.what());
-        }
-      }
+      if (inj.target != "*") check_stage(inj.target, item);
     } else if (!find_zoo_entry(inj.name)) {
       std::string names;
       for (auto& e : bug_zoo()) names += " " + e.name;

@@ -131,7 +131,8 @@ std::vector<Injection> parse_injections(const std::string& text) {
                          "[@rank]");
       if (const auto c2 = arg.find(':'); fault && c2 != std::string::npos) {
         const int64_t layer = whole_number(arg.substr(c2 + 1), item, "LAYER must be a layer number");
-        if (layer < 0 || layer > INT_MAX) throw UsageError("--inject " + item + ": LAYER must be >= 0");
+        if (layer < 0) throw UsageError("--inject " + item + ": LAYER must be >= 0");
+        if (layer > INT_MAX) throw UsageError("--inject " + item + ": LAYER must be a layer number");
         inj.layer = static_cast<int>(layer);
         arg = arg.substr(0, c2);
       }

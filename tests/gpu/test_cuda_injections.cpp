@@ -205,6 +205,33 @@ TEST(CudaZoo, DemoBisectFindsRopeNeoxAtTheRope) {
 namespace mla::gputest {
 namespace {
 
+// The records of `d`, a run stopped at a stage, against the clean run's `ref` (`what` names the run): none of a probe
+// `after` says came after the stop; every probe `must_keep` says must survive there, equal to the clean record,
+// checksum for checksum. Returns how many were compared.
+template <class After, class MustKeep>
+size_t expect_kept_records(const Dump& ref, const Dump& d, const std::string& what, After after, MustKeep must_keep) {
+  size_t kept = 0;
+  for (const DumpProbe& p : ref.probes) {
+    const DumpProbe* q = d.find(p.layer, p.name);
+    if (after(p)) {
+      EXPECT_TRUE(q == nullptr || q->ranks.empty())
+          << what << ": layer " << p.layer << " " << p.name << " recorded after the stop";
+      continue;
+    }
+    if (!must_keep(p)) continue;
+    if (q == nullptr || q->ranks.size() != p.ranks.size()) {
+      ADD_FAILURE() << what << ": layer " << p.layer << " " << p.name << " lost (or some of its ranks)";
+      continue;
+    }
+    for (size_t r = 0; r < p.ranks.size(); ++r)
+      EXPECT_EQ(q->ranks[r].checksum, p.ranks[r].checksum) << what << ": " << p.name << " rank " << r;
+    ++kept;
+  }
+  return kept;
+}
+// The stages of a layer after o_proj's entry, where the stop tests stop.
+bool from_o_proj(const DumpProbe& p) { return p.stage == "o_proj" || p.stage == "all_reduce" || p.stage == "residual"; }
+
 // A run that crashes or hangs on the CUDA engine keeps every record of the stages before: the probes queued on the
 // device are collected (their copies waited for, their records built on the record builder's thread) before the
 // planted crash, and before the watchdog ends a hang. Each kept record equals the clean run's, checksum for checksum.
@@ -222,20 +249,7 @@ TEST(CudaInjections, CrashAndHangKeepEveryRecordBeforeThem) {
   for (const std::string name : {"crash", "hang"}) {
     const Dump d = read_dump(dir + "/" + name + ".h5");
     EXPECT_FALSE(d.complete()) << name << ": " << d.status;
-    size_t kept = 0;
-    for (const DumpProbe& p : ref.probes) {
-      const DumpProbe* q = d.find(p.layer, p.name);
-      if (p.stage == "o_proj" || p.stage == "all_reduce" || p.stage == "residual") {
-        EXPECT_TRUE(q == nullptr || q->ranks.empty()) << name << ": " << p.name << " recorded after the stop";
-        continue;
-      }
-      ASSERT_NE(q, nullptr) << name << ": " << p.name << " lost";
-      ASSERT_EQ(q->ranks.size(), p.ranks.size()) << name << ": " << p.name;
-      for (size_t r = 0; r < p.ranks.size(); ++r)
-        EXPECT_EQ(q->ranks[r].checksum, p.ranks[r].checksum) << name << ": " << p.name << " rank " << r;
-      ++kept;
-    }
-    EXPECT_GE(kept, 10u) << name;
+    EXPECT_GE(expect_kept_records(ref, d, name, from_o_proj, [](const DumpProbe&) { return true; }), 10u) << name;
   }
   std::filesystem::remove_all(dir);
 }
@@ -260,20 +274,8 @@ TEST(CudaInjections, DeviceFaultEndsTheRunAndKeepsTheRecordsBeforeIt) {
     EXPECT_NE(fault.out.find("illegal memory access"), std::string::npos) << engine << ": " << fault.out;
     const Dump d = read_dump(out);
     EXPECT_FALSE(d.complete()) << engine << ": " << d.status;
-    size_t kept = 0;
-    for (const DumpProbe& p : ref.probes) {
-      const DumpProbe* q = d.find(p.layer, p.name);
-      if (p.stage == "o_proj" || p.stage == "all_reduce" || p.stage == "residual") {
-        EXPECT_TRUE(q == nullptr || q->ranks.empty()) << engine << ": " << p.name << " recorded after the fault";
-        continue;
-      }
-      if (held) continue;  // held to the layer's end: lost with it
-      ASSERT_NE(q, nullptr) << engine << ": " << p.name << " lost";
-      ASSERT_EQ(q->ranks.size(), p.ranks.size()) << engine << ": " << p.name;
-      for (size_t r = 0; r < p.ranks.size(); ++r)
-        EXPECT_EQ(q->ranks[r].checksum, p.ranks[r].checksum) << engine << ": " << p.name << " rank " << r;
-      ++kept;
-    }
+    // Held to the layer's end, the records before the fault are lost with it.
+    const size_t kept = expect_kept_records(ref, d, engine, from_o_proj, [&](const DumpProbe&) { return !held; });
     if (!held) EXPECT_GE(kept, 10u) << engine;
   }
   // Two decode layers, the fault in the second (fault-at:STAGE:LAYER): with the held records' copy ahead of the next
@@ -288,16 +290,9 @@ TEST(CudaInjections, DeviceFaultEndsTheRunAndKeepsTheRecordsBeforeIt) {
   EXPECT_NE(fault2.out.find("illegal memory access"), std::string::npos) << fault2.out;
   const Dump d2 = read_dump(dir + "/fault2.h5");
   EXPECT_FALSE(d2.complete()) << d2.status;
-  size_t first_layer = 0;
-  for (const DumpProbe& p : ref2.probes) {
-    if (p.layer != 0) continue;
-    const DumpProbe* q = d2.find(p.layer, p.name);
-    ASSERT_NE(q, nullptr) << "layer 0 " << p.name << " lost";
-    ASSERT_EQ(q->ranks.size(), p.ranks.size()) << p.name;
-    for (size_t r = 0; r < p.ranks.size(); ++r) EXPECT_EQ(q->ranks[r].checksum, p.ranks[r].checksum) << p.name;
-    ++first_layer;
-  }
-  EXPECT_GE(first_layer, 10u);
+  const auto in_layer_0 = [](const DumpProbe& p) { return p.layer == 0; };
+  EXPECT_GE(expect_kept_records(ref2, d2, "fault in layer 1", [](const DumpProbe&) { return false; }, in_layer_0),
+            10u);
   std::filesystem::remove_all(dir);
 }
 

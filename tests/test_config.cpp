@@ -550,6 +550,21 @@ TEST(ConfigErrors, DeepNestingIsRejectedWithoutCrashing) {
   EXPECT_NO_THROW(parse_hf_config(j.dump(), "nested.json"));
 }
 
+// A head dim no model has is refused before the rope table is sized by it (the config fuzzer's input: a
+// qk_rope_head_dim of 64887874 asked for a 260 MB table).
+TEST(ConfigErrors, HeadDimsPastAnyModelAreRefused) {
+  auto j = testdata("deepseek_v3_config.json");
+  j["qk_rope_head_dim"] = 64887874;
+  auto msg = usage_error([&] { parse_hf_config(j.dump(), "huge.json"); });
+  EXPECT_CONTAINS(msg, "qk_rope_head_dim must be at most 65536, got 64887874");
+  j = testdata("deepseek_v3_config.json");
+  j["v_head_dim"] = 65538;
+  EXPECT_CONTAINS(usage_error([&] { parse_hf_config(j.dump(), "huge.json"); }), "v_head_dim must be at most 65536");
+  j = testdata("deepseek_v3_config.json");
+  j["qk_nope_head_dim"] = 65536;  // the bound itself is accepted
+  EXPECT_NO_THROW(parse_hf_config(j.dump(), "wide.json"));
+}
+
 TEST(ConfigErrors, HeadsMustDivideByTp) {
   const auto flash = preset("glm-4.7-flash");
   auto msg = usage_error([&] { flash.validate_tp(8); });

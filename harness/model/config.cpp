@@ -64,6 +64,14 @@ void MlaConfig::validate() const {
   positive(qk_nope, "qk_nope_head_dim");
   positive(qk_rope, "qk_rope_head_dim");
   positive(v_head, "v_head_dim");
+  // A head dim past any model's (64-512 in real ones) is a broken config, refused before derive() sizes the rope
+  // table by it.
+  constexpr int kMaxHeadDim = 65536;
+  for (const auto& [v, field] : {std::pair{qk_nope, "qk_nope_head_dim"}, std::pair{qk_rope, "qk_rope_head_dim"},
+                                 std::pair{v_head, "v_head_dim"}})
+    if (v > kMaxHeadDim)
+      throw UsageError("model '" + name + "': " + field + " must be at most " + std::to_string(kMaxHeadDim) +
+                       ", got " + std::to_string(v));
   if (q_lora_rank < 0)
     throw UsageError("model '" + name + "': q_lora_rank must be positive or null, got " + std::to_string(q_lora_rank));
   if (qk_rope % 2 != 0)

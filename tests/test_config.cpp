@@ -550,9 +550,9 @@ TEST(ConfigErrors, DeepNestingIsRejectedWithoutCrashing) {
   EXPECT_NO_THROW(parse_hf_config(j.dump(), "nested.json"));
 }
 
-// A head dim no model has is refused before the rope table is sized by it (the config fuzzer's input: a
-// qk_rope_head_dim of 64887874 asked for a 260 MB table).
-TEST(ConfigErrors, HeadDimsPastAnyModelAreRefused) {
+// A head dim or layer count no model has is refused before a table is sized by it (the config fuzzer's input: a
+// qk_rope_head_dim of 64887874 asked for a 260 MB rope table).
+TEST(ConfigErrors, SizesPastAnyModelAreRefused) {
   auto j = testdata("deepseek_v3_config.json");
   j["qk_rope_head_dim"] = 64887874;
   auto msg = usage_error([&] { parse_hf_config(j.dump(), "huge.json"); });
@@ -563,6 +563,14 @@ TEST(ConfigErrors, HeadDimsPastAnyModelAreRefused) {
   j = testdata("deepseek_v3_config.json");
   j["qk_nope_head_dim"] = 65536;  // the bound itself is accepted
   EXPECT_NO_THROW(parse_hf_config(j.dump(), "wide.json"));
+  // A layer count past any model's, before the indexer's per-layer modes are listed by it.
+  j = testdata("glm5_config.json");
+  j["num_hidden_layers"] = 2000000000;
+  j["index_topk_freq"] = 2;
+  EXPECT_CONTAINS(usage_error([&] { parse_hf_config(j.dump(), "deep.json"); }),
+                  "num_hidden_layers must be 1 .. 100000, got 2000000000");
+  j["num_hidden_layers"] = 0;
+  EXPECT_CONTAINS(usage_error([&] { parse_hf_config(j.dump(), "deep.json"); }), "num_hidden_layers must be 1");
 }
 
 TEST(ConfigErrors, HeadsMustDivideByTp) {

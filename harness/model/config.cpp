@@ -363,6 +363,12 @@ MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
   c.qk_rope = get_field<int>(j, "qk_rope_head_dim", origin);
   c.v_head = get_field<int>(j, "v_head_dim", origin);
   c.num_layers = get_field<int>(j, "num_hidden_layers", origin, 1);
+  // Real models have up to ~128; a count past this is a broken config, refused before the indexer's per-layer modes
+  // are listed by it.
+  constexpr int kMaxLayers = 100000;
+  if (c.num_layers < 1 || c.num_layers > kMaxLayers)
+    throw UsageError(origin + ": num_hidden_layers must be 1 .. " + std::to_string(kMaxLayers) + ", got " +
+                     std::to_string(c.num_layers));
   c.rms_eps = get_field<double>(j, "rms_norm_eps", origin, 1e-6);
   c.rope_style = get_field<bool>(j, "rope_interleave", origin, true) ? RopeStyle::RopeStyle_interleaved
                                                                        : RopeStyle::RopeStyle_neox;

@@ -48,6 +48,29 @@ int capture_layer_index(const std::string& path) {
   return static_cast<int>(f.attr_int_or("layer_index", -1));
 }
 
+// The checkpoint layer a capture's layer 0 holds, wherever its writer put it: the root attribute layer_index (the
+// Python writer, a per-rank set's parts), run_options.layer_index (what survives a folded journal), or the first
+// layer of run_options.layer_range (`mla-bisect run --layer-range A:B`); 0 when none of them is there.
+int captured_layer(const Dump& cap, const std::string& path) {
+  const auto& ro = cap.meta.run_options;
+  int layer = capture_layer_index(path);
+  if (layer < 0 && ro.contains("layer_index")) {
+    if (!ro["layer_index"].is_number_integer())
+      throw UsageError(path + ": run_options.layer_index is " + ro["layer_index"].dump() + ", not a layer number");
+    layer = ro["layer_index"].get<int>();
+    if (layer < 0) throw UsageError(path + ": layer_index " + std::to_string(layer) + " is negative");
+  }
+  if (layer < 0 && ro.contains("layer_range") && ro["layer_range"].is_string() &&
+      !ro["layer_range"].get<std::string>().empty()) {
+    try {
+      layer = parse_layer_range(ro["layer_range"].get<std::string>()).begin;
+    } catch (const UsageError& e) {
+      throw UsageError(path + ": run_options.layer_range: " + e.what());
+    }
+  }
+  return layer < 0 ? 0 : layer;
+}
+
 }  // namespace
 
 std::vector<std::string> config_differences(const MlaConfig& a, const MlaConfig& b) {
@@ -79,6 +102,25 @@ std::vector<std::string> config_differences(const MlaConfig& a, const MlaConfig&
     num("rope_scaling.beta_slow", a.yarn.beta_slow, b.yarn.beta_slow);
     num("rope_scaling.mscale", a.yarn.mscale, b.yarn.mscale);
     num("rope_scaling.mscale_all_dim", a.yarn.mscale_all_dim, b.yarn.mscale_all_dim);
+  }
+  if (a.has_dsa() || b.has_dsa()) {
+    num("index_topk", a.index_topk, b.index_topk);
+    num("index_n_heads", a.index_n_heads, b.index_n_heads);
+    num("index_head_dim", a.index_head_dim, b.index_head_dim);
+    if (a.has_dsa() && b.has_dsa() && a.index_rope_style != b.index_rope_style)
+      out.push_back(std::string("indexer rope lane order (model_type): capture ") +
+                    (a.index_rope_style == RopeStyle::RopeStyle_neox ? "half-split" : "interleaved") + ", checkpoint " +
+                    (b.index_rope_style == RopeStyle::RopeStyle_neox ? "half-split" : "interleaved"));
+    if (a.index_shared != b.index_shared) {
+      const auto list = [](const std::vector<bool>& v) {
+        std::string t;
+        for (size_t l = 0; l < v.size(); ++l)
+          if (v[l]) t += (t.empty() ? "" : ",") + std::to_string(l);
+        return t.empty() ? std::string("none") : t;
+      };
+      out.push_back("indexer_types (shared layers): capture " + list(a.index_shared) + ", checkpoint " +
+                    list(b.index_shared));
+    }
   }
   if (a.rope_style != b.rope_style)
     out.push_back(std::string("rope lane order: capture ") +
@@ -124,9 +166,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
   spec.validate(cfg);
   // The root attribute is the documented place; run_options.layer_index (the Python writer puts it there too) is what
   // survives when mla-bisect folds a killed capture's journal, which carries run_options but not extra root attributes.
-  int layer = opt.layer >= 0 ? opt.layer : capture_layer_index(opt.capture);
-  if (layer < 0) layer = static_cast<int>(cap.meta.run_options.value("layer_index", 0));
-  if (layer < 0) throw UsageError(opt.capture + ": layer_index " + std::to_string(layer) + " is negative");
+  const int layer = opt.layer >= 0 ? opt.layer : captured_layer(cap, opt.capture);
 
   // The capture's inputs must have the shape the graph starts from.
   const Inputs& inputs = cap.inputs;
@@ -160,6 +200,11 @@ BisectReport run_replay(const ReplayOptions& opt) {
   std::vector<std::string> not_captured;
   for (const auto& p : ref.probes)
     (cap.find(p.layer, p.name) ? captured.only : not_captured).push_back("layer" + std::to_string(p.layer) + "/" + p.name);
+  // The capture's probes the reference's graph has no place for (a dense graph for indexer probes, another form's
+  // probes): listed with the reason, never dropped without a word.
+  std::vector<std::string> not_comparable;
+  for (const auto& p : cap.probes)
+    if (!ref.find(p.layer, p.name)) not_comparable.push_back("layer" + std::to_string(p.layer) + "/" + p.name);
   if (captured.only.empty()) {
     std::string have;
     for (const auto& p : cap.probes) have += (have.empty() ? "" : ", ") + ("layer" + std::to_string(p.layer) + "/" + p.name);
@@ -185,6 +230,15 @@ BisectReport run_replay(const ReplayOptions& opt) {
     std::string s;
     for (const auto& n : not_captured) s += (s.empty() ? "" : ", ") + n;
     rep.compare.notes.push_back("not captured (not compared): " + s);
+  }
+  if (!not_comparable.empty()) {
+    std::string s;
+    for (const auto& n : not_comparable) s += (s.empty() ? "" : ", ") + n;
+    rep.compare.notes.push_back("captured but not comparable: " + s + " (not probes of the reference's stage graph for " +
+                                "this config and run: " + mode_name(spec.mode) + ", " +
+                                (spec.graph_shape().form == AttentionForm::AttentionForm_absorbed ? "absorbed" : "mha") + " attention" +
+                                (cfg.has_dsa() ? ", DSA" : ", dense (no DSA indexer)") + ")");
+    std::cerr << "warning: " << opt.capture << ": " << rep.compare.notes.back() << "\n";
   }
   if (!cap.complete()) {
     rep.exit_code = ExitCode_engine;

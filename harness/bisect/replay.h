@@ -13,7 +13,8 @@ namespace mla {
 struct ReplayOptions {
   std::string capture;       // the captured dump (FILE.h5, or the set FILE.rank0.h5 ... of a per-rank capture)
   std::string weights;       // checkpoint: a directory of safetensors with config.json, a .safetensors or a .gguf
-  int layer = -1;            // the checkpoint layer the capture's layer 0 is; -1: the capture's layer_index (or 0)
+  int layer = -1;            // the checkpoint layer the capture's layer 0 is; -1: the capture's layer_index, else
+                             // the first layer of its run_options.layer_range, else 0
   std::string reference_out; // where the reference dump is written ("" = nowhere)
   double k = 4.0;            // tolerance = k x calibrated noise floor
   std::map<std::string, double> overrides;

@@ -70,7 +70,7 @@ void setup_replay(CLI::App& app, int& exit_code) {
                                            "config.json, a .safetensors file (config.json beside it) or a .gguf")
       ->required();
   cmd->add_option("--layer", o->layer, "The checkpoint layer the capture holds (default: the capture's layer_index "
-                                       "attribute, else 0)")
+                                       "attribute, else the first layer of its run_options.layer_range, else 0)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--reference-out", o->reference_out,
                   "Write the reference's dump here (then `mla-bisect explore CAPTURE REF` explores the pair)");

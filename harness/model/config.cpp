@@ -397,8 +397,15 @@ MlaConfig parse_hf_config(const std::string& text, const std::string& origin) {
       throw UsageError(where + ": unknown rope type '" + type + "' (supported: yarn, default)");
     }
   }
-  if (j.contains("index_topk") && !j["index_topk"].is_null()) {
-    c.index_topk = get_field<int>(j, "index_topk", origin);
+  // GLM-5 and DeepSeek-V3.2 always select keys with DSA's indexer: HF's config classes give index_topk 2048 where
+  // config.json leaves it out, and take the top min(index_topk, keys) of each query, so 0 would select none.
+  const bool dsa_type = c.model_type == "glm_moe_dsa" || c.model_type == "deepseek_v32";
+  if (dsa_type || (j.contains("index_topk") && !j["index_topk"].is_null())) {
+    c.index_topk = get_field<int>(j, "index_topk", origin, dsa_type ? std::optional<int>(2048) : std::nullopt);
+    if (dsa_type && c.index_topk <= 0)
+      throw UsageError(origin + ": index_topk " + std::to_string(c.index_topk) + ": model_type '" + c.model_type +
+                       "' attends through DSA's indexer, which selects min(index_topk, keys) keys per query (none at " +
+                       std::to_string(c.index_topk) + "); leave index_topk out for HF's default 2048");
     // HF's defaults where a config leaves them out: 64 indexer heads for DeepSeek-V3.2, 32 for GLM-5; 128 lanes.
     const bool v32 = c.model_type == "deepseek_v32";
     c.index_n_heads = get_field<int>(j, "index_n_heads", origin, v32 ? 64 : 32);

@@ -593,10 +593,16 @@ class DumpWriter:
         if bt.size and (bt.min() < 0 or bt.max() >= num_blocks):
             bad = int(bt.reshape(-1)[np.argmax((bt < 0) | (bt >= num_blocks))])
             raise ValueError(f"inputs: block_table: page id {bad} outside [0, {num_blocks})")
-        bad = np.flatnonzero((pos < 0) | (pos >= max_blocks * PAGE_SIZE))
+        bad = np.flatnonzero(pos < 0)
         if bad.size:
-            raise ValueError(f"inputs: positions: token {int(bad[0])} at position {int(pos[bad[0]])} is outside the "
-                             f"block table ({max_blocks} pages of {PAGE_SIZE})")
+            raise ValueError(f"inputs: positions: token {int(bad[0])} at position {int(pos[bad[0]])} is negative")
+        # Positions are the rope's (a prefill may start anywhere: a system prompt cached elsewhere, position_ids
+        # offset); a token's cache row is at slot context + t of its sequence, whatever its position. The dump's
+        # readers bound positions by the table's columns: extra columns holding each row's last page id (never read
+        # through: no sequence has rows there) cover them.
+        cols = int(pos.max()) // PAGE_SIZE + 1 if pos.size else 0
+        if cols > max_blocks:
+            bt = np.concatenate([bt, np.repeat(bt[:, -1:], cols - max_blocks, axis=1)], axis=1)
         self._inputs = {"x": xv, "positions": pos, "seq_lens": sl, "context_lens": cl, "block_table": bt,
                         "num_blocks": num_blocks, "kv_cache": kv, "index_cache": index,
                         "token_seq": np.repeat(np.arange(B, dtype=np.int32), sl)}

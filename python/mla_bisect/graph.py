@@ -105,8 +105,16 @@ def parse_hf_config(config: Any, origin: str = "config") -> MlaDims:
         qk_rope=_field(j, "qk_rope_head_dim", origin, int),
         v_head=_field(j, "v_head_dim", origin, int),
     )
-    if j.get("index_topk") is not None:  # HF's defaults: 64 indexer heads for DeepSeek-V3.2, 32 for GLM-5; 128 lanes
-        d.index_topk = _field(j, "index_topk", origin, int)
+    # GLM-5 and DeepSeek-V3.2 always select keys with DSA's indexer (HF's config classes: index_topk 2048 where it is
+    # left out; min(index_topk, keys) keys per query, so 0 selects none). HF's other defaults: 64 indexer heads for
+    # DeepSeek-V3.2, 32 for GLM-5; 128 lanes.
+    dsa_type = model_type in ("glm_moe_dsa", "deepseek_v32")
+    if dsa_type or j.get("index_topk") is not None:
+        d.index_topk = _field(j, "index_topk", origin, int, default=2048 if dsa_type else None)
+        if dsa_type and d.index_topk <= 0:
+            raise ValueError(f"{origin}: index_topk {d.index_topk}: model_type '{model_type}' attends through DSA's "
+                             f"indexer, which selects min(index_topk, keys) keys per query (none at {d.index_topk}); "
+                             f"leave index_topk out for HF's default 2048")
         d.index_n_heads = _field(j, "index_n_heads", origin, int, default=64 if model_type == "deepseek_v32" else 32)
         d.index_head_dim = _field(j, "index_head_dim", origin, int, default=128)
     for key, v in [("hidden_size", d.hidden), ("num_attention_heads", d.heads), ("kv_lora_rank", d.kv_lora_rank),

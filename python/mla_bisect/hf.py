@@ -45,6 +45,7 @@ class _Captured:
     cache_keys: Any = None          # [B, 1, context, L] kv_c_norm rows of the context
     cache_values: Any = None        # [B, 1, context, R] k_pe_rope rows, HF lane order
     index_keys: Any = None          # DSA: [B, context, Di] the indexer's keys of the context, HF lane order
+    attention_mask: Any = None      # the model call's 2D padding mask [B, context + S] (1: a real token), or None
     rope_deinterleaved: bool = False
     idx_rope_deinterleaved: bool = False  # the same for the DSA indexer's own rope call
 
@@ -59,6 +60,7 @@ class LayerCapture:
         self.captured = False
         self.probes: list[str] = []
         self.calls = 0
+        self.error: str | None = None  # why the step asked for was not recorded (the model's forward went on)
 
 
 def _find_attention(model, layer_index):
@@ -146,7 +148,10 @@ def capture_layer(
     layer as the context's index_cache). input_norm: start at the decoder layer's input h
     (x = input_layernorm(h); h_out = h + o is recorded) rather than at the attention input x.
     The file is written when that forward ends; `captured` on the yielded handle says whether it happened.
-    Sequences of a batch must not be padded (every token of [B, S] is a real token).
+    A padded batch (left or right) is recorded as its real tokens: the model call's 2D attention_mask says which
+    they are (a call without one: every token of [B, S] is real). Positions are the call's position_ids, starting
+    anywhere. A step the adapter cannot record is warned about and its reason written to `path` (status
+    "stopped: ..."; `error` on the handle); the model's forward is never interrupted by the capture.
     """
     attn_name, attn = _find_attention(model, layer_index)
     layer = _find_decoder_layer(model, attn)
@@ -197,6 +202,7 @@ def capture_layer(
                     cap.index_keys = index_keys[:, : cap.context].detach().clone()
         if cap.position_ids is None:
             cap.position_ids = kwargs.get("cache_position")
+        cap.attention_mask = state.get("attention_mask")
         state["cap"] = cap
         state["recording"] = True
         if not input_norm:
@@ -229,11 +235,26 @@ def capture_layer(
             finish()
 
     def finish():
+        # A capture never breaks the program it observes: what cannot be recorded is warned about and written into
+        # the file as the reason (status "stopped: ..."), and the model's forward goes on.
         state["recording"] = False
         cap = state["cap"]
         state["cap"] = None
-        _write(handle, cap, config, attn, engine, engine_options, device, input_norm)
+        try:
+            _write(handle, cap, config, attn, engine, engine_options, device, input_norm)
+        except Exception as e:  # noqa: BLE001 - any failure of the capture's own code
+            handle.error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"capture_layer: layer {layer_index} step {step} was not recorded to {path}: "
+                          f"{handle.error}", stacklevel=2)
+            _write_reason(handle, cap, config, engine, device, input_norm)
 
+    def model_pre(mod, args, kwargs):
+        # The call's padding mask ([B, context + S], 1 for real tokens), for the layer's call inside it.
+        m = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        state["attention_mask"] = m if getattr(m, "dim", None) is not None and m.dim() == 2 else None
+
+    if model is not attn and model is not layer:
+        hooks.append(model.register_forward_pre_hook(model_pre, with_kwargs=True))
     hooks.append(attn.register_forward_pre_hook(attn_pre, with_kwargs=True))
     hooks.append(attn.register_forward_hook(attn_post, with_kwargs=True))
     if input_norm:
@@ -354,7 +375,7 @@ def capture_layer(
 
     try:
         yield handle
-        if not handle.captured:
+        if not handle.captured and handle.error is None:
             warnings.warn(
                 f"capture_layer: nothing written to {path}: layer {layer_index} ran {handle.calls} time(s) inside "
                 f"the block, step {step} was asked for"
@@ -374,6 +395,23 @@ class _Missing:
 
 
 _MISSING = _Missing()
+
+
+def _real_tokens(cap, B, S):
+    """(new [B, S], context [B, ctx]) booleans: which of the step's tokens and of the cached ones are real (the model
+    call's attention_mask), all True without a mask."""
+    import torch
+
+    ctx = cap.context
+    m = cap.attention_mask
+    if m is None or m.dim() != 2 or m.shape[0] != B or m.shape[1] < S:
+        return torch.ones(B, S, dtype=torch.bool), torch.ones(B, ctx, dtype=torch.bool)
+    m = m.detach().to("cpu") != 0
+    new = m[:, -S:]
+    context = m[:, : m.shape[1] - S][:, -ctx:] if ctx else torch.ones(B, 0, dtype=torch.bool)
+    if context.shape[1] != ctx:  # a mask shorter than the cache: the cached tokens it does not cover are real
+        context = torch.cat((torch.ones(B, ctx - context.shape[1], dtype=torch.bool), context), dim=1)
+    return new, context
 
 
 def _write(handle, cap, config, attn, engine, engine_options, device, input_norm):
@@ -422,8 +460,21 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
     if "o" in t:
         probes["o_partial"] = _tokens(t["o"])
         probes["o"] = probes["o_partial"]
+
+    # Padding: only the real tokens of each sequence are the step (the model call's attention_mask); a sequence
+    # with no real new token is not part of it. Every probe keeps the real tokens' rows, sequences concatenated.
+    new_real, ctx_real = _real_tokens(cap, B, S)
+    seqs = [b for b in range(B) if bool(new_real[b].any())]
+    if not seqs:
+        raise ValueError("the attention_mask marks every new token of the step as padding")
+    keep = torch.zeros(B, S, dtype=torch.bool)
+    keep[seqs] = new_real[seqs]
+    keep_rows = keep.reshape(-1)
+    padded = not bool(keep_rows.all())
     if getattr(attn, "indexer", None) is not None:
-        probes.update(_indexer_probes(t, cap, attn.indexer))
+        probes.update(_indexer_probes(t, cap, attn.indexer, new_real, ctx_real))
+    if padded:
+        probes = {name: tensor[keep_rows.to(tensor.device)] for name, tensor in probes.items()}
 
     # Inputs: positions per token, the batch layout, and for a step after a prefill the latent cache.
     pos = cap.position_ids
@@ -432,19 +483,19 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
     pos = pos.detach().to("cpu").reshape(-1, pos.shape[-1])
     if pos.shape[0] != B:
         pos = pos.expand(B, S)
-    positions = pos.reshape(-1).to(torch.int32).numpy()
-    seq_lens = [S] * B
-    context_lens = [cap.context] * B
+    positions = pos.reshape(-1)[keep_rows].to(torch.int32).numpy()
+    seq_lens = [int(keep[b].sum()) for b in seqs]
+    context_lens = [int(ctx_real[b].sum()) for b in seqs]
     dtype = _DTYPE_NAMES.get(str(ref.dtype).removeprefix("torch."), "fp32")
     index_cache = None
     if cap.context == 0:
         mode = "prefill"
         block_table = kv_cache = None
     else:
-        mode = "decode" if S == 1 else "chunked"
-        block_table, kv_cache = _paged_cache(cap, B, S, L, R)
+        mode = "decode" if all(n == 1 for n in seq_lens) else "chunked"
+        block_table, kv_cache = _paged_cache(cap, seqs, ctx_real, seq_lens, L, R)
         if cap.index_keys is not None:
-            index_cache = _paged_index_cache(cap, block_table, kv_cache.shape[1], R)
+            index_cache = _paged_index_cache(cap, seqs, ctx_real, block_table, kv_cache.shape[1], R)
     kind = "h" if input_norm else "x"
     with Recorder(
         handle.path,
@@ -473,11 +524,27 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
     handle.probes = list(probes)
 
 
-def _indexer_probes(t, cap, indexer):
+def _write_reason(handle, cap, config, engine, device, input_norm):
+    """A dump at the capture's path that says why the layer was not recorded (status "stopped: ..."), so that
+    `mla-bisect inspect` / `replay` of it tell the reason instead of reading an older file."""
+    from .dump import DumpWriter
+
+    try:
+        ref = (cap.tensors.get("h") if input_norm else cap.tensors.get("x")) if cap is not None else None
+        tokens = int(ref.shape[0] * ref.shape[1]) if ref is not None and ref.dim() == 3 else 1
+        w = DumpWriter(handle.path, config, tokens=tokens, engine=engine, engine_dtype="fp32", input_norm=input_norm,
+                       layer_index=handle.layer_index, device=device or "")
+        w.close(f"stopped: before the first probe (capture_layer could not record layer {handle.layer_index}: "
+                f"{handle.error})")
+    except Exception as e:  # noqa: BLE001 - the warning has said it; the model's forward goes on
+        warnings.warn(f"capture_layer: the reason could not be written to {handle.path} either: {e}", stacklevel=3)
+
+
+def _indexer_probes(t, cap, indexer, new_real, ctx_real):
     """DSA's indexer probes from what its modules and rope call produced: idx_q [T, Hi, Di] and idx_k [T, Di] with
     the rope lanes (their first R) as the rope function returned them, in our lane order; idx_weights [T, Hi] =
     weights_proj(x) * Hi^-0.5 in fp32, as HF scales it; topk [T, index_topk], the selection per token (idx_scores
-    is a local of HF's forward, not recorded)."""
+    is a local of HF's forward, not recorded). Rows of every token of [B, S], padding included."""
     import torch
 
     probes = {}
@@ -495,20 +562,31 @@ def _indexer_probes(t, cap, indexer):
     if "_idx_w" in t:
         probes["idx_weights"] = _tokens(t["_idx_w"]).float() * (Hi ** -0.5)
     if "_topk" in t:
-        probes["topk"] = _selection(t["_topk"], cap.context, indexer.index_topk)
+        probes["topk"] = _selection(t["_topk"], new_real, ctx_real, indexer.index_topk)
     return probes
 
 
-def _selection(topk, context, k):
-    """HF's top-k indices [B, S, n] (int32; n = min(index_topk, keys); a token that sees fewer than n keys is given
-    some it cannot see) -> [B*S, k] float32: per token the keys it sees (key <= context + s), ascending, then -1."""
+def _selection(topk, new_real, ctx_real, k):
+    """HF's top-k indices [B, S, n] (n = min(index_topk, keys), by descending score; keys numbered over the padded
+    [context | new] layout) -> [B*S, k] float32: per token the keys the indexer selected, numbered among the real
+    tokens of its sequence, ascending, then -1. Of HF's n, the first min(n, visible) are the selection, where visible
+    is the number of real keys up to the token; the rest is topk's filler (keys the mask gave score -inf), as are
+    padding keys. Keys past the token are kept: an indexer that selects them is what the capture must show."""
     import torch
 
     idx = topk.detach().to("cpu", torch.int64)
     B, S, n = idx.shape
-    limit = context + torch.arange(S).view(1, S, 1)
+    real = torch.cat((ctx_real, new_real), dim=1)  # [B, keys]
+    keys = real.shape[1]
+    number = torch.cumsum(real.long(), dim=1) - 1  # a real key's number among its sequence's real keys
+    visible = number[:, keys - S:] + 1  # [B, S]: real keys up to and including token s
     unseen = torch.iinfo(torch.int64).max
-    idx = torch.where((idx >= 0) & (idx <= limit), idx, unseen).sort(dim=-1).values[..., :k]
+    inside = (idx >= 0) & (idx < keys)
+    safe = idx.clamp(0, max(keys - 1, 0))
+    is_real = torch.gather(real.unsqueeze(1).expand(B, S, keys), 2, safe) & inside
+    mapped = torch.gather(number.unsqueeze(1).expand(B, S, keys), 2, safe)
+    chosen = torch.arange(n).view(1, 1, n) < visible.unsqueeze(-1)
+    idx = torch.where(chosen & is_real, mapped, unseen).sort(dim=-1).values[..., :k]
     out = torch.full((B, S, k), -1.0)
     out[..., : idx.shape[-1]] = torch.where(idx == unseen, -1, idx).float()
     return out.reshape(B * S, k)
@@ -517,32 +595,41 @@ def _selection(topk, context, k):
 _PAGE = 64  # rows per page of the paged caches
 
 
-def _paged_cache(cap, B, S, L, R):
-    """The context rows of HF's DynamicCache as our paged latent cache: [1, num_blocks, 64, L + R] with rows
-    [kv_c_norm | k_pe_rope] (rope lanes in our order), sequence b on pages b*per .. b*per+per-1, a spare page last."""
+def _paged_cache(cap, seqs, ctx_real, seq_lens, L, R):
+    """The real context rows of HF's DynamicCache as our paged latent cache: [1, num_blocks, 64, L + R] with rows
+    [kv_c_norm | k_pe_rope] (rope lanes in our order); sequence i (of those in the step) on consecutive pages, a
+    spare page last."""
     import numpy as np
     import torch
 
-    page = _PAGE
-    ctx = cap.context
-    per = (ctx + S + page - 1) // page
-    num_blocks = B * per + 1
-    block_table = np.full((B, per + 1), num_blocks - 1, dtype=np.int32)
-    cache = np.zeros((1, num_blocks, page, L + R), dtype=np.float32)
     keys = cap.cache_keys.float().cpu()[:, 0]      # [B, ctx, L]
     values = cap.cache_values.float().cpu()[:, 0]  # [B, ctx, R]
     if cap.rope_deinterleaved:
         values = _interleave(values)
-    for b in range(B):
-        for j in range(per):
-            block_table[b, j] = b * per + j
-    _page_rows(cache, block_table, torch.cat((keys, values), dim=-1))
+    rows = [torch.cat((keys[b][ctx_real[b]], values[b][ctx_real[b]]), dim=-1) for b in seqs]
+    block_table, num_blocks = _block_table([r.shape[0] for r in rows], seq_lens)
+    cache = np.zeros((1, num_blocks, _PAGE, L + R), dtype=np.float32)
+    _page_rows(cache, block_table, rows)
     return block_table, cache
 
 
-def _paged_index_cache(cap, block_table, num_blocks, R):
-    """The indexer's keys of the context (DSA) as our paged index cache: [1, num_blocks, 64, Di] float32, rows idx_k
-    (the rope lanes, the first R, in our order) on the pages and slots of the latent cache's block_table."""
+def _block_table(context_lens, seq_lens):
+    """Consecutive pages per sequence for its context and new tokens, a spare page last: (table, num_blocks)."""
+    import numpy as np
+
+    per = [(c + n + _PAGE - 1) // _PAGE for c, n in zip(context_lens, seq_lens)]
+    num_blocks = sum(per) + 1
+    table = np.full((len(per), max(per) + 1), num_blocks - 1, dtype=np.int32)
+    first = 0
+    for i, p in enumerate(per):
+        table[i, :p] = np.arange(first, first + p)
+        first += p
+    return table, num_blocks
+
+
+def _paged_index_cache(cap, seqs, ctx_real, block_table, num_blocks, R):
+    """The indexer's keys of the real context (DSA) as our paged index cache: [1, num_blocks, 64, Di] float32, rows
+    idx_k (the rope lanes, the first R, in our order) on the pages and slots of the latent cache's block_table."""
     import numpy as np
     import torch
 
@@ -550,14 +637,16 @@ def _paged_index_cache(cap, block_table, num_blocks, R):
     if cap.idx_rope_deinterleaved:
         keys = torch.cat((_interleave(keys[..., :R]), keys[..., R:]), dim=-1)
     cache = np.zeros((1, num_blocks, _PAGE, keys.shape[-1]), dtype=np.float32)
-    _page_rows(cache, block_table, keys)
+    _page_rows(cache, block_table, [keys[b][ctx_real[b]] for b in seqs])
     return cache
 
 
 def _page_rows(cache, block_table, rows):
-    """rows [B, ctx, D] (torch) into cache [1, num_blocks, 64, D]: token p of sequence b on page
-    block_table[b, p // 64], slot p % 64."""
+    """rows (per sequence, [ctx_i, D] torch) into cache [1, num_blocks, 64, D]: token p of sequence i on page
+    block_table[i, p // 64], slot p % 64."""
     page = cache.shape[2]
-    for b in range(rows.shape[0]):
-        for p in range(rows.shape[1]):
-            cache[0, block_table[b, p // page], p % page] = rows[b, p].numpy()
+    for i, r in enumerate(rows):
+        r = r.numpy()
+        for p0 in range(0, r.shape[0], page):
+            n = min(page, r.shape[0] - p0)
+            cache[0, block_table[i, p0 // page], :n] = r[p0:p0 + n]

@@ -1,0 +1,334 @@
+"""Captures replayed true to the system that ran them: the captured layer (HF, the Recorder, `mla-bisect run
+--layer-range`), the checkpoint's config (DSA, rope, dims), padded batches, positions that do not start at 0, the
+DSA selection as the candidate made it, checked inputs, the writing's speed, one semantics for omitted probes,
+and fp8 latent caches. HF models from random configs, saved as safetensors checkpoints."""
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from mla_bisect.capture import Recorder  # noqa: E402
+from mla_bisect.dump import read_dump  # noqa: E402
+from mla_bisect.hf import capture_layer  # noqa: E402
+
+BINARY = os.environ.get("MLA_BINARY", "mla-bisect")
+VOCAB = 64
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4,
+            num_experts_per_tok=2, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, v_head_dim=12,
+            qk_nope_head_dim=16, first_k_dense_replace=1, max_position_embeddings=4096, n_group=1, topk_group=1)
+DSA = dict(index_topk=8, index_head_dim=16, index_n_heads=8)
+
+
+def _classes(kind):
+    t = transformers
+    return {
+        "deepseek_v3": (t.DeepseekV3Config, t.DeepseekV3ForCausalLM),
+        "glm_moe_dsa": (getattr(t, "GlmMoeDsaConfig", None), getattr(t, "GlmMoeDsaForCausalLM", None)),
+    }[kind]
+
+
+def _init_weights(model, seed):
+    """Projections ~ N(0, 1/fan_in) x 1.5, norm gains near 1, embeddings N(0, 1); bf16-exact."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                scale = 1.0 if "embed" in name else 1.5 / p.shape[-1] ** 0.5
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+            else:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpoint(kind, root, overrides=()):
+    cfg_cls, model_cls = _classes(kind)
+    if cfg_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {kind}")
+    cfg = cfg_cls(**{**TINY, **(DSA if kind == "glm_moe_dsa" else {}), **dict(overrides)})
+    torch.manual_seed(0)
+    model = model_cls(cfg)
+    _init_weights(model, seed=11)
+    path = os.path.join(root, kind + "".join(f"-{k}{v}" for k, v in overrides))
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("ckpt"))
+
+
+def load(path, dtype=torch.float32):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def ids(batch=2, tokens=12, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, tokens), generator=g)
+
+
+def replay(capture_path, ckpt, tmp_path, *extra):
+    report = tmp_path / "replay.json"
+    if report.exists():
+        report.unlink()
+    proc = subprocess.run([BINARY, "replay", str(capture_path), "--weights", str(ckpt), "--json", str(report),
+                           "--quiet", *extra], capture_output=True, text=True, timeout=300)
+    data = json.loads(report.read_text()) if report.exists() else None
+    return proc, data
+
+
+def describe(proc, data=None):
+    return (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-3000:]}" +
+            (f"\njson:\n{json.dumps(data)[:2000]}" if data else ""))
+
+
+def assert_clean(proc, data):
+    assert proc.returncode == 0, describe(proc, data)
+    assert data is not None and not data.get("first_divergence"), describe(proc, data)
+
+
+def hf_capture(model, layer, path, inputs=None, **kw):
+    with torch.no_grad(), capture_layer(model, layer, path, **kw) as cap:
+        model(inputs if inputs is not None else ids())
+    assert cap.captured, "the layer never ran"
+    return cap
+
+
+def copy_through_recorder(src, dst, ckpt, layer_index):
+    """An HF capture written again through the Recorder, as another framework would write it."""
+    d = read_dump(str(src))
+    with Recorder(dst, ckpt, engine="recorder", engine_dtype=d.attrs["engine_dtype"], layer_index=layer_index) as rec:
+        rec.inputs(h=d.inputs.x, positions=d.inputs.positions, seq_lens=d.inputs.seq_lens)
+        for (_, name), p in d.probes.items():
+            rec.probe(name, p.ranks[0].data)
+
+
+# --- 1. the captured layer ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layer", [0, 1, 3])
+def test_each_layer_replays_against_its_own_weights(layer, root, tmp_path):
+    ckpt = _checkpoint("deepseek_v3", root)
+    model = load(ckpt)
+    hf_capture(model, layer, tmp_path / "hf.h5")
+    assert_clean(*replay(tmp_path / "hf.h5", ckpt, tmp_path))
+    copy_through_recorder(tmp_path / "hf.h5", tmp_path / "rec.h5", ckpt, layer)
+    assert_clean(*replay(tmp_path / "rec.h5", ckpt, tmp_path))
+    # mla-bisect's own run of that checkpoint layer, replayed: its weights and probes are layer `layer`'s.
+    run = subprocess.run([BINARY, "run", "--weights", ckpt, "--layer-range", f"{layer}:{layer + 1}", "--tokens", "8",
+                          "--out", str(tmp_path / "run.h5"), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, describe(run)
+    proc, data = replay(tmp_path / "run.h5", ckpt, tmp_path)
+    assert_clean(proc, data)
+    assert "WEIGHT DIFFERS" not in proc.stdout
+
+
+def test_recorder_capture_of_another_layer_is_checked_against_that_layer(root, tmp_path):
+    """A layer-1 capture labelled layer 3 is replayed against layer 3's weights: it differs there."""
+    ckpt = _checkpoint("deepseek_v3", root)
+    hf_capture(load(ckpt), 1, tmp_path / "hf.h5")
+    copy_through_recorder(tmp_path / "hf.h5", tmp_path / "rec.h5", ckpt, 3)
+    proc, data = replay(tmp_path / "rec.h5", ckpt, tmp_path)
+    assert proc.returncode == 1, describe(proc, data)
+
+
+# --- 2. the checkpoint's config against the capture's ------------------------------------------------------------
+
+def _edited_checkpoint(ckpt, dst, edit):
+    shutil.copytree(ckpt, dst)
+    path = os.path.join(dst, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    edit(cfg)
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return str(dst)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda c: c.pop("index_topk"), "index_topk"),                     # HF's default then: 2048
+    (lambda c: c.update(index_topk=0), "index_topk"),                  # DSA with no keys is no config
+    (lambda c: c.update(index_n_heads=4), "index_n_heads"),
+    (lambda c: c["rope_parameters"].update(rope_theta=20000.0), "rope_theta"),
+    (lambda c: c.update(rms_norm_eps=1e-4), "rms_norm_eps"),
+    (lambda c: c.update(indexer_types=["full", "shared", "full", "full"]), "indexer_types"),
+])
+def test_dsa_checkpoint_config_disagreeing_with_the_capture_is_refused(edit, field, root, tmp_path):
+    ckpt = _checkpoint("glm_moe_dsa", root)
+    hf_capture(load(ckpt), 1, tmp_path / "cap.h5")
+    other = _edited_checkpoint(ckpt, tmp_path / "ckpt", edit)
+    proc, _ = replay(tmp_path / "cap.h5", other, tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert field in proc.stderr, describe(proc)
+
+
+def test_dsa_config_without_index_topk_reads_as_hf_default(tmp_path):
+    """`inspect` of a GLM-5 config.json without index_topk: DSA with HF's 2048 keys, not dense attention."""
+    cfg = dict(TINY, model_type="glm_moe_dsa", index_head_dim=16, index_n_heads=8)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from mla_bisect.graph import parse_hf_config
+    assert parse_hf_config(cfg).index_topk == 2048
+    proc = subprocess.run([BINARY, "run", "--model", str(tmp_path / "config.json"), "--tokens", "4", "--layers", "1",
+                           "--quiet", "--out", str(tmp_path / "r.h5")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    assert json.loads(json.dumps(read_dump(str(tmp_path / "r.h5")).model))["index_topk"] == 2048
+    cfg["index_topk"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([BINARY, "run", "--model", str(tmp_path / "config.json"), "--tokens", "4", "--quiet"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "index_topk" in proc.stderr, describe(proc)
+    with pytest.raises(ValueError, match="index_topk"):
+        parse_hf_config(cfg)
+
+
+def test_captured_probes_outside_the_reference_graph_are_listed(root, tmp_path):
+    """Every captured probe is compared or listed with its reason: a dense model's capture carrying an indexer probe
+    (a Recorder writing against a DSA config, replayed on the dense checkpoint of the same dims)."""
+    ckpt = _checkpoint("deepseek_v3", root)
+    hf_capture(load(ckpt), 1, tmp_path / "hf.h5")
+    proc, data = replay(tmp_path / "hf.h5", ckpt, tmp_path)
+    assert_clean(proc, data)
+    notes = " ".join(data["compare"].get("notes", []))
+    assert "not captured" in notes and "lse" in notes, notes
+
+
+# --- 5. positions that do not start at 0; a capture never breaks the forward --------------------------------------
+
+def test_prefill_at_position_1000_replays_clean(root, tmp_path):
+    ckpt = _checkpoint("deepseek_v3", root)
+    model = load(ckpt)
+    x = ids()
+    pos = torch.arange(1000, 1000 + x.shape[1]).repeat(x.shape[0], 1)
+    with torch.no_grad(), capture_layer(model, 1, tmp_path / "cap.h5") as cap:
+        model(x, position_ids=pos)
+    assert cap.captured and cap.error is None, cap.error
+    assert list(read_dump(str(tmp_path / "cap.h5")).inputs.positions[:3]) == [1000, 1001, 1002]
+    assert_clean(*replay(tmp_path / "cap.h5", ckpt, tmp_path))
+
+
+def test_capture_failure_never_breaks_the_forward(root, tmp_path, monkeypatch):
+    """What the capture cannot record is warned about and written as the reason; the model's output is unchanged."""
+    import mla_bisect.hashing as hashing
+
+    ckpt = _checkpoint("deepseek_v3", root)
+    model = load(ckpt)
+    with torch.no_grad():
+        want = model(ids()).logits
+
+    def broken(*a, **k):
+        raise RuntimeError("the record cannot be computed")
+    monkeypatch.setattr(hashing, "compute_record", broken)
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always")
+        with capture_layer(model, 1, tmp_path / "cap.h5") as cap:
+            got = model(ids()).logits
+    assert torch.equal(got, want)
+    assert not cap.captured and "cannot be computed" in cap.error
+    assert any("not recorded" in str(w.message) for w in seen), [str(w.message) for w in seen]
+    monkeypatch.undo()
+    d = read_dump(str(tmp_path / "cap.h5"))
+    assert d.status.startswith("stopped") and "cannot be computed" in d.status, d.status
+
+
+# --- 4. padded batches ---------------------------------------------------------------------------------------------
+
+def _padded(side, batch=2, tokens=12, pad=(0, 5)):
+    x = ids(batch, tokens)
+    mask = torch.ones(batch, tokens, dtype=torch.long)
+    for b, n in enumerate(pad):
+        if n:
+            if side == "left":
+                mask[b, :n] = 0
+            else:
+                mask[b, tokens - n:] = 0
+            x[b][mask[b] == 0] = 0
+    return x, mask
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("kind", ["deepseek_v3", "glm_moe_dsa"])
+def test_padded_batch_replays_clean(side, kind, root, tmp_path):
+    ckpt = _checkpoint(kind, root)
+    model = load(ckpt)
+    x, mask = _padded(side)
+    with torch.no_grad(), capture_layer(model, 1, tmp_path / "cap.h5") as cap:
+        model(x, attention_mask=mask)
+    assert cap.captured, cap.error
+    d = read_dump(str(tmp_path / "cap.h5"))
+    assert list(d.inputs.seq_lens) == [12, 7]
+    assert_clean(*replay(tmp_path / "cap.h5", ckpt, tmp_path))
+
+
+def test_padded_batch_whose_mask_is_ignored_is_caught(root, tmp_path, monkeypatch):
+    """The model attends to the padding (its attention_mask dropped before the causal mask is made): a real bug."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as modeling
+
+    ckpt = _checkpoint("deepseek_v3", root)
+    original = modeling.create_causal_mask
+
+    def mask_ignored(*args, **kwargs):
+        kwargs["attention_mask"] = None
+        return original(*args, **kwargs)
+    monkeypatch.setattr(modeling, "create_causal_mask", mask_ignored)
+    model = load(ckpt)
+    x, mask = _padded("left")
+    with torch.no_grad(), capture_layer(model, 1, tmp_path / "cap.h5"):
+        model(x, attention_mask=mask)
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path)
+    assert proc.returncode == 1, describe(proc, data)
+    assert data["first_divergence"]["probe"] == "attn_out", describe(proc, data)
+
+
+def test_padded_decode_step_replays_clean(root, tmp_path):
+    """A left-padded prefill then one decode step: the cache holds the real context rows only."""
+    import inspect
+
+    ckpt = _checkpoint("deepseek_v3", root)
+    model = load(ckpt)
+    x, mask = _padded("left")
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    with torch.no_grad(), capture_layer(model, 1, tmp_path / "cap.h5", step=1) as cap:
+        out = model(x, attention_mask=mask, use_cache=True)
+        step_mask = torch.cat((mask, torch.ones(2, 1, dtype=torch.long)), dim=1)
+        pos = (step_mask.cumsum(1) - 1)[:, -1:]
+        model(torch.tensor([[3], [4]]), attention_mask=step_mask, position_ids=pos, use_cache=True,
+              **{name: out.past_key_values})
+    assert cap.captured, cap.error
+    d = read_dump(str(tmp_path / "cap.h5"))
+    assert list(d.inputs.context_lens) == [12, 7]
+    assert_clean(*replay(tmp_path / "cap.h5", ckpt, tmp_path))
+
+
+# --- 3. DSA: what the candidate selected -------------------------------------------------------------------------
+
+def test_indexer_that_selects_future_keys_is_recorded_as_it_selected(root, tmp_path, monkeypatch):
+    """An indexer whose scores ignore the causal mask selects keys past the query: the capture keeps them, and
+    replay finds the selection wrong at topk."""
+    modeling = pytest.importorskip("transformers.models.glm_moe_dsa.modeling_glm_moe_dsa")
+    ckpt = _checkpoint("glm_moe_dsa", root)
+    forward = modeling.GlmMoeDsaIndexer.forward
+
+    def leaky(self, hidden_states, q_resid, position_embeddings, attention_mask, *args, **kwargs):
+        return forward(self, hidden_states, q_resid, position_embeddings, torch.zeros_like(attention_mask), *args,
+                       **kwargs)
+    monkeypatch.setattr(modeling.GlmMoeDsaIndexer, "forward", leaky)
+    hf_capture(load(ckpt), 1, tmp_path / "cap.h5")
+    d = read_dump(str(tmp_path / "cap.h5"))
+    topk = d.probes[(0, "topk")].ranks[0].data
+    S = 12
+    future = [(t, int(k)) for t in range(topk.shape[0]) for k in topk[t] if k > t % S]
+    assert future, "the capture dropped the keys past each query that the indexer selected"
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path)
+    assert proc.returncode == 1, describe(proc, data)
+    assert data["first_divergence"]["probe"] == "topk", describe(proc, data)

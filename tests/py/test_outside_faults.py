@@ -1,0 +1,113 @@
+"""An outside measure of `mla-bisect replay`'s diagnosis: an independent numpy MLA layer (tests/py/outside_faults)
+captured through mla_bisect.capture.Recorder, replayed against tiny HF-style checkpoints, clean and with faults
+modelled on bugs reported against serving stacks. Each fault carries the expected first-divergence stage and the
+catalogue classes that name it, written before any run; the scorer counts right / misleading / none.
+
+Asserted: every clean scenario replays clean (exit 0, no divergence, nothing confirmed); misleading answers are at
+most 3% of the faults. With MLA_OUTSIDE_STRICT=1 also right >= 85% and none <= 12%. MLA_OUTSIDE_REPORT=FILE writes
+the table as JSON."""
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("numpy")
+pytest.importorskip("h5py")
+pytest.importorskip("ml_dtypes")
+pytest.importorskip("safetensors")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from outside_faults.checkpoints import CONFIGS  # noqa: E402
+from outside_faults.faults import FAULTS  # noqa: E402
+from outside_faults.run import Workspace, expected_text, got_text, scenario_key, table  # noqa: E402
+
+BINARY = os.environ.get("MLA_BINARY", "mla-bisect")
+
+# Clean scenarios: every config in fp32 and bf16 (two sequences of 9 and 7 tokens), plus every scenario a fault
+# runs on (chunked and decode steps with context, tp 2, large activations in fp16), each without the fault.
+BASE_SCENARIOS = [dict(config=c, seq_lens=(9, 7), context=None, tp=1, dtype=d, h_scale_rows={})
+                  for c in CONFIGS for d in ("fp32", "bf16")]
+
+
+def _scenarios():
+    seen, out = set(), []
+    for s in BASE_SCENARIOS + [dict(config=f.config, seq_lens=f.seq_lens, context=f.context, tp=f.tp, dtype=f.dtype,
+                                    h_scale_rows=f.h_scale_rows) for f in FAULTS]:
+        key = scenario_key(**s)
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+SCENARIOS = _scenarios()
+
+
+def _scenario_id(s):
+    parts = [s["config"], s["dtype"], "x".join(map(str, s["seq_lens"]))]
+    if s["context"]:
+        parts.append("ctx" + "_".join(map(str, s["context"])))
+    if s["tp"] > 1:
+        parts.append(f"tp{s['tp']}")
+    if s["h_scale_rows"]:
+        parts.append("large")
+    return "-".join(parts)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    return Workspace(tmp_path_factory.mktemp("outside_faults"), BINARY)
+
+
+def _describe(proc, data):
+    return (f"exit {proc.returncode}\nstderr: {proc.stderr[-1500:]}\n"
+            f"report: {json.dumps({k: (data or {}).get(k) for k in ('first_divergence', 'isolation', 'diagnosis')})[:2500]}")
+
+
+@pytest.mark.parametrize("s", SCENARIOS, ids=_scenario_id)
+def test_clean_numpy_layer_replays_clean(s, ws):
+    proc, data = ws.run("clean-" + _scenario_id(s), s["config"], s["seq_lens"], s["context"], s["tp"], s["dtype"],
+                        s["h_scale_rows"])
+    assert proc.returncode == 0, _describe(proc, data)
+    assert data is not None and not data.get("first_divergence"), _describe(proc, data)
+    confirmed = [c.get("class") for c in ((data.get("hypotheses") or {}).get("confirmed") or [])]
+    assert not confirmed, confirmed
+
+
+def test_every_fault_is_sourced_and_answered():
+    names = [f.name for f in FAULTS]
+    assert len(names) == len(set(names))
+    assert len(FAULTS) >= 30
+    for f in FAULTS:
+        assert f.source.startswith("https://github.com/"), f.name
+        assert f.config in CONFIGS, f.name
+        assert f.what, f.name
+        assert f.stage is not None or f.expected is None, f.name
+
+
+def test_outside_faults_scored(ws, capsys):
+    rows = []
+    for f in FAULTS:
+        verdict, got = ws.run_fault(f)
+        rows.append(dict(fault=f.name, source=f.source, project=f.project, config=f.config,
+                         expected=expected_text(f), expected_stage=f.stage,
+                         expected_classes=sorted(f.expected) if f.expected is not None else None,
+                         got=got_text(got), got_detail=got, verdict=verdict))
+    text, counts = table(rows)
+    with capsys.disabled():
+        print("\n" + text)
+    n = len(rows)
+    report = os.environ.get("MLA_OUTSIDE_REPORT")
+    if report:
+        with open(report, "w") as fh:
+            json.dump({"faults": rows, "totals": dict(counts, faults=n)}, fh, indent=1)
+    assert counts["misleading"] <= 0.03 * n, text
+    if os.environ.get("MLA_OUTSIDE_STRICT") == "1":
+        assert counts["right"] >= 0.85 * n, text
+        assert counts["none"] <= 0.12 * n, text
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-s"]))

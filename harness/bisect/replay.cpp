@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -69,6 +71,117 @@ int captured_layer(const Dump& cap, const std::string& path) {
     }
   }
   return layer < 0 ? 0 : layer;
+}
+
+// What the capture's inputs and records say about themselves, checked before they are trusted: positions against
+// each sequence's cache length, the values' dtype against the declared engine_dtype, non-finite inputs.
+struct InputFindings {
+  std::vector<std::string> warnings;
+  std::string dtype;          // the dtype the tolerances are calibrated at
+  std::string nonfinite;      // "" or a sentence naming the input that holds NaN/Inf
+};
+
+bool bf16_exact(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return (u & 0xFFFFu) == 0 || !std::isfinite(v);
+}
+
+bool fp16_exact(float v) {
+  if (!std::isfinite(v) || v == 0.0f) return true;
+  const float a = std::fabs(v);
+  if (a > 65504.0f) return false;
+  int e;
+  std::frexp(a, &e);                       // a = m * 2^e, m in [0.5, 1)
+  const int lsb = std::max(e - 11, -24);   // fp16: 11 significant bits, subnormals down to 2^-24
+  const float q = std::ldexp(std::round(std::ldexp(a, -lsb)), lsb);
+  return q == a;
+}
+
+InputFindings check_inputs(const Dump& cap, const RunSpec& spec, const std::string& declared) {
+  InputFindings f;
+  f.dtype = declared;
+  const Inputs& in = cap.inputs;
+  const Batch& b = in.batch;
+  const bool input_norm = spec.graph_shape().input_norm;
+  const std::string x_name = input_norm ? "h" : "x";
+
+  // Positions: a step after cached context puts its first new token at the cache's length (HF's cache_position,
+  // vLLM's and SGLang's positions); a token elsewhere is rotated at a position its cache does not say.
+  size_t t0 = 0;
+  for (size_t s = 0; s < b.new_lens.size(); ++s) {
+    const int ctx = b.context_lens[s];
+    bool consecutive = true;
+    for (int i = 1; i < b.new_lens[s]; ++i)
+      consecutive = consecutive && b.positions[t0 + i] == b.positions[t0] + i;
+    if (!consecutive)
+      f.warnings.push_back("positions of sequence " + std::to_string(s) + " are not consecutive (" +
+                           std::to_string(b.positions[t0]) + ", " + std::to_string(b.positions[t0 + 1]) +
+                           ", ...): its new tokens are rotated at positions that do not follow each other");
+    else if (ctx > 0 && b.positions[t0] != ctx)
+      f.warnings.push_back("positions of sequence " + std::to_string(s) + " start at " + std::to_string(b.positions[t0]) +
+                           " but its cache holds " + std::to_string(ctx) + " tokens (position " + std::to_string(ctx) +
+                           " expected, " + (b.positions[t0] > ctx ? "+" : "") + std::to_string(b.positions[t0] - ctx) +
+                           "): the step's rope and the cache disagree, unless the system's positions are offset "
+                           "from the start of its cache");
+    t0 += b.new_lens[s];
+  }
+
+  // The values' dtype: what the records say they were held in, else what the values are.
+  if (declared == "fp32") {
+    std::map<std::string, int> held;
+    bool any_data = false, all_bf16 = true, all_fp16 = true;
+    for (const auto& p : cap.probes) {
+      if (p.name == "topk" || p.name == x_name || p.name == "kv_cache") continue;  // indices, the input, the cache
+      for (const auto& r : p.ranks) {
+        if (!r.dtype.empty() && r.dtype != "fp32") ++held[r.dtype];
+        if (r.data.data.empty()) continue;
+        any_data = true;
+        for (float v : r.data.data) {
+          all_bf16 = all_bf16 && bf16_exact(v);
+          all_fp16 = all_fp16 && fp16_exact(v);
+          if (!all_bf16 && !all_fp16) break;
+        }
+      }
+    }
+    std::string held_as;
+    for (const char* d : {"bf16", "fp16"})
+      if (held.count(d) && (held_as.empty() || held[d] > held[held_as])) held_as = d;
+    if (!held_as.empty()) {
+      f.dtype = held_as;
+      f.warnings.push_back("engine_dtype says fp32, but the probes' records say their tensors were held in " + held_as +
+                           ": tolerances are calibrated at " + held_as);
+    } else if (any_data && (all_bf16 || all_fp16)) {
+      f.dtype = all_bf16 ? "bf16" : "fp16";
+      f.warnings.push_back("engine_dtype says fp32, but every value of the computed probes is a " + f.dtype +
+                           " value (fp32 tensors holding " + f.dtype + " results): tolerances are calibrated at " +
+                           f.dtype);
+    }
+  }
+
+  // Non-finite values that came with the inputs.
+  const auto count_bad = [](const std::vector<float>& v, int64_t row, int64_t& first_row) {
+    int64_t n = 0;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i])) {
+        if (n++ == 0) first_row = row > 0 ? static_cast<int64_t>(i) / row : 0;
+      }
+    return n;
+  };
+  int64_t first_row = -1;
+  const int64_t hidden = in.x.shape.size() == 2 ? in.x.shape[1] : 1;
+  if (const int64_t n = count_bad(in.x.data, hidden, first_row))
+    f.nonfinite = "the captured input " + x_name + " holds " + std::to_string(n) + " NaN/Inf value" +
+                  (n == 1 ? "" : "s") + " (first at token row " + std::to_string(first_row) +
+                  "): they came into the layer with its input, from before it";
+  for (size_t l = 0; l < in.kv_cache.size() && f.nonfinite.empty(); ++l) {
+    int64_t row = 0;
+    if (const int64_t n = count_bad(in.kv_cache[l].data, in.kv_cache[l].shape.back(), row))
+      f.nonfinite = "the captured latent cache (inputs kv_cache) holds " + std::to_string(n) +
+                    " NaN/Inf value(s): they came into the layer with the cached context";
+  }
+  if (!f.nonfinite.empty()) f.warnings.push_back(f.nonfinite);
+  return f;
 }
 
 }  // namespace
@@ -214,13 +327,16 @@ BisectReport run_replay(const ReplayOptions& opt) {
                      "): nothing to compare");
   }
 
-  const std::string dtype = cap.meta.engine_dtype.empty() ? "fp32" : cap.meta.engine_dtype;
-  Precision precision;
+  const std::string declared = cap.meta.engine_dtype.empty() ? "fp32" : cap.meta.engine_dtype;
   try {
-    precision = parse_precision(dtype);
+    parse_precision(declared);
   } catch (const UsageError& e) {
     throw UsageError(opt.capture + ": root attribute engine_dtype: " + e.what());
   }
+  const InputFindings found = check_inputs(cap, spec, declared);
+  for (const auto& w : found.warnings) std::cerr << "warning: " << opt.capture << ": " << w << "\n";
+  const std::string dtype = found.dtype;
+  const Precision precision = parse_precision(dtype);
   step("calibrating tolerances (reference fp32 vs " + dtype + ")");
   ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, precision, opt.k, [&] { return &ref; });
   tol.overrides = opt.overrides;
@@ -231,6 +347,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     for (const auto& n : not_captured) s += (s.empty() ? "" : ", ") + n;
     rep.compare.notes.push_back("not captured (not compared): " + s);
   }
+  for (const auto& w : found.warnings) rep.compare.notes.push_back("input check: " + w);
   if (!not_comparable.empty()) {
     std::string s;
     for (const auto& n : not_comparable) s += (s.empty() ? "" : ", ") + n;
@@ -275,3 +392,10 @@ BisectReport run_replay(const ReplayOptions& opt) {
 }
 
 }  // namespace mla
+  if (!found.nonfinite.empty() && (first.m.nan_a > 0 || first.m.inf_a > 0 || first.m.nan_b > 0 || first.m.inf_b > 0)) {
+    // Non-finite values the layer was given are no stage's doing: the diagnosis names the input.
+    rep.diagnosis.evidence.insert(rep.diagnosis.evidence.begin(), "was: " + rep.diagnosis.pattern);
+    rep.diagnosis.pattern = found.nonfinite;
+    rep.diagnosis.confidence = "measured";
+    rep.headline += ": the captured input holds NaN/Inf";
+  }

@@ -89,8 +89,18 @@ void warn_unknown_config_fields(const std::string& text, const std::string& orig
   static const std::set<std::string> known_rope = {"type", "rope_type", "factor", "original_max_position_embeddings",
                                                    "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "rope_theta"};
   std::vector<std::string> lines;
+  // Fields transformers derives from the read ones and saves beside them (qk_head_dim = P + R): read for agreement.
+  if (j.contains("qk_head_dim")) {
+    const auto& q = j["qk_head_dim"];
+    const auto& p = j.contains("qk_nope_head_dim") ? j["qk_nope_head_dim"] : json();
+    const auto& r = j.contains("qk_rope_head_dim") ? j["qk_rope_head_dim"] : json();
+    if (!(q.is_number_integer() && p.is_number_integer() && r.is_number_integer() &&
+          q.get<int64_t>() == p.get<int64_t>() + r.get<int64_t>()))
+      lines.push_back("field 'qk_head_dim' (" + q.dump() + ") is not qk_nope_head_dim + qk_rope_head_dim (" + p.dump() +
+                      " + " + r.dump() + "); the head dims read are the latter two");
+  }
   for (const auto& [k, v] : j.items())
-    if (looks_like_attention(k) && !known.count(k))
+    if (looks_like_attention(k) && !known.count(k) && k != "qk_head_dim")
       lines.push_back("field '" + k + "' looks like a rope or attention setting but is not read (" + v.dump() +
                       "); whatever it changes is not modelled");
   for (const char* r : {"rope_scaling", "rope_parameters"})

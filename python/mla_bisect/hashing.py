@@ -3,7 +3,9 @@ probes/probe_hash.h): stats, per-token and per-head L2 maps, the sketch, and the
 
 Exactness: the checksum is bit for bit the C++ one; l2/mean/std/absmax and token_l2/head_l2 are summed
 left to right in float64 as the C++ loops do (numpy's cumulative sums are sequential), so they match bit for bit
-too; the sketch is a float64 matrix product (summation order differs from the C++ loop: equal to float rounding).
+too (np.add.accumulate, which adds in order, over each block; the running sums carried from block to block); the sketch
+is a float64 matrix product (summation order differs from the C++ loop: equal to float rounding). The checksum, a
+sum mod 2^64 that is linear in its terms, is taken as a uint64 matrix-vector product and column sums (checksum).
 
 Checksum bits per dtype: fp32 the float's 32-bit pattern; bf16 / fp16 the 16-bit pattern the C++ conversions
 (to_bf16_bits / to_fp16_bits of harness/model/tensor.cpp: round to nearest even, NaN made quiet) give for the
@@ -67,21 +69,33 @@ def _pow_mod64(base, e):
     return r
 
 
-def checksum(bits: np.ndarray) -> int:
-    """Sum mod 2^64 of (H(row) * A^(col >> 3) + step * (col & 7)) * (2 * bits + 1) over bits viewed as [rows, cols]."""
-    rows, cols = bits.shape
+def _checksum_weights(cols: int):
+    """(power, step) per column: A^(col >> 3) and step * (col & 7), mod 2^64."""
     col = np.arange(cols, dtype=_U)
     with np.errstate(over="ignore"):
-        power = _pow_mod64(CHECKSUM_BASE, col >> _U(3))
-        step = CHECKSUM_STEP * (col & _U(7))
+        return _pow_mod64(CHECKSUM_BASE, col >> _U(3)), CHECKSUM_STEP * (col & _U(7))
+
+
+def checksum(bits: np.ndarray) -> int:
+    """Sum mod 2^64 of (H(row) * A^(col >> 3) + step * (col & 7)) * (2 * bits + 1) over bits viewed as [rows, cols].
+
+    The sum is linear mod 2^64, so it is taken as sum_r H(r) * (sum_c A^(c>>3) * (2 b + 1)) + sum_c step_c *
+    (sum_r (2 b + 1)): a matrix-vector product and column sums in uint64 (wrapping), the same bits as the
+    element-by-element sum."""
+    rows, cols = bits.shape
+    power, step = _checksum_weights(cols)
+    power_sum = power.sum(dtype=_U)
     total = _U(0)
     chunk = max(1, _ROW_CHUNK_ELEMS // max(cols, 1))
     with np.errstate(over="ignore"):
+        colsum = np.zeros(cols, dtype=_U)
         for r0 in range(0, rows, chunk):
             b = bits[r0:r0 + chunk].astype(_U)
             h = splitmix64(np.arange(r0, r0 + b.shape[0], dtype=_U)) | _U(1)
-            m = h[:, None] * power[None, :] + step[None, :]
-            total = total + (m * (_U(2) * b + _U(1))).sum(dtype=_U)
+            per_row = _U(2) * (b @ power) + power_sum  # sum_c A^(c>>3) * (2 b + 1)
+            total = total + (h * per_row).sum(dtype=_U)
+            colsum += b.sum(axis=0, dtype=_U)
+        total = total + (step * (_U(2) * colsum + _U(rows))).sum(dtype=_U)
     return int(total)
 
 
@@ -172,6 +186,11 @@ def to_fp8_bits(v: np.ndarray, dtype: str):
 def checksum_bits(values: np.ndarray, dtype: str) -> np.ndarray:
     """The raw patterns the checksum covers for float32 `values` recorded as `dtype` (module docstring)."""
     if dtype == "bf16":
+        u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+        if not (u & np.uint32(0xFFFF)).any():  # bf16 values already (a bf16 tensor): the high half is the pattern,
+            hi = (u >> np.uint32(16)).astype(np.uint16)  # unless a NaN needs its quiet bit set
+            nan = (hi & np.uint16(0x7FFF)) > np.uint16(0x7F80)
+            return hi if not nan.any() else to_bf16_bits(values)
         return to_bf16_bits(values)
     if dtype == "fp16":
         return to_fp16_bits(values)
@@ -192,6 +211,17 @@ def _seq_sum(a: np.ndarray, axis: int) -> np.ndarray:
     return np.take(np.cumsum(a, axis=axis, dtype=np.float64), -1, axis=axis)
 
 
+def _running_sum(a: np.ndarray, start: float, buf: np.ndarray) -> float:
+    """start + a[0] + a[1] + ... summed left to right in float64 (the C++ loop's order), through buf."""
+    if a.size == 0:
+        return start
+    first = a[0]
+    a[0] = start + first  # the previous blocks' sum carried into the first term, as the sequential loop does
+    np.add.accumulate(a, out=buf[:a.size])
+    a[0] = first
+    return float(buf[a.size - 1])
+
+
 def compute_record(values: np.ndarray, dtype: str, tokens: int, heads: int, col_offset: int, key: int,
                    level: str = "full") -> dict:
     """compute_probe_record of probes/probe.cpp: values is the rank's float32 shard (its local shape), viewed as
@@ -209,25 +239,43 @@ def compute_record(values: np.ndarray, dtype: str, tokens: int, heads: int, col_
     token_l2 = np.zeros(T, dtype=np.float32)
     head_l2 = np.zeros((T, heads), dtype=np.float32) if heads > 0 else None
     chunk = max(1, _ROW_CHUNK_ELEMS // max(C, 1))
+    sk = coeff = None
+    if level != "stats":
+        coeff = sketch_coeffs(key, col_offset, C).astype(np.float64)
+        sk = np.empty((T, SKETCH_DIM), dtype=np.float32)
+    buf = np.empty(min(T, chunk) * C, dtype=np.float64)
+    row_buf = np.empty((min(T, chunk), C), dtype=np.float64)
     for r0 in range(0, T, chunk):
-        blk = m[r0:r0 + chunk].astype(np.float64)
+        blk32 = m[r0:r0 + chunk]
+        rows = blk32.shape[0]
+        blk = blk32.astype(np.float64)
         flat = blk.reshape(-1)
-        nan = np.isnan(flat)
-        inf = np.isinf(flat)
-        total_nan += int(nan.sum())
-        total_inf += int(inf.sum())
-        fin = flat[~(nan | inf)]
+        if sk is not None:
+            with np.errstate(invalid="ignore", over="ignore"):
+                sk[r0:r0 + rows] = (blk @ coeff).astype(np.float32)
+        sqr = blk * blk
+        if np.isfinite(blk32).all():
+            fin, fin_sq = flat, sqr.reshape(-1)
+        else:
+            nan = np.isnan(flat)
+            inf = np.isinf(flat)
+            total_nan += int(nan.sum())
+            total_inf += int(inf.sum())
+            ok = ~(nan | inf)
+            fin, fin_sq = flat[ok], sqr.reshape(-1)[ok]
         if fin.size:
             # Running sums continue from the previous block, left to right as the C++ loop.
-            s = float(np.cumsum(np.concatenate(([s], fin)))[-1])
-            sq = float(np.cumsum(np.concatenate(([sq], fin * fin)))[-1])
-            amax = max(amax, float(np.abs(fin).max()))
-        sqr = blk * blk
-        token_l2[r0:r0 + blk.shape[0]] = np.sqrt(_seq_sum(sqr, 1)).astype(np.float32)
+            s = _running_sum(fin, s, buf)
+            sq = _running_sum(fin_sq, sq, buf)
+            amax = max(amax, float(np.abs(blk32).max() if fin is flat else np.abs(fin).max()))
+        rb = row_buf[:rows]
+        np.add.accumulate(sqr, axis=1, out=rb)
+        token_l2[r0:r0 + rows] = np.sqrt(rb[:, -1]).astype(np.float32)
         if heads > 0:
             X = C // heads
-            hs = _seq_sum(sqr.reshape(blk.shape[0], heads, X), 2)
-            head_l2[r0:r0 + blk.shape[0]] = np.sqrt(hs).astype(np.float32)
+            hb = rb.reshape(rows, heads, X)
+            np.add.accumulate(sqr.reshape(rows, heads, X), axis=2, out=hb)
+            head_l2[r0:r0 + rows] = np.sqrt(hb[:, :, -1]).astype(np.float32)
     finite = n - total_nan - total_inf
     mean = s / finite if finite else 0.0
     std = float(np.sqrt(max(0.0, sq / finite - mean * mean))) if finite else 0.0
@@ -247,12 +295,7 @@ def compute_record(values: np.ndarray, dtype: str, tokens: int, heads: int, col_
         "sketch": None,
         "data": None,
     }
-    if level != "stats":
-        coeff = sketch_coeffs(key, col_offset, C).astype(np.float64)
-        sk = np.empty((T, SKETCH_DIM), dtype=np.float32)
-        for r0 in range(0, T, chunk):
-            with np.errstate(invalid="ignore", over="ignore"):
-                sk[r0:r0 + chunk] = (m[r0:r0 + chunk].astype(np.float64) @ coeff).astype(np.float32)
+    if sk is not None:
         rec["sketch"] = sk
     if level == "full":
         rec["data"] = values

@@ -332,3 +332,101 @@ def test_indexer_that_selects_future_keys_is_recorded_as_it_selected(root, tmp_p
     proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path)
     assert proc.returncode == 1, describe(proc, data)
     assert data["first_divergence"]["probe"] == "topk", describe(proc, data)
+
+
+# --- 6. inputs checked ---------------------------------------------------------------------------------------------
+
+def test_decode_at_the_wrong_position_is_warned(root, tmp_path):
+    """One decode step rotated at context + 1: replay says the positions and the cache disagree."""
+    import inspect
+
+    ckpt = _checkpoint("deepseek_v3", root)
+    model = load(ckpt)
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    with torch.no_grad(), capture_layer(model, 1, tmp_path / "cap.h5", step=1) as cap:
+        out = model(ids(), use_cache=True)
+        model(torch.tensor([[3], [4]]), position_ids=torch.full((2, 1), 13), use_cache=True,
+              **{name: out.past_key_values})
+    assert cap.captured, cap.error
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path)
+    assert "start at 13 but its cache holds 12 tokens" in proc.stderr, describe(proc, data)
+
+
+@pytest.mark.parametrize("as_torch_bf16", [True, False])
+def test_bf16_tensors_labelled_fp32_are_calibrated_at_bf16(as_torch_bf16, root, tmp_path):
+    """A Recorder told engine_dtype="fp32" given a bf16 model's tensors (as bf16, or upcast to fp32)."""
+    ckpt = _checkpoint("deepseek_v3", root)
+    hf_capture(load(ckpt, torch.bfloat16), 1, tmp_path / "hf.h5")
+    d = read_dump(str(tmp_path / "hf.h5"))
+    with Recorder(tmp_path / "rec.h5", ckpt, engine="recorder", engine_dtype="fp32", layer_index=1) as rec:
+        rec.inputs(h=d.inputs.x, positions=d.inputs.positions, seq_lens=d.inputs.seq_lens)
+        for (_, name), p in d.probes.items():
+            t = torch.from_numpy(p.ranks[0].data)
+            rec.probe(name, t.to(torch.bfloat16) if as_torch_bf16 else t)
+    proc, data = replay(tmp_path / "rec.h5", ckpt, tmp_path)
+    assert_clean(proc, data)
+    assert "calibrated at bf16" in proc.stderr, describe(proc, data)
+
+
+def test_nan_in_the_captured_input_is_named_as_the_input(root, tmp_path):
+    ckpt = _checkpoint("deepseek_v3", root)
+    hf_capture(load(ckpt), 1, tmp_path / "hf.h5")
+    d = read_dump(str(tmp_path / "hf.h5"))
+    h = d.inputs.x.copy()
+    h[5, 3] = np.nan
+    with Recorder(tmp_path / "rec.h5", ckpt, engine="recorder", engine_dtype="fp32", layer_index=1) as rec:
+        rec.inputs(h=h, positions=d.inputs.positions, seq_lens=d.inputs.seq_lens)
+        for (_, name), p in d.probes.items():
+            rec.probe(name, h if name == "h" else p.ranks[0].data)
+    proc, data = replay(tmp_path / "rec.h5", ckpt, tmp_path)
+    assert "captured input h holds 1 NaN/Inf value (first at token row 5)" in proc.stderr, describe(proc, data)
+    if data.get("first_divergence"):
+        assert "captured input h" in json.dumps(data.get("diagnosis")), describe(proc, data)
+
+
+# --- 8. one semantics for what a capture omits; no warning about derived fields -----------------------------------
+
+def test_clean_replay_has_no_derived_field_warning(root, tmp_path):
+    ckpt = _checkpoint("deepseek_v3", root)
+    hf_capture(load(ckpt), 1, tmp_path / "cap.h5")
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path)
+    assert_clean(proc, data)
+    assert "qk_head_dim" not in proc.stderr, describe(proc, data)
+
+
+# --- 9. the capture's writing against the forward's time ----------------------------------------------------------
+
+def test_records_have_the_same_bits_as_the_element_by_element_sums():
+    """The vectorized record (blocked sequential sums, the checksum as a uint64 matrix-vector product) against a
+    plain element-by-element computation of the C++ definitions."""
+    from mla_bisect import hashing
+
+    rng = np.random.default_rng(3)
+    T, heads, X = 5, 3, 7
+    a = (rng.standard_normal((T, heads * X)) * 10.0 ** rng.integers(-6, 6, (T, heads * X))).astype(np.float32)
+    a[2, 4] = np.nan
+    saved = hashing._ROW_CHUNK_ELEMS
+    try:
+        hashing._ROW_CHUNK_ELEMS = 2 * heads * X  # several blocks, so the carried running sums are exercised
+        rec = hashing.compute_record(a, "fp32", T, heads, 0, 1, "stats")
+    finally:
+        hashing._ROW_CHUNK_ELEMS = saved
+    s = sq = 0.0
+    for v in a.reshape(-1).astype(np.float64):
+        if np.isfinite(v):
+            s += v
+            sq += v * v
+    assert rec["l2"] == float(np.sqrt(sq)) and rec["mean"] == s / (a.size - 1)
+    for t in range(T):
+        acc = 0.0
+        for v in a[t].astype(np.float64):
+            acc += v * v
+        assert rec["token_l2"][t] == np.float32(np.sqrt(acc)) or np.isnan(acc)
+    bits = a.view(np.uint32).astype(object)
+    total = 0
+    for r in range(T):
+        h = int(hashing.splitmix64(np.uint64(r))) | 1
+        for c in range(a.shape[1]):
+            m = (h * pow(int(hashing.CHECKSUM_BASE), c >> 3, 1 << 64) + int(hashing.CHECKSUM_STEP) * (c & 7))
+            total = (total + m * (2 * int(bits[r, c]) + 1)) % (1 << 64)
+    assert rec["checksum"] == total

@@ -190,9 +190,26 @@ BisectReport run_bisect(const BisectOptions& opt) {
     rep.isolated = judged.isolated;
     rep.isolation = judged.sentence;
   }
+  // The stage introduced the error: re-run it under each known bug class, on the same inputs the candidate's stage
+  // just read (the reference's), against what it wrote.
+  if (judged.judged && judged.introduced && stage && first.layer < static_cast<int>(weights.size())) {
+    step("hypotheses: the bug classes of stage " + first.stage + " on its inputs");
+    hyp::StageCase hc;
+    std::string why;
+    if (hyp::make_case(hc, ref_full_dump, iso, cfg, spec, weights[first.layer], inputs, first.layer, stage->stage,
+                       hyp::stage_tolerances(full_rep, first.layer, first.stage), why)) {
+      hc.focus = first.name;
+      rep.hypotheses = hyp::search(std::move(hc));
+    } else {
+      rep.hypotheses.reason = "not searched: " + why;
+    }
+  } else if (judged.judged && !judged.introduced) {
+    rep.hypotheses.reason = "not searched: stage " + first.stage + " is right on the reference's inputs (amplified)";
+  }
   const Metrics& m = rep.full.basis.empty() ? first.m : rep.full;
   rep.drill = drill_down(first, m, first.tol);
   rep.diagnosis = diagnose(first, m, first.tol, inputs.batch, full_rep);
+  hyp::explain(rep.diagnosis, rep.hypotheses);
   rep.headline = "first divergence: layer " + std::to_string(first.layer) + " " + first.name + " (stage " +
                  first.stage + ")";
   // A weight the stage (or an earlier one) computes with differs: that is the cause, whatever isolation says. The
@@ -261,6 +278,7 @@ void print_bisect(std::ostream& os, const BisectReport& r) {
          << " on full tensors (recomputed in process): drill-down and diagnosis below use these\n";
     os << "tolerance " << f.tol.origin << "\n";
     if (!r.isolation.empty()) os << "isolation " << r.isolation << "\n";
+    hyp::print_report(os, r.hypotheses);
     if (r.weight_cause) print_weight_difference(os, *r.weight_cause);
     print_findings(os, Findings{r.drill, r.diagnosis});
   }
@@ -288,6 +306,7 @@ nlohmann::json bisect_to_json(const BisectReport& r) {
                              // full-tensor numbers the drill-down and diagnosis use
                              {"rel_l2", r.first->m.rel_l2}, {"basis", r.first->m.basis}};
     j["isolation"] = r.isolation;
+    j["hypotheses"] = hyp::report_to_json(r.hypotheses);
     j["weight_cause"] = nullptr;
     if (r.weight_cause)
       j["weight_cause"] = {{"layer", r.weight_cause->layer},       {"weight", r.weight_cause->name},

@@ -12,6 +12,7 @@
 #include "harness/compare/compare.h"
 #include "harness/compare/diagnose.h"
 #include "harness/engine/engine.h"
+#include "harness/hypotheses/hypotheses.h"
 #include "harness/weights/loader.h"
 
 namespace mla {
@@ -63,6 +64,9 @@ struct BisectReport {
   Metrics isolated;
   DrillDown drill;
   Diagnosis diagnosis;
+  // The bug classes re-run on the introducing stage's inputs (harness/hypotheses): searched only when the stage
+  // introduced the error.
+  hyp::Report hypotheses;
   double seconds = 0;
 };
 

@@ -316,7 +316,7 @@ std::string bisect_to_html(const BisectReport& r) {
   const bool have_full = !r.full.basis.empty();
   if (r.first) {
     const auto& f = *r.first;
-    os << "<h2>Diagnosis (" << xml_escape(r.diagnosis.confidence) << " confidence"
+    os << "<h2>Diagnosis (" << xml_escape(diagnosis_label(r.diagnosis))
        << (have_full ? ", on full tensors recomputed in process" : f.m.basis == "full" ? "" : ", on estimates from sketches/norms")
        << ")</h2><p>"
        << xml_escape(r.diagnosis.pattern) << "</p><ul>";

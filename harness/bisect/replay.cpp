@@ -383,15 +383,26 @@ BisectReport run_replay(const ReplayOptions& opt) {
   const IsolationResult iso = isolate_on_captured_inputs(cap, cfg, spec, weights, inputs, first, rep.compare);
   rep.isolation = iso.sentence;
   if (iso.judged) rep.isolated = iso.isolated;
+  // The stage introduced the error: re-run it under each known bug class on the capture's own inputs to it.
+  if (iso.judged && iso.introduced && first.layer < static_cast<int>(weights.size())) {
+    step("hypotheses: the bug classes of stage " + first.stage + " on the capture's inputs");
+    hyp::StageCase hc;
+    std::string why;
+    if (hyp::make_case(hc, cap, cap, cfg, spec, weights[first.layer], inputs, first.layer, parse_stage(first.stage),
+                       hyp::stage_tolerances(rep.compare, first.layer, first.stage), why)) {
+      hc.focus = first.name;
+      rep.hypotheses = hyp::search(std::move(hc));
+    } else {
+      rep.hypotheses.reason = "not searched: " + why;
+    }
+  } else if (iso.judged) {
+    rep.hypotheses.reason = "not searched: stage " + first.stage + " agrees with the candidate on its own inputs (carried in)";
+  }
   rep.drill = drill_down(first, first.m, first.tol);
   rep.diagnosis = diagnose(first, first.m, first.tol, inputs.batch, rep.compare);
+  hyp::explain(rep.diagnosis, rep.hypotheses);
   rep.headline = "first divergence: layer " + std::to_string(first.layer) + " " + first.name + " (stage " + first.stage +
                  ")";
-  rep.seconds = progress.seconds();
-  return rep;
-}
-
-}  // namespace mla
   if (!found.nonfinite.empty() && (first.m.nan_a > 0 || first.m.inf_a > 0 || first.m.nan_b > 0 || first.m.inf_b > 0)) {
     // Non-finite values the layer was given are no stage's doing: the diagnosis names the input.
     rep.diagnosis.evidence.insert(rep.diagnosis.evidence.begin(), "was: " + rep.diagnosis.pattern);
@@ -399,3 +410,8 @@ BisectReport run_replay(const ReplayOptions& opt) {
     rep.diagnosis.confidence = "measured";
     rep.headline += ": the captured input holds NaN/Inf";
   }
+  rep.seconds = progress.seconds();
+  return rep;
+}
+
+}  // namespace mla

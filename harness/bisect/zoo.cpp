@@ -50,6 +50,44 @@ std::string zoo_pattern_words(const std::string& inject) {
   return "";
 }
 
+std::vector<std::string> zoo_expected_classes(const std::string& inject) {
+  static const std::pair<const char*, std::vector<std::string>> classes[] = {
+      {"rope-neox", {"rope.layout"}},
+      {"rope-mscale", {"rope.mscale", "output.scale"}},
+      {"position-offset", {"rope.position_offset"}},
+      {"softmax-scale", {"attn.scale"}},
+      {"causal-off", {"attn.causal_off"}},
+      {"kv-b-split", {"proj.head_major_split"}},
+      {"kv-norm-skip", {"norm.skipped"}},
+      {"tp-head-offset", {"proj.heads_permuted", "weight"}},
+      {"allreduce-skip", {"reduce.rank_missing"}},
+      {"wuk-transpose", {"absorb.transposed"}},
+      {"lse-base2", {"attn.merge_base2"}},
+      {"page-off-by-one", {"attn.page_shift"}},
+      {"decode-empty-cache", {"attn.context_missing"}},
+      {"residual-drop", {"residual.dropped"}},
+      {"kv-norm-no-weight", {"norm.no_weight"}},
+      {"q-norm-width", {"norm.width"}},
+      {"o-proj-half-heads", {"proj.short_reduction"}},
+      {"v-up-head", {"absorb.head_weight"}},
+      {"sliding-window", {"attn.window"}},
+      {"kv-a-rows-tile", {"output.tail_unwritten"}},
+      {"kv-norm-weight-wrap", {"norm.weight_wrap"}},
+      {"fp8-scale-transpose", {"weight", "proj.block_scale"}},
+      {"nvfp4-nibble-swap", {"weight"}},
+      {"nvfp4-global-recip", {"weight", "proj.scale"}},
+      {"index-rope-layout", {"dsa.index_rope_layout"}},
+      {"index-k-norm-skip", {"dsa.index_k_norm_skipped"}},
+      {"index-weights-skip", {"dsa.index_weights_skipped"}},
+      {"index-causal-leak", {"dsa.future_keys"}},
+      {"topk-off-by-one", {"dsa.topk_count"}},
+  };
+  const std::string name = inject.substr(0, inject.find(':'));
+  for (const auto& [n, v] : classes)
+    if (name == n) return v;
+  return {};
+}
+
 ZooRow run_zoo_case(const ZooCase& c) {
   ZooRow row;
   row.c = c;
@@ -59,7 +97,10 @@ ZooRow run_zoo_case(const ZooCase& c) {
     const BisectReport rep = run_bisect(o);
     row.seconds = rep.seconds;
     row.found = rep.first ? rep.first->name : "-";
-    row.pattern = rep.first ? rep.diagnosis.pattern : "";
+    // The rules' words: a confirmed cause replaces the diagnosis's pattern and keeps them in rule_pattern.
+    row.pattern = !rep.first ? "" : rep.diagnosis.confidence == "confirmed" ? rep.diagnosis.rule_pattern : rep.diagnosis.pattern;
+    if (rep.weight_cause) row.cause = "weight " + rep.weight_cause->name;
+    else if (!rep.hypotheses.confirmed.empty()) row.cause = rep.hypotheses.confirmed.front().cls;
     if (c.expected.empty()) {
       row.ok = rep.exit_code == 0;
       row.verdict = row.ok ? "clean" : "FALSE ALARM";
@@ -67,6 +108,12 @@ ZooRow run_zoo_case(const ZooCase& c) {
       row.ok = std::find(c.expected.begin(), c.expected.end(), row.found) != c.expected.end();
       row.verdict = row.ok ? "localized" : "wrong probe";
       row.pattern_ok = row.ok && !c.pattern_words.empty() && row.pattern.find(c.pattern_words) != std::string::npos;
+      const auto want = zoo_expected_classes(c.inject);
+      if (!want.empty()) {
+        const std::string got = row.cause.rfind("weight ", 0) == 0 ? "weight" : row.cause;
+        row.cause_verdict = row.cause.empty() ? "none"
+                            : std::find(want.begin(), want.end(), got) != want.end() ? "right" : "MISLEADING";
+      }
     } else {
       row.verdict = rep.exit_code == 0 ? "MISSED" : "engine failed: " + rep.headline;
     }
@@ -78,10 +125,11 @@ ZooRow run_zoo_case(const ZooCase& c) {
 
 void print_zoo(std::ostream& os, const std::vector<ZooRow>& rows) {
   char line[1024];
-  std::snprintf(line, sizeof line, "%-22s %-9s %-3s %-22s %-12s %-12s %-7s %s\n", "injection", "mode", "tp", "expected",
-                "found", "verdict", "pattern", "pattern named");
+  std::snprintf(line, sizeof line, "%-22s %-9s %-3s %-22s %-12s %-12s %-7s %-26s %s\n", "injection", "mode", "tp",
+                "expected", "found", "verdict", "pattern", "cause (confirmed)", "pattern named");
   os << line;
   int ok = 0, missed = 0, false_alarm = 0, injected = 0, probe_right = 0, scored = 0, pattern_right = 0;
+  int causes = 0, cause_right = 0, cause_misleading = 0;
   std::vector<std::string> wrong;
   for (const auto& r : rows) {
     std::string exp;
@@ -89,9 +137,13 @@ void print_zoo(std::ostream& os, const std::vector<ZooRow>& rows) {
     if (exp.empty()) exp = "(none)";
     const bool scores = !r.c.expected.empty() && !r.c.pattern_words.empty();
     const std::string name = r.c.inject.empty() ? "clean seed " + std::to_string(r.c.options.spec.seed) : r.c.inject;
-    std::snprintf(line, sizeof line, "%-22s %-9s %-3d %-22s %-12s %-12s %-7s %s\n", name.c_str(),
+    const std::string cause = r.cause_verdict == "-" ? "-" : r.cause_verdict + (r.cause.empty() ? "" : " " + r.cause);
+    std::snprintf(line, sizeof line, "%-22s %-9s %-3d %-22s %-12s %-12s %-7s %-26s %s\n", name.c_str(),
                   mode_name(r.c.options.spec.mode), r.c.options.spec.tp, exp.c_str(), r.found.c_str(), r.verdict.c_str(),
-                  !scores ? "-" : r.pattern_ok ? "right" : "WRONG", r.pattern.substr(0, 90).c_str());
+                  !scores ? "-" : r.pattern_ok ? "right" : "WRONG", cause.substr(0, 26).c_str(), r.pattern.substr(0, 90).c_str());
+    causes += r.cause_verdict != "-";
+    cause_right += r.cause_verdict == "right";
+    cause_misleading += r.cause_verdict == "MISLEADING";
     os << line;
     ok += r.ok;
     missed += !r.ok && !r.c.expected.empty();
@@ -105,7 +157,8 @@ void print_zoo(std::ostream& os, const std::vector<ZooRow>& rows) {
   os << "\n" << ok << " of " << rows.size() << " as expected; " << missed << " injected bugs missed or mislocated, "
      << false_alarm << " clean or benign runs flagged\n";
   os << "probe right " << probe_right << " of " << injected << " injected; pattern right " << pattern_right << " of "
-     << scored << "\n";
+     << scored << "; cause confirmed right " << cause_right << " of " << causes << ", misleading " << cause_misleading
+     << "\n";
   for (const auto& w : wrong) os << "  pattern not named: " << w << "\n";
 }
 

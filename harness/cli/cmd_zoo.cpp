@@ -146,7 +146,7 @@ int run_zoo(ZooCmdOptions o) {
     for (auto& r : rows)
       j.push_back({{"inject", r.c.inject}, {"mode", mode_name(r.c.options.spec.mode)}, {"tp", r.c.options.spec.tp},
                    {"expected", r.c.expected}, {"found", r.found}, {"pattern", r.pattern}, {"verdict", r.verdict},
-                   {"ok", r.ok}, {"pattern_words", r.c.pattern_words}, {"pattern_ok", r.pattern_ok},
+                   {"ok", r.ok}, {"pattern_words", r.c.pattern_words}, {"pattern_ok", r.pattern_ok}, {"cause", r.cause}, {"cause_verdict", r.cause_verdict},
                    {"seconds", r.seconds}});
     write_text_file(o.json, j.dump(2));
   }

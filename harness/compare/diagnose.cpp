@@ -1361,8 +1361,9 @@ std::vector<std::string> where_it_sits(const Ctx& c) {
 
 }  // namespace
 
-Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol, const Batch& batch,
-                   const CompareReport& all) {
+namespace {
+Diagnosis diagnose_pattern(const ProbeResult& r, const Metrics& m, const Tolerance& tol, const Batch& batch,
+                           const CompareReport& all) {
   Diagnosis dg;
   auto& ev = dg.evidence;
   // A replicated tensor whose ranks disagree: the gathered copy is the majority's, so the maps below may look
@@ -1448,6 +1449,22 @@ Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol,
   dg.pattern = "no known pattern";
   dg.confidence = "low";
   return dg;
+}
+}  // namespace
+
+Diagnosis diagnose(const ProbeResult& r, const Metrics& m, const Tolerance& tol, const Batch& batch,
+                   const CompareReport& all) {
+  Diagnosis dg = diagnose_pattern(r, m, tol, batch, all);
+  dg.fit = dg.confidence;
+  dg.confidence = "unconfirmed";
+  dg.rule_pattern = dg.pattern;
+  return dg;
+}
+
+std::string diagnosis_label(const Diagnosis& d) {
+  if (d.confidence == "confirmed") return "confirmed by re-running the stage";
+  if (d.confidence == "measured") return "measured";
+  return "unconfirmed pattern" + (d.fit.empty() ? std::string() : ", fits its evidence: " + d.fit);
 }
 
 std::string fmt_num(double v, int precision) {

@@ -23,11 +23,20 @@ struct DrillDown {
 // Each rule fires on its own evidence (rows of exact zeros, a position where the error starts, the channels or
 // heads that hold it, a neighbouring probe whose energy it has, per-token or per-channel factors, ...) and says which
 // numbers it used; when none fits, the pattern is "no known pattern" and the evidence says where the error sits.
+//
+// A pattern read in the error tensor is never proof of a cause: its `confidence` is "unconfirmed", and `fit` says how
+// well the pattern matches its own evidence (high | medium | low). Two things raise it: a bug class that reproduces
+// the candidate when the stage is re-run ("confirmed", harness/hypotheses), and a weight measured to differ
+// ("measured").
 struct Diagnosis {
   std::string pattern;     // plain words; "no known pattern" when nothing fits
-  std::string confidence;  // high | medium | low
+  std::string confidence;  // confirmed | measured | unconfirmed
+  std::string fit;         // the pattern's fit to its evidence: high | medium | low
+  std::string rule_pattern;  // what the pattern rules read in the error, kept when a cause replaces `pattern`
   std::vector<std::string> evidence;  // the overall numbers, then the rule's own (or where the error sits)
 };
+// "confirmed by re-running the stage", "measured", "unconfirmed pattern (fits its evidence: high)": for headings.
+std::string diagnosis_label(const Diagnosis& d);
 
 DrillDown drill_down(const ProbeResult& r, const Metrics& m, const Tolerance& tol);
 // `all` is the whole comparison (some patterns read neighbours, e.g. o_partial for an all-reduce).

@@ -351,7 +351,8 @@ void blame_weight(Diagnosis& d, const ProbeResult& weight) {
   if (!d.pattern.empty()) ev.push_back("the probe itself shows: " + d.pattern);
   for (auto& e : d.evidence) ev.push_back(e);
   d.pattern = "weight " + weight.name + " differs: " + (weight.pattern.empty() ? weight.why : weight.pattern);
-  d.confidence = "high";
+  d.confidence = "measured";
+  d.fit = "high";
   d.evidence = std::move(ev);
 }
 

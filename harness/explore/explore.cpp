@@ -491,7 +491,7 @@ void Explorer::print_card(int i, const std::string& title) {
   os_ << "  tolerance: " << r.tol.origin << "\n";
   if (divergent(i)) {
     const Diagnosis dg = diagnose(r, metrics(i), r.tol, batch_, rep_);
-    os_ << "  diagnosis (" << dg.confidence << " confidence" << (r.m.basis == "full" ? "" : ", on " + basis_label(i))
+    os_ << "  diagnosis (" << diagnosis_label(dg) << (r.m.basis == "full" ? "" : ", on " + basis_label(i))
         << "): " << dg.pattern << "\n";
   }
   os_ << "  (show, heatmap, worst, slice, isolate look closer)\n";
@@ -582,7 +582,7 @@ void Explorer::cmd_show(int i) {
   }
   if (divergent(i)) {
     const Diagnosis dg = diagnose(r, m, r.tol, batch_, rep_);
-    os_ << "diagnosis (" << dg.confidence << " confidence" << (est ? ", on " + basis_label(i) : "")
+    os_ << "diagnosis (" << diagnosis_label(dg) << (est ? ", on " + basis_label(i) : "")
         << "): " << dg.pattern << "\n";
     for (auto& e : dg.evidence) os_ << "  - " << e << "\n";
   }

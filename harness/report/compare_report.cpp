@@ -38,7 +38,7 @@ void write_text_file(const std::string& path, const std::string& text) {
 
 void print_findings(std::ostream& os, const Findings& f) {
   if (!f.diagnosis.pattern.empty()) {
-    os << "\ndiagnosis (" << f.diagnosis.confidence << " confidence): " << f.diagnosis.pattern << "\n";
+    os << "\ndiagnosis (" << diagnosis_label(f.diagnosis) << "): " << f.diagnosis.pattern << "\n";
     for (auto& e : f.diagnosis.evidence) os << "  - " << e << "\n";
   }
   if (!f.drill.lines.empty()) {
@@ -134,7 +134,7 @@ void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows, co
 
 nlohmann::json findings_to_json(const Findings& f) {
   return {{"diagnosis", {{"pattern", f.diagnosis.pattern}, {"confidence", f.diagnosis.confidence},
-                         {"evidence", f.diagnosis.evidence}}},
+                         {"fit", f.diagnosis.fit}, {"evidence", f.diagnosis.evidence}}},
           {"drill_down", {{"ranks_off", f.drill.ranks_off}, {"heads_off", f.drill.heads_off},
                           {"tokens_off", f.drill.tokens_off}, {"channels", f.drill.channels}, {"lines", f.drill.lines}}}};
 }

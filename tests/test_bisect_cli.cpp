@@ -50,18 +50,19 @@ TEST(BisectCli, PatternsAreNamed) {
   struct Case {
     const char* args;
     const char* probe;
-    const char* words;
+    const char* words;  // in the pattern rules' words
+    const char* cause;  // the class the hypothesis search confirms first ("" : a weight measured to differ)
   };
   const Case cases[] = {
-      {"--inject rope-neox", "q_pe_rope", "position 0 exact"},
-      {"--inject rope-mscale", "q_pe_rope", "pure scale"},
-      {"--inject causal-off", "attn_out", "last token exact"},
-      {"--inject kv-b-split", "k_nope", "layout"},
+      {"--inject rope-neox", "q_pe_rope", "position 0 exact", "rope.layout"},
+      {"--inject rope-mscale", "q_pe_rope", "pure scale", "rope.mscale"},
+      {"--inject causal-off", "attn_out", "last token exact", "attn.causal_off"},
+      {"--inject kv-b-split", "k_nope", "layout", "proj.head_major_split"},
       // The shard is the weight: ranks 1-3 hold the q_b_proj rows of the rank before them.
-      {"--inject tp-head-offset --tp 4", "q_nope", "rank 1 holds rank 0's block"},
-      {"--inject allreduce-skip --tp 2", "o", "all-reduce"},
-      {"--inject page-off-by-one --mode decode --batch 2 --context 40,200", "attn_latent", "one page"},
-      {"--inject lse-base2 --mode chunked --batch 2 --context 0,30", "attn_out", "cached context"},
+      {"--inject tp-head-offset --tp 4", "q_nope", "rank 1 holds rank 0's block", ""},
+      {"--inject allreduce-skip --tp 2", "o", "all-reduce", "reduce.rank_missing"},
+      {"--inject page-off-by-one --mode decode --batch 2 --context 40,200", "attn_latent", "one page", "attn.page_shift"},
+      {"--inject lse-base2 --mode chunked --batch 2 --context 0,30", "attn_out", "cached context", "attn.merge_base2"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
@@ -71,7 +72,17 @@ TEST(BisectCli, PatternsAreNamed) {
     std::ifstream f(dir + "/b.json");
     const auto j = nlohmann::json::parse(f);
     EXPECT_EQ(j["first_divergence"]["probe"], c.probe);
-    EXPECT_NE(j["diagnosis"]["pattern"].get<std::string>().find(c.words), std::string::npos) << j["diagnosis"].dump();
+    const auto& dg = j["diagnosis"];
+    const std::string rules = dg["confidence"] == "confirmed" ? dg["rule_pattern"] : dg["pattern"];
+    EXPECT_NE(rules.find(c.words), std::string::npos) << dg.dump();
+    if (*c.cause) {
+      EXPECT_EQ(dg["confidence"], "confirmed") << j["hypotheses"].dump();
+      ASSERT_FALSE(j["hypotheses"]["confirmed"].empty()) << j["hypotheses"].dump();
+      EXPECT_EQ(j["hypotheses"]["confirmed"][0]["class"], c.cause) << j["hypotheses"].dump();
+      EXPECT_EQ(j["hypotheses"]["stage"], j["first_divergence"]["stage"]);
+    } else {
+      EXPECT_EQ(dg["confidence"], "measured") << dg.dump();
+    }
     EXPECT_NE(j["isolation"].get<std::string>().find("introduced by"), std::string::npos) << j["isolation"];
   }
 }

@@ -249,7 +249,8 @@ TEST(DiagnoseTokens, SoftmaxScaleNeedsEveryLaterTokenOffSmoothly) {
         attention(s.q, s.k, s.v, s.scale).out, 1);
   const Diagnosis d = p.diagnose("attn_out");
   expect(d, {"softmax scale"});
-  EXPECT_EQ(d.confidence, "high");
+  EXPECT_EQ(d.confidence, "unconfirmed");  // a pattern is never proof of a cause
+  EXPECT_EQ(d.fit, "high");
   EXPECT_TRUE(evidence_has(d, "per-token error profile")) << dump(d);
 }
 
@@ -677,7 +678,8 @@ TEST(DiagnoseKept, NoKnownPatternSaysWhereTheErrorSits) {
   p.add("x", Stage::Stage_input_norm, Contract::Contract_replicated, cand, ref);
   const Diagnosis d = p.diagnose("x");
   expect(d, {"no known pattern"});
-  EXPECT_EQ(d.confidence, "low");
+  EXPECT_EQ(d.confidence, "unconfirmed");
+  EXPECT_EQ(d.fit, "low");
   EXPECT_TRUE(evidence_has(d, "tokens off: 0-15 (all)")) << dump(d);
   EXPECT_TRUE(evidence_has(d, "half of the error energy in")) << dump(d);
 }

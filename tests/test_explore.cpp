@@ -95,7 +95,7 @@ TEST_F(Explore, ScriptedSessionFindsRopeAndDrillsDown) {
   // show: metrics, tolerance origin, drill-down, diagnosis.
   EXPECT_NE(o.find("calibrated: 4 x bf16 noise floor"), std::string::npos) << o;
   EXPECT_NE(o.find("drill-down"), std::string::npos) << o;
-  EXPECT_TRUE(std::regex_search(o, std::regex(R"(\ndiagnosis \((high|medium) confidence\): position 0 exact)"))) << o;
+  EXPECT_TRUE(std::regex_search(o, std::regex(R"(\ndiagnosis \(unconfirmed pattern, fits its evidence: (high|medium)\): position 0 exact)"))) << o;
 
   // Bar charts for the current probe (q_pe_rope after show).
   EXPECT_NE(o.find("rel_l2 per head, layer 0 q_pe_rope"), std::string::npos) << o;
@@ -292,7 +292,7 @@ TEST_F(ExploreSketch, HeadsAreEstimatedAllOffAndShowAgreesWithBisect) {
   EXPECT_EQ(k_of_n(o, "heads:"), from_bisect) << o;
   EXPECT_TRUE(std::regex_search(o, std::regex(R"(heads:\s+\d+ of \d+ off.*estimate \(from sketches/norms\))"))) << o;
   EXPECT_TRUE(std::regex_search(o, std::regex(R"(\n\s+rel_l2\s+[0-9.e+-]+ .*estimate \(from sketches/norms\))"))) << o;
-  EXPECT_TRUE(std::regex_search(o, std::regex(R"(diagnosis \(\w+ confidence, on estimate \(from sketches/norms\)\))"))) << o;
+  EXPECT_TRUE(std::regex_search(o, std::regex(R"(diagnosis \(unconfirmed pattern[^)]*, on estimate \(from sketches/norms\)\))"))) << o;
   // heads: every head above the tolerance, labelled an estimate.
   EXPECT_NE(o.find("rel_l2 per head, layer 0 q_pe_rope (estimate (from sketches/norms)"), std::string::npos) << o;
   std::smatch m;

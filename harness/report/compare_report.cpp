@@ -134,7 +134,7 @@ void print_compare(std::ostream& os, const CompareReport& rep, bool all_rows, co
 
 nlohmann::json findings_to_json(const Findings& f) {
   return {{"diagnosis", {{"pattern", f.diagnosis.pattern}, {"confidence", f.diagnosis.confidence},
-                         {"fit", f.diagnosis.fit}, {"evidence", f.diagnosis.evidence}}},
+                         {"fit", f.diagnosis.fit}, {"rule_pattern", f.diagnosis.rule_pattern}, {"evidence", f.diagnosis.evidence}}},
           {"drill_down", {{"ranks_off", f.drill.ranks_off}, {"heads_off", f.drill.heads_off},
                           {"tokens_off", f.drill.tokens_off}, {"channels", f.drill.channels}, {"lines", f.drill.lines}}}};
 }

@@ -10,6 +10,21 @@
 
 namespace mla {
 
+namespace {
+// The figure that decided an isolation: NaN/Inf where they disagree, else the overall rel_l2 when it is beyond its
+// tolerance, else the worst token's against the per-token tolerance ("rel_l2 0.3 > 0.01", "worst token 0.05 >
+// 0.02 (overall rel_l2 0.008 within 0.01)"); within both: "rel_l2 0.001 <= 0.01, worst token 0.002 <= 0.02".
+std::string deciding_figure(const Metrics& m, const Tolerance& tol) {
+  if (!m.nonfinite_agree) return "NaN/Inf where the other has none (" + m.first_nonfinite + ")";
+  if (m.rel_l2 > tol.rel_l2) return "rel_l2 " + fmt_num(m.rel_l2) + " > " + fmt_num(tol.rel_l2);
+  if (m.max_token_rel > tol.token_rel)
+    return "worst token " + fmt_num(m.max_token_rel) + " > " + fmt_num(tol.token_rel) + " (overall rel_l2 " +
+           fmt_num(m.rel_l2) + " within " + fmt_num(tol.rel_l2) + ")";
+  return "rel_l2 " + fmt_num(m.rel_l2) + " <= " + fmt_num(tol.rel_l2) + ", worst token " + fmt_num(m.max_token_rel) +
+         " <= " + fmt_num(tol.token_rel);
+}
+}  // namespace
+
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed, int layer, const StageSpec* stage, const PackedWeights& packed,
                     bool weights, bool stop) {
@@ -43,8 +58,8 @@ IsolationResult judge_isolation(const Dump& iso, const Dump& ref_full, const Pro
   res.introduced = !res.isolated.nonfinite_agree || res.isolated.rel_l2 > first.tol.rel_l2 ||
                    res.isolated.max_token_rel > first.tol.token_rel;
   if (res.introduced) {
-    res.sentence = "introduced by stage " + first.stage + ": on the reference's exact inputs it is still wrong "
-                   "(rel_l2 " + fmt_num(res.isolated.rel_l2) + " > " + fmt_num(first.tol.rel_l2) + ")";
+    res.sentence = "introduced by stage " + first.stage + ": on the reference's exact inputs it is still wrong (" +
+                   deciding_figure(res.isolated, first.tol) + ")";
     return res;
   }
   // Upstream error below tolerance, amplified here: where did it grow fastest (relative to tolerance)?
@@ -62,8 +77,8 @@ IsolationResult judge_isolation(const Dump& iso, const Dump& ref_full, const Pro
       where = a.name + " -> " + b.name + " (stage " + b.stage + ", layer " + std::to_string(b.layer) + ")";
     }
   }
-  res.sentence = "amplified: on the reference's exact inputs stage " + first.stage + " is right (rel_l2 " +
-                 fmt_num(res.isolated.rel_l2) + "); error below tolerance upstream grew, fastest at " + where +
+  res.sentence = "amplified: on the reference's exact inputs stage " + first.stage + " is right (" +
+                 deciding_figure(res.isolated, first.tol) + "); error below tolerance upstream grew, fastest at " + where +
                  " (x" + fmt_num(best, 3) + " relative to tolerance)";
   return res;
 }
@@ -120,8 +135,8 @@ IsolationResult isolate_on_captured_inputs(const Dump& cand, const MlaConfig& cf
                    res.isolated.max_token_rel > first.tol.token_rel;
   if (res.introduced) {
     res.sentence = "introduced by stage " + first.stage + ": on the candidate's own inputs (" + joined(stage->inputs) +
-                   ") the reference's " + first.stage + " gives a different " + first.name + " (rel_l2 " +
-                   fmt_num(res.isolated.rel_l2) + " > " + fmt_num(first.tol.rel_l2) + ")";
+                   ") the reference's " + first.stage + " gives a different " + first.name + " (" +
+                   deciding_figure(res.isolated, first.tol) + ")";
     return res;
   }
   std::string worst_in;
@@ -133,8 +148,7 @@ IsolationResult isolate_on_captured_inputs(const Dump& cand, const MlaConfig& cf
         worst_in = n + " (rel_l2 " + fmt_num(r.m.rel_l2) + ")";
       }
   res.sentence = "carried in: on the candidate's own inputs the reference's " + first.stage + " agrees with it (" +
-                 first.name + " rel_l2 " + fmt_num(res.isolated.rel_l2) + " <= " + fmt_num(first.tol.rel_l2) +
-                 "); the error arrived with its inputs" + (worst_in.empty() ? "" : ", largest in " + worst_in) +
+                 first.name + " " + deciding_figure(res.isolated, first.tol) + "); the error arrived with its inputs" + (worst_in.empty() ? "" : ", largest in " + worst_in) +
                  ": an earlier stage that was not captured, or error below tolerance amplified here";
   return res;
 }

@@ -14,5 +14,6 @@ void setup_explore(CLI::App& app, int& exit_code);
 void setup_zoo(CLI::App& app, int& exit_code);
 void setup_golden(CLI::App& app, int& exit_code);
 void setup_replay(CLI::App& app, int& exit_code);
+void setup_classes(CLI::App& app, int& exit_code);
 
 }  // namespace mla::cli

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   mla::cli::setup_zoo(app, exit_code);
   mla::cli::setup_golden(app, exit_code);
   mla::cli::setup_replay(app, exit_code);
+  mla::cli::setup_classes(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -63,6 +63,7 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   const int64_t last = p.shape.back();
   double dd = 0, bb = 0, aa = 0, ab = 0;
   std::vector<double> tok_d(T), tok_b(T), tok_a(T), tok_ab(T), head_d(N), head_b(N), rank_d(tp_a), rank_b(tp_a);
+  std::vector<char> tok_nonfinite(T, 0);
   std::vector<double> th_d(T * N), th_b(T * N);
   m.channel_err2.assign(row, 0.0);
   m.channel_ref2.assign(row, 0.0);
@@ -92,6 +93,7 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
         m.first_nonfinite = os.str();
       }
       m.nonfinite_agree = false;
+      tok_nonfinite[t] = 1;
       continue;
     }
     if (!fx) continue;  // both non-finite the same way
@@ -146,7 +148,8 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   m.mismatch = compared ? static_cast<double>(mismatches) / compared : 0.0;
   m.token_rel.resize(T);
   for (int64_t t = 0; t < T; ++t) {
-    m.token_rel[t] = ratio_or_inf(std::sqrt(tok_d[t]), std::sqrt(tok_b[t]));
+    // A token whose NaN/Inf the reference does not have is off, whatever its finite elements say.
+    m.token_rel[t] = tok_nonfinite[t] ? INFINITY : ratio_or_inf(std::sqrt(tok_d[t]), std::sqrt(tok_b[t]));
     m.max_token_rel = std::max(m.max_token_rel, m.token_rel[t]);
     m.token_norm_ratio.push_back(ratio_or_inf(std::sqrt(tok_a[t]), std::sqrt(tok_b[t])));
     m.token_cos.push_back(tok_a[t] > 0 && tok_b[t] > 0 ? tok_ab[t] / std::sqrt(tok_a[t] * tok_b[t]) : 1.0);

@@ -494,7 +494,9 @@ std::string catalogue_markdown() {
       family = k.family;
       os << "\n### " << family << "\n\n| Class | Stages | Fitted | What the candidate did |\n|---|---|---|---|\n";
     }
-    os << "| `" << k.name << "` | " << stage_list(k) << " | " << k.complexity << " | " << k.description << " |\n";
+    std::string d;
+    for (char ch : k.description) d += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    os << "| `" << k.name << "` | " << stage_list(k) << " | " << k.complexity << " | " << d << " |\n";
   }
   return os.str();
 }

@@ -3,9 +3,8 @@ captured through mla_bisect.capture.Recorder, replayed against tiny HF-style che
 modelled on bugs reported against serving stacks. Each fault carries the expected first-divergence stage and the
 catalogue classes that name it, written before any run; the scorer counts right / misleading / none.
 
-Asserted: every clean scenario replays clean (exit 0, no divergence, nothing confirmed); misleading answers are at
-most 3% of the faults. With MLA_OUTSIDE_STRICT=1 also right >= 85% and none <= 12%. MLA_OUTSIDE_REPORT=FILE writes
-the table as JSON."""
+Asserted: every clean scenario replays clean (exit 0, no divergence, nothing confirmed); of the faults, misleading
+answers at most 3%, right at least 85%, none at most 12%. MLA_OUTSIDE_REPORT=FILE writes the table as JSON."""
 import json
 import os
 import sys
@@ -104,9 +103,8 @@ def test_outside_faults_scored(ws, capsys):
         with open(report, "w") as fh:
             json.dump({"faults": rows, "totals": dict(counts, faults=n)}, fh, indent=1)
     assert counts["misleading"] <= 0.03 * n, text
-    if os.environ.get("MLA_OUTSIDE_STRICT") == "1":
-        assert counts["right"] >= 0.85 * n, text
-        assert counts["none"] <= 0.12 * n, text
+    assert counts["right"] >= 0.85 * n, text
+    assert counts["none"] <= 0.12 * n, text
 
 
 if __name__ == "__main__":

@@ -30,20 +30,19 @@ void head_product(const StageCase& c, const Absorb& a, int64_t h, int64_t g, int
   const MlaConfig& m = c.cfg;
   const int64_t T = a.in->dim(0), N = a.in->dim(1), L = m.kv_lora_rank, PV = m.qk_nope + m.v_head;
   const float* w = c.w.kv_b_proj.ptr() + (g * PV + part) * L;  // a [rows, L] block, row-major
-  for (int64_t t = 0; t < T; ++t) {
-    const float* x = a.in->ptr() + (t * N + h) * a.A;
-    float* y = out.ptr() + (t * N + h) * a.B;
-    for (int64_t j = 0; j < a.B; ++j) {
-      double acc = 0;
-      for (int64_t i = 0; i < a.A; ++i) {
-        // The slice as [rows, L]: q_absorb reads W[i][j] (i < P, j < L); v_up W[j][i] (j < V, i < L). Transposed: the
-        // same memory indexed with the other dims' strides.
-        const int64_t r = a.times_w ? i : j, col = a.times_w ? j : i;
-        const float wv = transposed ? w[col * a.rows + r] : w[r * L + col];
-        acc += static_cast<double>(x[i]) * wv;
-      }
-      y[j] = static_cast<float>(acc);
-    }
+  using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+  using StridedOut = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
+  Strided X(a.in->ptr() + h * a.A, T, a.A, Eigen::OuterStride<>(N * a.A));
+  StridedOut Y(out.ptr() + h * a.B, T, a.B, Eigen::OuterStride<>(N * a.B));
+  // The slice as stored is [rows, L]; transposed, the same memory read as [L, rows].
+  if (!transposed) {
+    ConstMatrixMap W(w, a.rows, L);
+    if (a.times_w) Y.noalias() = X * W;  // q_absorb: [T, P]·[P, L]
+    else Y.noalias() = X * W.transpose();  // v_up: [T, L]·[L, V]
+  } else {
+    ConstMatrixMap W(w, L, a.rows);
+    if (a.times_w) Y.noalias() = X * W.transpose();
+    else Y.noalias() = X * W;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "harness/hypotheses/common.h"
 #include "reference/stages.h"
@@ -18,6 +19,11 @@ namespace attention_family {
 struct Keys {
   Tensor k, v;  // [S, Nk, Dk], [S, Nk, Dv]; Nk = 1 (mqa: shared by every head) or N
   std::vector<int64_t> offset, length;
+  std::vector<int64_t> first, count;  // per sequence: its first new token and how many
+  std::vector<int> token_seq;         // per new token
+  // Per (sequence, head): its new tokens' raw q·k over its own keys [count, length], made on first use (the query
+  // and the keys of a Keys never change once built).
+  mutable std::shared_ptr<std::vector<RowMatrix>> raw;
 };
 
 Keys keys_of(const StageCase& c, const Tensor& cache, const Batch& batch) {
@@ -30,8 +36,11 @@ Keys keys_of(const StageCase& c, const Tensor& cache, const Batch& batch) {
   for (int b = 0; b < B; ++b) {
     out.offset.push_back(S);
     out.length.push_back(batch.context_lens[b] + batch.new_lens[b]);
+    out.first.push_back(batch.first_token(b));
+    out.count.push_back(batch.new_lens[b]);
     S += out.length.back();
   }
+  out.token_seq = batch.token_seq;
   const int64_t N = mqa ? 1 : input(c, "q_nope").dim(1);
   const int64_t Dk = mqa ? L + R : P + R, Dv = mqa ? L : V;
   out.k = Tensor({S, N, Dk});
@@ -96,42 +105,85 @@ struct Options {
   bool lse_base2 = false, fp16_scores = false;
 };
 
-// Softmax attention of each query over the keys `visible(t)` returns (indices into the joint table).
+using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+
+const std::vector<RowMatrix>& raw_scores(const Tensor& q, const Keys& keys) {
+  if (keys.raw) return *keys.raw;
+  const int64_t N = q.dim(1), Dk = q.dim(2), Nk = keys.k.dim(1);
+  const int64_t B = static_cast<int64_t>(keys.offset.size());
+  auto raw = std::make_shared<std::vector<RowMatrix>>(B * N);
+#pragma omp parallel for schedule(dynamic) collapse(2)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < N; ++h) {
+      const int64_t kh = Nk == 1 ? 0 : h;
+      Strided Q(q.ptr() + (keys.first[b] * N + h) * Dk, keys.count[b], Dk, Eigen::OuterStride<>(N * Dk));
+      Strided K(keys.k.ptr() + (keys.offset[b] * Nk + kh) * Dk, keys.length[b], Dk, Eigen::OuterStride<>(Nk * Dk));
+      (*raw)[b * N + h].noalias() = Q * K.transpose();
+    }
+  keys.raw = raw;
+  return *raw;
+}
+
+// Softmax attention of each query over the keys `visible(t)` returns (indices into the joint table): scores from
+// the cached q·k of its own sequence (a key of another sequence: its dot product here), the probabilities times the
+// values as one product per sequence and head.
 std::pair<Tensor, Tensor> attend(const Tensor& q, const Keys& keys, const std::function<std::vector<int64_t>(int64_t)>& visible,
                                  const Options& opt) {
   const int64_t T = q.dim(0), N = q.dim(1), Dk = q.dim(2), Nk = keys.k.dim(1), Dv = keys.v.dim(2);
+  const int64_t B = static_cast<int64_t>(keys.offset.size());
   Tensor out({T, N, Dv}), lse({T, N}, -std::numeric_limits<float>::infinity());
   std::vector<std::vector<int64_t>> vis(T);
   for (int64_t t = 0; t < T; ++t) vis[t] = visible(t);
+  const auto& raw = raw_scores(q, keys);
 #pragma omp parallel for schedule(dynamic) collapse(2)
-  for (int64_t t = 0; t < T; ++t)
+  for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < N; ++h) {
-      const auto& ks = vis[t];
-      if (ks.empty()) continue;
-      const float* qv = q.ptr() + (t * N + h) * Dk;
-      const int64_t kh = Nk == 1 ? 0 : h;
-      std::vector<double> sc(ks.size());
-      double mx = -INFINITY;
-      for (size_t j = 0; j < ks.size(); ++j) {
-        const float* kv = keys.k.ptr() + (ks[j] * Nk + kh) * Dk;
-        double d = 0;
-        for (int64_t i = 0; i < Dk; ++i) d += static_cast<double>(qv[i]) * kv[i];
-        if (opt.fp16_scores) d = round_fp16(static_cast<float>(d));
-        sc[j] = d * opt.scale;
-        mx = std::max(mx, sc[j]);
+      const int64_t kh = Nk == 1 ? 0 : h, o0 = keys.offset[b], len = keys.length[b];
+      const RowMatrix& rs = raw[b * N + h];
+      RowMatrix P = RowMatrix::Zero(keys.count[b], len);
+      std::vector<std::vector<std::pair<int64_t, double>>> foreign(keys.count[b]);
+      for (int64_t i = 0; i < keys.count[b]; ++i) {
+        const int64_t t = keys.first[b] + i;
+        const auto& ks = vis[t];
+        if (ks.empty()) continue;
+        std::vector<double> sc(ks.size());
+        double mx = -INFINITY;
+        for (size_t j = 0; j < ks.size(); ++j) {
+          double d;
+          if (ks[j] >= o0 && ks[j] < o0 + len) {
+            d = rs(i, ks[j] - o0);
+          } else {
+            const float* qv = q.ptr() + (t * N + h) * Dk;
+            const float* kv = keys.k.ptr() + (ks[j] * Nk + kh) * Dk;
+            d = 0;
+            for (int64_t x = 0; x < Dk; ++x) d += static_cast<double>(qv[x]) * kv[x];
+          }
+          if (opt.fp16_scores) d = round_fp16(static_cast<float>(d));
+          sc[j] = d * opt.scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (size_t j = 0; j < ks.size(); ++j) {
+          double p = sc[j] / sum;
+          if (opt.probs == Precision::Precision_bf16) p = round_bf16(static_cast<float>(p));
+          if (opt.probs == Precision::Precision_fp16) p = round_fp16(static_cast<float>(p));
+          if (ks[j] >= o0 && ks[j] < o0 + len) P(i, ks[j] - o0) += static_cast<float>(p);
+          else foreign[i].push_back({ks[j], p});
+        }
+        const double l = mx + std::log(sum);
+        lse.data[t * N + h] = static_cast<float>(opt.lse_base2 ? l / std::log(2.0) : l);
       }
-      double sum = 0;
-      for (auto& s : sc) sum += (s = std::exp(s - mx));
-      float* o = out.ptr() + (t * N + h) * Dv;
-      for (size_t j = 0; j < ks.size(); ++j) {
-        double p = sc[j] / sum;
-        if (opt.probs == Precision::Precision_bf16) p = round_bf16(static_cast<float>(p));
-        if (opt.probs == Precision::Precision_fp16) p = round_fp16(static_cast<float>(p));
-        const float* vv = keys.v.ptr() + (ks[j] * Nk + kh) * Dv;
-        for (int64_t i = 0; i < Dv; ++i) o[i] += static_cast<float>(p * vv[i]);
+      Strided V(keys.v.ptr() + (o0 * Nk + kh) * Dv, len, Dv, Eigen::OuterStride<>(Nk * Dv));
+      const RowMatrix O = P * V;
+      for (int64_t i = 0; i < keys.count[b]; ++i) {
+        float* o = out.ptr() + ((keys.first[b] + i) * N + h) * Dv;
+        for (int64_t x = 0; x < Dv; ++x) o[x] = O(i, x);
+        for (const auto& [j, p] : foreign[i]) {
+          const float* vv = keys.v.ptr() + (j * Nk + kh) * Dv;
+          for (int64_t x = 0; x < Dv; ++x) o[x] += static_cast<float>(p * vv[x]);
+        }
       }
-      const double l = mx + std::log(sum);
-      lse.data[t * N + h] = static_cast<float>(opt.lse_base2 ? l / std::log(2.0) : l);
     }
   return {std::move(out), std::move(lse)};
 }

@@ -53,6 +53,9 @@ struct Variant {
   std::map<std::string, Tensor> out;
   nlohmann::json params = nlohmann::json::object();
   std::string phrase;
+  // Ruled out by a cheap pre-test on a few tokens and columns (its residual there, relative to the tolerance), so
+  // never computed whole; `out` is empty.
+  double pretest_ratio = -1;
 };
 
 // The reference's outputs of the case's stage on its inputs, as the search hands them to a class.
@@ -97,6 +100,8 @@ struct Tried {
   bool confirmed = false;
   std::map<std::string, OutputFit> outputs;
   double worst = 0;  // the largest ratio of residual to tolerance over the outputs (<= 1 within)
+  double class_seconds = 0;  // the time its class took (every variant, fits included)
+  bool pretest_only = false;   // ruled out on a few tokens and columns: `worst` is that pre-test's ratio
 };
 
 struct Report {
@@ -108,6 +113,7 @@ struct Report {
   std::map<std::string, OutputFit> as_run;  // the reference's computation against the candidate
   std::vector<Tried> confirmed;             // simplest first
   std::vector<Tried> tried;                 // every variant, confirmed or not, best first
+  std::vector<std::string> skipped;         // classes not tried: a simpler class was confirmed first
   double seconds = 0;
   // "the candidate's attn_out equals the reference's with a causal mask aligned top-left: rel_l2 0.0011 vs 0.57 as
   // run"; empty when nothing is confirmed.

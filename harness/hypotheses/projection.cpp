@@ -68,10 +68,10 @@ Outputs split(const Linear& l, const Tensor& y, bool swap = false) {
   return o;
 }
 
-// The candidate's y, joined back from its outputs (false when one is not held).
-bool join(const StageCase& c, const Linear& l, Tensor& y) {
-  const Tensor* a = cand(c, l.a);
-  const Tensor* b = l.B ? cand(c, l.b) : nullptr;
+// y joined back from a stage's outputs (false when one is not held).
+bool join_outputs(const Outputs& outs, const Linear& l, Tensor& y) {
+  const Tensor* a = outs.count(l.a) ? &outs.at(l.a) : nullptr;
+  const Tensor* b = l.B && outs.count(l.b) ? &outs.at(l.b) : nullptr;
   if (!a || (l.B && !b)) return false;
   const int64_t T = a->dim(0), N = l.heads, A = l.A, B = l.B, W = A + B;
   y = Tensor({T, N * W});
@@ -82,6 +82,40 @@ bool join(const StageCase& c, const Linear& l, Tensor& y) {
       if (B) std::copy_n(b->ptr() + (t * N + h) * B, B, row + A);
     }
   return true;
+}
+
+bool join(const StageCase& c, const Linear& l, Tensor& y) { return join_outputs(c.cand, l, y); }
+
+// A cheap pre-test of a misread weight: y on the first 8 tokens and 256 outputs, `w_at(o, k)` the weight the variant
+// reads, against the candidate's same entries. The ratio of its rel_l2 to the tolerance: over 3, the variant cannot
+// hold and is not computed whole.
+double pretest(const StageCase& c, const Linear& l, const std::function<float(int64_t, int64_t)>& w_at) {
+  Tensor yc;
+  if (!join(c, l, yc)) return 0;
+  const int64_t T = std::min<int64_t>(l.x->dim(0), 8), O = l.w->dim(0), K = l.w->dim(1), Os = std::min<int64_t>(O, 256);
+  double dd = 0, bb = 0;
+  for (int64_t o = 0; o < Os; ++o) {
+    std::vector<float> w(K);
+    for (int64_t k = 0; k < K; ++k) w[k] = w_at(o, k);
+    for (int64_t t = 0; t < T; ++t) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(l.x->data[t * K + k]) * w[k];
+      const double y = yc.data[t * O + o];
+      if (!std::isfinite(y)) continue;
+      dd += (y - acc) * (y - acc);
+      bb += acc * acc;
+    }
+  }
+  const double tol = c.tol.count(l.a) ? c.tol.at(l.a).rel_l2 : 1e-5;
+  return rel_of_sums(dd, bb) / std::max(tol, 1e-30);
+}
+
+Variant pruned(double ratio, nlohmann::json params, std::string phrase) {
+  Variant v;
+  v.params = std::move(params);
+  v.phrase = std::move(phrase);
+  v.pretest_ratio = ratio;
+  return v;
 }
 
 Variant of_outputs(Outputs o, nlohmann::json params, std::string phrase) {
@@ -124,11 +158,10 @@ std::vector<BugClass> projection_classes() {
                    [](const StageCase& c, const Outputs& ref) {
                      Linear l;
                      Tensor yc;
-                     if (!linear_of(c, l) || !join(c, l, yc)) return std::vector<Variant>{};
-                     const Tensor y = ref::linear(*l.x, *l.w);
+                     Tensor y;
+                     if (!linear_of(c, l) || !join(c, l, yc) || !join_outputs(ref, l, y)) return std::vector<Variant>{};
                      const double s = ls_scale(yc, y);
                      if (std::fabs(s - 1) < 1e-3 || !std::isfinite(s)) return std::vector<Variant>{};
-                     (void)ref;
                      return std::vector<Variant>{of_outputs(split(l, scaled(y, s)), {{"factor", s}},
                                                             "scaled by " + num(s, 4))};
                    }));
@@ -137,34 +170,50 @@ std::vector<BugClass> projection_classes() {
                      Linear l;
                      if (!linear_of(c, l)) return std::vector<Variant>{};
                      const int64_t O = l.w->dim(0), K = l.w->dim(1);
-                     // Two misreadings: W's memory read as [in, out] (then used transposed), and Wᵀ stored contiguous
-                     // but read as [out, in].
-                     Tensor wt({O, K}), wr({O, K});
-                     for (int64_t o = 0; o < O; ++o)
-                       for (int64_t k = 0; k < K; ++k) {
-                         wt.data[o * K + k] = l.w->data[k * O + o];
-                         const int64_t flat = o * K + k, i = flat / O, j = flat % O;  // element (i, j) of Wᵀ [K, O]
-                         wr.data[flat] = l.w->data[j * K + i];
-                       }
-                     return std::vector<Variant>{
-                         of_outputs(split(l, ref::linear(*l.x, wt)), {{"reading", "W memory as [in, out]"}},
-                                    "with its weight's memory read as [in, out]"),
-                         of_outputs(split(l, ref::linear(*l.x, wr)), {{"reading", "W^T stored, read as [out, in]"}},
-                                    "with its weight stored transposed ([in, out]) but read as [out, in]")};
+                     // Two misreadings: W's memory read as [in, out] (then used transposed: y = x·M with M that
+                     // memory as [in, out]), and Wᵀ stored contiguous but read as [out, in]; each pre-tested first.
+                     std::vector<Variant> out;
+                     const int64_t T = l.x->dim(0);
+                     const float* w = l.w->ptr();
+                     const nlohmann::json p1 = {{"reading", "W memory as [in, out]"}}, p2 = {{"reading", "W^T stored, read as [out, in]"}};
+                     const std::string s1 = "with its weight's memory read as [in, out]",
+                                       s2 = "with its weight stored transposed ([in, out]) but read as [out, in]";
+                     if (const double r = pretest(c, l, [&](int64_t o, int64_t k) { return w[k * O + o]; }); r > 3) {
+                       out.push_back(pruned(r, p1, s1));
+                     } else {
+                       ConstMatrixMap X(l.x->ptr(), T, K), M(l.w->ptr(), K, O);
+                       Tensor y1({T, O});
+                       MatrixMap(y1.ptr(), T, O).noalias() = X * M;
+                       out.push_back(of_outputs(split(l, y1), p1, s1));
+                     }
+                     auto w2 = [&](int64_t o, int64_t k) {
+                       const int64_t flat = o * K + k;
+                       return w[(flat % O) * K + flat / O];  // element (flat / O, flat % O) of Wᵀ [K, O]
+                     };
+                     if (const double r = pretest(c, l, w2); r > 3) {
+                       out.push_back(pruned(r, p2, s2));
+                     } else {
+                       ConstMatrixMap Wm(l.w->ptr(), O, K);
+                       Tensor wr({O, K});
+                       MatrixMap(wr.ptr(), K, O) = Wm.transpose();  // Wᵀ's memory, then read as [O, K]
+                       out.push_back(of_outputs(split(l, ref::linear(*l.x, wr)), p2, s2));
+                     }
+                     return out;
                    }));
   v.push_back(make("proj.split_swapped", 0, kLinear, "the fused output's two parts read in the other order ([rope | nope], [k_pe | kv_c], [v | k_nope])",
-                   [](const StageCase& c, const Outputs&) {
+                   [](const StageCase& c, const Outputs& ref) {
                      Linear l;
-                     if (!linear_of(c, l) || l.B == 0) return std::vector<Variant>{};
-                     return std::vector<Variant>{of_outputs(split(l, ref::linear(*l.x, *l.w), true), {},
+                     Tensor y;
+                     if (!linear_of(c, l) || l.B == 0 || !join_outputs(ref, l, y)) return std::vector<Variant>{};
+                     return std::vector<Variant>{of_outputs(split(l, y, true), {},
                                                             "with each head's " + l.a + " and " + l.b + " lanes read in the other order")};
                    }));
   v.push_back(make("proj.head_major_split", 0, kLinear, "per-head parts laid out head-major (all heads' first parts, then all second parts) on one side only",
-                   [](const StageCase& c, const Outputs&) {
+                   [](const StageCase& c, const Outputs& ref) {
                      std::vector<Variant> out;
                      Linear l;
-                     if (!linear_of(c, l) || l.B == 0 || l.heads < 2) return out;
-                     const Tensor y = ref::linear(*l.x, *l.w);
+                     Tensor y;
+                     if (!linear_of(c, l) || l.B == 0 || l.heads < 2 || !join_outputs(ref, l, y)) return out;
                      const int64_t T = y.dim(0), N = l.heads, A = l.A, B = l.B, W = A + B;
                      for (bool to_head_major : {true, false}) {
                        Tensor z(y.shape);
@@ -194,6 +243,13 @@ std::vector<BugClass> projection_classes() {
                      const int64_t K = l.w->dim(1);
                      for (int64_t k : {K / 2, K / 4, 3 * K / 4}) {
                        if (k <= 0 || k >= K) continue;
+                       const float* w = l.w->ptr();
+                       const nlohmann::json params = {{"k", k}, {"K", K}};
+                       const std::string phrase = "reduced over the first " + std::to_string(k) + " of " + std::to_string(K) + " input columns";
+                       if (const double r = pretest(c, l, [&](int64_t o, int64_t j) { return j < k ? w[o * K + j] : 0.0f; }); r > 3) {
+                         out.push_back(pruned(r, params, phrase));
+                         continue;
+                       }
                        out.push_back(of_outputs(split(l, ref::linear(slice_cols(*l.x, 0, k), slice_cols(*l.w, 0, k))),
                                                 {{"k", k}, {"K", K}},
                                                 "reduced over the first " + std::to_string(k) + " of " + std::to_string(K) + " input columns"));

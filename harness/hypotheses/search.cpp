@@ -291,15 +291,28 @@ Report search(StageCase c) {
   }
   r.searched = true;
   int classes = 0;
-  for (const auto& k : catalogue()) {
-    if (!applies(k, c.stage)) continue;
+  // Simplest first: classes by the parameters they fit. Once one is confirmed, classes that fit more are not tried
+  // (a simpler explanation that reproduces the candidate stands; they could only join it).
+  std::vector<const BugClass*> order;
+  for (const auto& k : catalogue())
+    if (applies(k, c.stage)) order.push_back(&k);
+  std::stable_sort(order.begin(), order.end(), [](const BugClass* a, const BugClass* b) { return a->complexity < b->complexity; });
+  int confirmed_at = -1;
+  for (const BugClass* kp : order) {
+    const BugClass& k = *kp;
+    if (confirmed_at >= 0 && k.complexity > confirmed_at) {
+      r.skipped.push_back(k.name);
+      continue;
+    }
     ++classes;
+    const auto k0 = std::chrono::steady_clock::now();
     std::vector<Variant> vs;
     try {
       vs = k.run(c, ref);
     } catch (const std::exception&) {
       continue;  // a class that cannot apply to this case's shapes (no q LoRA, one sequence, ...) is not tried
     }
+    const double ks = std::chrono::duration<double>(std::chrono::steady_clock::now() - k0).count();
     for (auto& v : vs) {
       Tried tr;
       tr.cls = k.name;
@@ -307,6 +320,13 @@ Report search(StageCase c) {
       tr.complexity = k.complexity;
       tr.params = v.params;
       tr.phrase = v.phrase;
+      if (v.pretest_ratio >= 0) {
+        tr.pretest_only = true;
+        tr.worst = v.pretest_ratio;
+        tr.class_seconds = ks;
+        r.tried.push_back(std::move(tr));
+        continue;
+      }
       bool changes = false;
       for (const auto& [name, t] : c.cand) {
         auto it = v.out.find(name);
@@ -322,6 +342,8 @@ Report search(StageCase c) {
       if (!changes || tr.outputs.empty()) continue;
       tr.worst = worst_ratio(tr.outputs);
       tr.confirmed = std::all_of(tr.outputs.begin(), tr.outputs.end(), [](const auto& p) { return p.second.within; });
+      tr.class_seconds = ks;
+      if (tr.confirmed && confirmed_at < 0) confirmed_at = k.complexity;
       r.tried.push_back(std::move(tr));
     }
   }
@@ -335,7 +357,8 @@ Report search(StageCase c) {
     if (t.confirmed && std::none_of(r.confirmed.begin(), r.confirmed.end(), [&](const Tried& x) { return x.cls == t.cls; }))
       r.confirmed.push_back(t);
   r.reason = "searched " + std::to_string(classes) + " classes (" + std::to_string(r.tried.size()) +
-             " variants) of stage " + r.stage;
+             " variants) of stage " + r.stage +
+             (r.skipped.empty() ? "" : "; " + std::to_string(r.skipped.size()) + " with more parameters not tried");
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -385,6 +408,8 @@ nlohmann::json report_to_json(const Report& r) {
                           {"rel_l2", std::isfinite(worst_rel) ? nlohmann::json(worst_rel) : nlohmann::json("inf")},
                           {"as_run_rel_l2", as_rel},
                           {"worst_ratio", std::isfinite(t.worst) ? nlohmann::json(t.worst) : nlohmann::json("inf")},
+                          {"class_seconds", t.class_seconds},
+                          {"pretest_only", t.pretest_only},
                           {"outputs", fits(t.outputs)}};
   };
   nlohmann::json j{{"stage", r.stage}, {"layer", r.layer}, {"searched", r.searched}, {"reason", r.reason},
@@ -395,6 +420,7 @@ nlohmann::json report_to_json(const Report& r) {
     e["summary"] = r.sentence().empty() ? "" : t.cls + " " + t.phrase;
     j["confirmed"].push_back(e);
   }
+  j["skipped"] = r.skipped;
   j["tried"] = nlohmann::json::array();
   for (const auto& t : r.tried) j["tried"].push_back(tried(t, r));
   return j;

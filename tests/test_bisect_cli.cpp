@@ -118,6 +118,10 @@ TEST(BisectCli, HtmlReportHasThePictures) {
   const std::string html((std::istreambuf_iterator<char>(f)), {});
   EXPECT_NE(html.find("Token &times; head heat map of q_pe_rope"), std::string::npos);
   EXPECT_NE(html.find("Error across the graph"), std::string::npos);
+  // The causes tested beside the pattern: the confirmed class in the table and in the sentence.
+  EXPECT_NE(html.find("Causes tested: bug classes re-run on stage rope"), std::string::npos);
+  EXPECT_NE(html.find("Confirmed: the candidate&apos;s q_pe_rope equals"), std::string::npos) << html.substr(0, 4000);
+  EXPECT_NE(html.find("<code>rope.layout</code>"), std::string::npos);
   EXPECT_GE(std::count(html.begin(), html.end(), '<') , 200);  // the SVG cells are there
   EXPECT_NE(html.find("</html>"), std::string::npos);
 }

@@ -152,6 +152,9 @@ TEST_F(Explore, ScriptedSessionFindsRopeAndDrillsDown) {
 
   // isolate: rope is wrong on the reference's exact inputs.
   EXPECT_NE(o.find("isolation: introduced by stage rope"), std::string::npos) << o;
+  // ... and re-run under the bug classes of the rope stage, the planted layout is confirmed.
+  EXPECT_NE(o.find("confirmed rope.layout"), std::string::npos) << o;
+  EXPECT_NE(o.find("cause (confirmed by re-running the stage)"), std::string::npos) << o;
   // Unknown command: a one-line hint, and the session goes on.
   EXPECT_NE(o.find("unknown command 'frobnicate': type help"), std::string::npos) << o;
 }

@@ -13,6 +13,35 @@ namespace mla {
 
 namespace {
 
+// The bug classes re-run on the introducing stage: each variant's worst residual against its tolerance as a bar on a
+// log axis (1 = the tolerance; confirmed ones within it), the confirmed first, then the closest.
+void hypotheses_html(std::ostream& os, const hyp::Report& h) {
+  if (h.reason.empty()) return;
+  os << "<h2>Causes tested: bug classes re-run on stage " << xml_escape(h.stage) << "</h2>\n<p>" << xml_escape(h.reason);
+  if (h.searched) os << " (" << fmt_num(h.seconds, 2) << " s)";
+  os << "</p>\n";
+  if (!h.searched) return;
+  os << "<p>" << (h.confirmed.empty() ? "No class reproduces the candidate within tolerance: the diagnosis above is an "
+                                        "unconfirmed pattern."
+                                      : "Confirmed: " + xml_escape(h.sentence()))
+     << "</p>\n<table><tr><th>class</th><th>variant</th><th>residual / tolerance (log scale; the line is 1)</th>"
+        "<th></th></tr>\n";
+  const double lo = std::log10(0.01), hi = std::log10(1e4);
+  for (size_t i = 0; i < h.tried.size() && i < 15; ++i) {
+    const auto& t = h.tried[i];
+    const double w = std::isfinite(t.worst) ? std::clamp((std::log10(std::max(t.worst, 0.01)) - lo) / (hi - lo), 0.0, 1.0) : 1.0;
+    const double one = (0 - lo) / (hi - lo);
+    os << "<tr><td><code>" << xml_escape(t.cls) << "</code></td><td>" << xml_escape(t.phrase)
+       << "</td><td><svg width='240' height='12'><rect width='" << static_cast<int>(240 * w) << "' height='12' fill='"
+       << (t.confirmed ? "#2a7" : "#c64") << "'/><line x1='" << static_cast<int>(240 * one) << "' x2='"
+       << static_cast<int>(240 * one) << "' y1='0' y2='12' stroke='black'/></svg></td><td>"
+       << (t.confirmed ? "confirmed" : t.pretest_only ? fmt_num(t.worst, 3) + "x (pre-test)" : fmt_num(t.worst, 3) + "x")
+       << "</td></tr>\n";
+  }
+  os << "</table>\n";
+}
+
+
 // Error relative to tolerance on a log scale: green below 1, through yellow, to red at 100x.
 std::string color_for(double ratio) {
   if (!std::isfinite(ratio)) return "#7b2cbf";
@@ -332,6 +361,7 @@ std::string bisect_to_html(const BisectReport& r) {
        << xml_escape(r.isolation) << "</p>\n<pre>";
     for (auto& l : r.drill.lines) os << xml_escape(l) << "\n";
     os << "</pre>\n";
+    hypotheses_html(os, r.hypotheses);
     const Metrics& m = r.full.basis.empty() ? f.m : r.full;
     const std::string basis = m.basis == "full" ? "full tensors" : "estimate (from sketches/norms)";
     os << "<h2>Error per token of " << xml_escape(f.name) << " (" << basis << ")</h2>\n";

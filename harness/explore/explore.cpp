@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "harness/bisect/isolate.h"
+#include "harness/hypotheses/hypotheses.h"
 #include "harness/compare/diagnose.h"
 #include "harness/compare/weight_diff.h"
 #include "harness/engine/engine.h"
@@ -1013,6 +1014,7 @@ void Explorer::cmd_isolate(int i) {
           << fmt_num(res.isolated.max_token_rel) << " (tolerance " << fmt_num(r.tol.rel_l2) << ")\n";
     os_ << "isolation: " << res.sentence << "   ("
         << fmt_num(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3) << " s)\n";
+    if (res.judged && res.introduced) search_causes(cand_, cand_, cfg, spec, weights, in_dump.inputs, r);
     return;
   }
   std::vector<LayerWeights> weights, cand_weights;
@@ -1053,6 +1055,25 @@ void Explorer::cmd_isolate(int i) {
   else
     os_ << "isolation: " << res.sentence;
   os_ << "   (" << fmt_num(secs, 3) << " s)\n";
+  if (res.introduced) search_causes(*ref_full_, iso, cfg, spec, weights, in_dump.inputs, r);
+}
+
+void Explorer::search_causes(const Dump& inputs_dump, const Dump& outputs_dump, const MlaConfig& cfg,
+                             const RunSpec& spec, const std::vector<LayerWeights>& weights, const Inputs& inputs,
+                             const ProbeResult& r) {
+  if (r.layer >= static_cast<int>(weights.size())) return;
+  hyp::StageCase hc;
+  std::string why;
+  hyp::Report rep;
+  if (hyp::make_case(hc, inputs_dump, outputs_dump, cfg, spec, weights[r.layer], inputs, r.layer, parse_stage(r.stage),
+                     hyp::stage_tolerances(rep_, r.layer, r.stage), why)) {
+    hc.focus = r.name;
+    rep = hyp::search(std::move(hc));
+  } else {
+    rep.reason = "not searched: " + why;
+  }
+  hyp::print_report(os_, rep);
+  if (!rep.confirmed.empty()) os_ << "cause (confirmed by re-running the stage): " << rep.sentence() << "\n";
 }
 
 }  // namespace mla

@@ -65,6 +65,9 @@ class Explorer {
   void cmd_slice(int index, const std::vector<std::string>& args);
   void cmd_worst(int index, int n);
   void cmd_isolate(int index);
+  // The bug classes of an introducing stage re-run on the inputs its candidate read (harness/hypotheses).
+  void search_causes(const Dump& inputs_dump, const Dump& outputs_dump, const MlaConfig& cfg, const RunSpec& spec,
+                     const std::vector<LayerWeights>& weights, const Inputs& inputs, const ProbeResult& r);
   void cmd_help();
 
   Dump cand_, ref_;

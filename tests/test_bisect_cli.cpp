@@ -268,3 +268,32 @@ TEST(CompareCli, DumpsOfTwoRunsCompareWithJsonAndJunit) {
 }
 
 }  // namespace
+
+// Two bugs at once: the first stage's is named and confirmed; the later one does not leak into the cause.
+TEST(BisectCli, TwoBugsNameTheFirstStagesCause) {
+  const std::string dir = tmpdir("two_bugs");
+  const auto r = sh(std::string("bisect --model tiny --tokens 16") + kCandidate + " --inject kv-norm-no-weight,causal-off --workdir " +
+                    dir + " --json " + dir + "/b.json");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  std::ifstream f(dir + "/b.json");
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["first_divergence"]["stage"], "kv_a_norm");
+  ASSERT_FALSE(j["hypotheses"]["confirmed"].empty()) << j["hypotheses"].dump();
+  EXPECT_EQ(j["hypotheses"]["confirmed"][0]["class"], "norm.no_weight");
+  for (const auto& c : j["hypotheses"]["confirmed"]) EXPECT_NE(c["class"], "attn.causal_off");
+}
+
+// Clean runs of other models and modes: no divergence, so nothing is searched and nothing confirmed.
+TEST(BisectCli, CleanRunsConfirmNothing) {
+  for (const char* args : {" --model tiny-dsa --mode decode --batch 2", " --model deepseek-v2-lite --mode chunked --tokens 8",
+                           " --model tiny --tp 2 --attention absorbed"}) {
+    SCOPED_TRACE(args);
+    const std::string dir = tmpdir("clean_confirm");
+    const auto r = sh(std::string("bisect") + kCandidate + args + " --workdir " + dir + " --json " + dir + "/b.json");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    std::ifstream f(dir + "/b.json");
+    const auto j = nlohmann::json::parse(f);
+    EXPECT_TRUE(j["first_divergence"].is_null());
+    EXPECT_FALSE(j.contains("hypotheses"));
+  }
+}

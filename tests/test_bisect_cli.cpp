@@ -297,3 +297,40 @@ TEST(BisectCli, CleanRunsConfirmNothing) {
     EXPECT_FALSE(j.contains("hypotheses"));
   }
 }
+
+// compare and golden check re-run the divergent stage under the bug classes on the candidate's own full tensors; on
+// sketch-level dumps they say what they lack instead.
+TEST(BisectCli, CompareAndGoldenCheckTestCauses) {
+  const std::string dir = tmpdir("compare_causes");
+  ASSERT_EQ(sh("run --model tiny --tokens 16 --probe-level full --out " + dir + "/ref.h5").exit_code, 0);
+  ASSERT_EQ(sh("run --model tiny --tokens 16 --probe-level full --engine reference:precision=bf16 --inject position-offset --out " +
+               dir + "/cand.h5").exit_code, 0);
+  auto r = sh("compare " + dir + "/cand.h5 " + dir + "/ref.h5 --json " + dir + "/c.json");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  {
+    std::ifstream f(dir + "/c.json");
+    const auto j = nlohmann::json::parse(f);
+    ASSERT_FALSE(j["hypotheses"]["confirmed"].empty()) << j["hypotheses"].dump();
+    EXPECT_EQ(j["hypotheses"]["confirmed"][0]["class"], "rope.position_offset");
+    EXPECT_EQ(j["hypotheses"]["confirmed"][0]["params"]["offset"], 1);
+    EXPECT_EQ(j["diagnosis"]["confidence"], "confirmed");
+  }
+  ASSERT_EQ(sh("run --model tiny --tokens 16 --engine reference:precision=bf16 --inject position-offset --out " + dir +
+               "/cand_sketch.h5").exit_code, 0);
+  r = sh("compare " + dir + "/cand_sketch.h5 " + dir + "/ref.h5 --json " + dir + "/s.json");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  {
+    std::ifstream f(dir + "/s.json");
+    const auto j = nlohmann::json::parse(f);
+    EXPECT_FALSE(j["hypotheses"]["searched"].get<bool>());
+    EXPECT_NE(j["hypotheses"]["reason"].get<std::string>().find("not held"), std::string::npos) << j["hypotheses"].dump();
+    EXPECT_EQ(j["diagnosis"]["confidence"], "unconfirmed");
+  }
+  r = sh(std::string("golden check ") + MLA_SOURCE_DIR + "/golden/tiny_prefill_t8_tp1.h5 --engine reference:precision=bf16 "
+         "--inject kv-norm-no-weight --json " + dir + "/g.json");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  std::ifstream f(dir + "/g.json");
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_FALSE(j["hypotheses"]["confirmed"].empty()) << j["hypotheses"].dump();
+  EXPECT_EQ(j["hypotheses"]["confirmed"][0]["class"], "norm.no_weight");
+}

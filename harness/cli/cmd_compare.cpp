@@ -2,6 +2,7 @@
 // reference's stage graph expects being matched (or named by --allow-missing / --probes).
 #include <iostream>
 
+#include "harness/bisect/causes.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
 #include "harness/model/errors.h"
@@ -43,9 +44,17 @@ int run_compare(const CompareCmdOptions& o) {
   ToleranceModel tol = tolerance_for(a, b, o.tolerance, o.k);
   tol.overrides = parse_tol_overrides(o.tol);
   const CompareReport rep = compare_dumps(a, b, tol, copt);
-  const auto findings = explain_first_divergence(rep, batch_of(b, a));
+  auto findings = explain_first_divergence(rep, batch_of(b, a));
+  // The causes tested by re-running the divergent stage on the candidate's own tensors, where it holds them.
+  const hyp::Report causes = causes_of_first_divergence(a, b, rep);
+  if (findings && findings->diagnosis.confidence != "measured") hyp::explain(findings->diagnosis, causes);
   print_compare(std::cout, rep, !o.brief, findings ? &*findings : nullptr);
-  if (!o.json.empty()) write_text_file(o.json, compare_to_json(rep, findings ? &*findings : nullptr).dump(2));
+  if (findings) hyp::print_report(std::cout, causes);
+  if (!o.json.empty()) {
+    auto j = compare_to_json(rep, findings ? &*findings : nullptr);
+    if (findings) j["hypotheses"] = hyp::report_to_json(causes);
+    write_text_file(o.json, j.dump(2));
+  }
   if (!o.junit.empty()) write_text_file(o.junit, compare_to_junit(rep, "mla-bisect.compare"));
   return rep.exit_code();
 }

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/bisect/causes.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
 #include "harness/golden/golden.h"
@@ -153,11 +154,16 @@ int run_check(const GoldenCheckCmdOptions& o) {
   const GoldenCheck res = check_golden(golden, c, on_stop);
   log.step("compared");
   const CompareReport& rep = res.report;
-  const auto findings = explain_first_divergence(rep, batch_of(golden, res.candidate));
+  auto findings = explain_first_divergence(rep, batch_of(golden, res.candidate));
+  // The candidate's run holds every probe in full: its divergent stage is re-run under the bug classes.
+  const hyp::Report causes = causes_of_first_divergence(res.candidate, golden, rep);
+  if (findings && findings->diagnosis.confidence != "measured") hyp::explain(findings->diagnosis, causes);
   std::cout << "golden check " << o.golden << " (" << golden.meta.command << ")\n";
   print_compare(std::cout, rep, !o.brief, findings ? &*findings : nullptr);
+  if (findings) hyp::print_report(std::cout, causes);
   if (!o.json.empty()) {
     auto j = compare_to_json(rep, findings ? &*findings : nullptr);
+    if (findings) j["hypotheses"] = hyp::report_to_json(causes);
     j["golden"] = {{"path", o.golden}, {"command", golden.meta.command}, {"tool_version", golden.tool_version},
                    {"created", golden.created_utc}};
     j["engine"] = o.engine;

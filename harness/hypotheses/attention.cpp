@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 
 #include "harness/hypotheses/common.h"
 #include "reference/stages.h"
@@ -241,6 +242,15 @@ BugClass make(std::string name, int complexity, bool dense_only, std::string des
   k.description = std::move(description);
   k.complexity = complexity;
   k.run = [body, dense_only](const StageCase& c, const Outputs&) {
+    // The cached q·k holds heads x new tokens x their sequence's keys floats: past 2^28 (1 GiB) the attention classes
+    // are not run (a prefill of thousands of tokens), and the report says so.
+    const int64_t heads = c.stage == Stage::Stage_attention_mqa ? input(c, "q_latent").dim(1) : input(c, "q_nope").dim(1);
+    int64_t cells = 0;
+    for (int b = 0; b < c.batch.num_seqs(); ++b)
+      cells += static_cast<int64_t>(c.batch.new_lens[b]) * (c.batch.context_lens[b] + c.batch.new_lens[b]);
+    if (cells * heads > (int64_t{1} << 28))
+      throw std::runtime_error("the attention is too large to re-run under every class here (" + std::to_string(heads) +
+                               " heads x " + std::to_string(cells) + " query-key pairs)");
     const Setup s = setup(c);
     if (dense_only && s.sel) return std::vector<Variant>{};  // DSA: the selection is the mask
     return body(c, s);

@@ -114,6 +114,7 @@ struct Report {
   std::vector<Tried> confirmed;             // simplest first
   std::vector<Tried> tried;                 // every variant, confirmed or not, best first
   std::vector<std::string> skipped;         // classes not tried: a simpler class was confirmed first
+  std::vector<std::string> not_run;         // "class: why" for classes that could not run on this case
   double seconds = 0;
   // "the candidate's attn_out equals the reference's with a causal mask aligned top-left: rel_l2 0.0011 vs 0.57 as
   // run"; empty when nothing is confirmed.

@@ -309,8 +309,9 @@ Report search(StageCase c) {
     std::vector<Variant> vs;
     try {
       vs = k.run(c, ref);
-    } catch (const std::exception&) {
-      continue;  // a class that cannot apply to this case's shapes (no q LoRA, one sequence, ...) is not tried
+    } catch (const std::exception& e) {
+      r.not_run.push_back(k.name + ": " + e.what());  // shapes it cannot apply to, or a case too large for it
+      continue;
     }
     const double ks = std::chrono::duration<double>(std::chrono::steady_clock::now() - k0).count();
     for (auto& v : vs) {
@@ -358,7 +359,9 @@ Report search(StageCase c) {
       r.confirmed.push_back(t);
   r.reason = "searched " + std::to_string(classes) + " classes (" + std::to_string(r.tried.size()) +
              " variants) of stage " + r.stage +
-             (r.skipped.empty() ? "" : "; " + std::to_string(r.skipped.size()) + " with more parameters not tried");
+             (r.skipped.empty() ? "" : "; " + std::to_string(r.skipped.size()) + " with more parameters not tried") +
+             (r.not_run.empty() ? "" : "; " + std::to_string(r.not_run.size()) + " could not run (" + r.not_run.front() +
+                                           (r.not_run.size() > 1 ? ", ..." : "") + ")");
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -421,6 +424,7 @@ nlohmann::json report_to_json(const Report& r) {
     j["confirmed"].push_back(e);
   }
   j["skipped"] = r.skipped;
+  j["not_run"] = r.not_run;
   j["tried"] = nlohmann::json::array();
   for (const auto& t : r.tried) j["tried"].push_back(tried(t, r));
   return j;

@@ -39,6 +39,18 @@ CONFIGS = {
                      index_n_heads=8, index_head_dim=16),
 }
 CONFIGS["v3_yarn"]["rope_interleave"] = True
+# Wider DeepSeek-V3 shaped dims (no YaRN) where projections span several 128 x 128 blocks: q_b_proj [384, 256] (3 x 2
+# blocks), kv_a_proj_with_mqa [288, 256] (a partial last row block), o_proj [256, 256].
+CONFIGS["v3_wide"] = dict(BASE, model_type="deepseek_v3", hidden_size=256, q_lora_rank=256, kv_lora_rank=256,
+                          qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, rope_interleave=True)
+# A rotate-half DeepSeek-V3 whose q_a_layernorm and kv_a_layernorm gains are 64x larger (q and k entries near 100):
+# raw scores q.k reach past fp16's 65504.
+CONFIGS["v3_hot"] = dict(BASE, model_type="deepseek_v3", rope_interleave=False)
+
+# name -> {weight name: factor} applied after the random draw (powers of two, so the weights stay bf16-exact).
+WEIGHT_SCALE = {
+    "v3_hot": {"self_attn.q_a_layernorm.weight": 64.0, "self_attn.kv_a_layernorm.weight": 64.0},
+}
 
 
 def make_weights(cfg, seed):
@@ -82,6 +94,8 @@ def save_checkpoint(root, name):
 
     cfg = CONFIGS[name]
     weights = make_weights(cfg, seed=sum(map(ord, name)))
+    for k, f in WEIGHT_SCALE.get(name, {}).items():
+        weights[k] = (weights[k] * np.float32(f)).astype(np.float32)
     path = os.path.join(str(root), name)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:

@@ -348,5 +348,36 @@ def dsa_indexer_future_keys(m):
     m.select = lambda scores, mask: orig_select(scores, state["same"])
 
 
+@fault("dsa_indexer_future_keys_scored", "https://github.com/lablup/mlxcel/issues/619", "mlxcel",
+       "glm5_dsa", "index_scores", {"dsa.future_keys"}, seq_lens=(12,))
+def dsa_indexer_future_keys_scored(m):
+    """The indexer of a maskless prefill scoring every key of the sequence and writing those scores (later keys
+    included) into its score buffer, from which the top-k selects; the attention itself stays causal."""
+    dsa_indexer_future_keys(m)
+    orig_visible = m.visible
+    state = {}
+
+    def visible(q_seq, q_idx, q_ctx, k_seq, k_idx):
+        state["same"] = q_seq[:, None] == k_seq[None, :]
+        return orig_visible(q_seq, q_idx, q_ctx, k_seq, k_idx)
+    m.visible = visible
+    m.index_scores_written = lambda mask: state["same"]
+
+
+@fault("attn_scores_fp16_overflow_eager", "https://github.com/pytorch/pytorch/issues/60939", "PyTorch",
+       "v3_hot", "attention_mha", {"attn.fp16_overflow"}, seq_lens=(9, 7), dtype="fp16")
+def attn_scores_fp16_overflow_eager(m):
+    """attn_scores_fp16_overflow through an eager attention that returns no log-sum-exp: q.k formed in fp16
+    overflows to inf past 65504, and the capture holds attn_out without lse."""
+    attn_scores_fp16_overflow(m)
+    orig_forward = m.forward
+
+    def forward(batch):
+        pr = orig_forward(batch)
+        pr.pop("lse", None)
+        return pr
+    m.forward = forward
+
+
 def by_name():
     return {f.name: f for f in FAULTS_MORE}

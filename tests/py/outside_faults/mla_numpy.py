@@ -417,10 +417,11 @@ class MLA:
             Kmax = max(batch.context_lens) + (batch.seq_lens[0] if uniform else T)
             idx_scores = np.zeros((T, Kmax), np.float32)
             topk = np.full((T, self.topk_k), -1.0, np.float32)
+            recorded = self.index_scores_written(mask)
             for t in range(T):
                 cols = np.nonzero(k_seq == q_seq[t])[0]
                 for j in cols:
-                    if mask[t, j]:
+                    if recorded[t, j]:
                         idx_scores[t, k_idx[j]] = scores[t, j]
                 chosen = sorted(int(k_idx[j]) for j in cols if sel[t, j])
                 topk[t, : len(chosen)] = chosen
@@ -448,6 +449,11 @@ class MLA:
         pr["h_out"] = self.out(self.residual(pr["h"], o))
         pr["inputs"] = self.inputs_for(batch, pr["h"], ctx_rows, ctx_idx_keys)
         return pr
+
+    def index_scores_written(self, mask):
+        """[T, K] booleans: the entries of the index scores the engine writes into its idx_scores output (those its
+        queries see; 0 elsewhere)."""
+        return mask
 
     def attend_from_cache(self):
         """Whether the new tokens' keys are read back from the rows this step wrote (a paged backend) rather than

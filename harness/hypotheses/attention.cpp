@@ -450,8 +450,15 @@ std::vector<BugClass> attention_classes() {
                    [](const StageCase& c, const Setup& s) {
                      Options o = base(c);
                      o.fp16_scores = true;
-                     return std::vector<Variant>{run(c, s, [&](int64_t t) { return model_keys(c, s, t); }, o, {},
-                                                     "with its raw scores in fp16 (overflowing past 65504)")};
+                     Variant v = run(c, s, [&](int64_t t) { return model_keys(c, s, t); }, o, {{"lse", "nan"}},
+                                     "with its raw scores in fp16 (overflowing past 65504)");
+                     // A row whose largest score overflowed: its LSE is NaN (inf - inf in the softmax) or, in a
+                     // logsumexp that keeps the infinite maximum, +inf.
+                     Variant w = v;
+                     for (auto& x : w.out["lse"].data)
+                       if (std::isnan(x)) x = INFINITY;
+                     w.params = {{"lse", "+inf"}};
+                     return std::vector<Variant>{std::move(v), std::move(w)};
                    }));
   v.push_back(make("attn.scale", 1, false,
                    "another softmax scale: YaRN mscale missing or not squared, inverted, 1/sqrt of another head dim, a log2 "

@@ -215,24 +215,32 @@ std::vector<BugClass> projection_classes() {
                      Tensor y;
                      if (!linear_of(c, l) || l.B == 0 || l.heads < 2 || !join_outputs(ref, l, y)) return out;
                      const int64_t T = y.dim(0), N = l.heads, A = l.A, B = l.B, W = A + B;
-                     for (bool to_head_major : {true, false}) {
-                       Tensor z(y.shape);
-                       for (int64_t t = 0; t < T; ++t)
-                         for (int64_t h = 0; h < N; ++h) {
-                           const float* src = y.ptr() + t * N * W;
-                           float* dst = z.ptr() + t * N * W;
-                           if (to_head_major) {  // the candidate reads per-head chunks of a head-major row
-                             std::copy_n(src + h * W, A, dst + h * A);
-                             std::copy_n(src + h * W + A, B, dst + N * A + h * B);
-                           } else {
-                             std::copy_n(src + h * A, A, dst + h * W);
-                             std::copy_n(src + N * A + h * B, B, dst + h * W + A);
+                     // Over the whole projection, or within each tensor-parallel rank's block of heads (its shard).
+                     std::vector<int64_t> groups = {N};
+                     if (c.spec.tp > 1 && N % c.spec.tp == 0) groups.push_back(N / c.spec.tp);
+                     for (int64_t G : groups)
+                       for (bool to_head_major : {true, false}) {
+                         Tensor z(y.shape);
+                         for (int64_t t = 0; t < T; ++t)
+                           for (int64_t h = 0; h < N; ++h) {
+                             const int64_t g0 = h / G * G, i = h - g0;  // the group's first head, h's place in it
+                             const float* src = y.ptr() + t * N * W + g0 * W;
+                             float* dst = z.ptr() + t * N * W + g0 * W;
+                             if (to_head_major) {  // the candidate reads per-head chunks of a head-major block
+                               std::copy_n(src + i * W, A, dst + i * A);
+                               std::copy_n(src + i * W + A, B, dst + G * A + i * B);
+                             } else {
+                               std::copy_n(src + i * A, A, dst + i * W);
+                               std::copy_n(src + G * A + i * B, B, dst + i * W + A);
+                             }
                            }
-                         }
-                       out.push_back(of_outputs(split(l, z), {{"direction", to_head_major ? "head-major weights read per head" : "per-head weights read head-major"}},
-                                                to_head_major ? "with its weight rows head-major but read per head"
-                                                              : "with its weight rows per head but read head-major"));
-                     }
+                         const std::string where = G == N ? "" : " within each rank's " + std::to_string(G) + " heads";
+                         out.push_back(of_outputs(split(l, z),
+                                                  {{"direction", to_head_major ? "head-major weights read per head" : "per-head weights read head-major"},
+                                                   {"heads_per_block", G}},
+                                                  (to_head_major ? "with its weight rows head-major but read per head"
+                                                                 : "with its weight rows per head but read head-major") + where));
+                       }
                      return out;
                    }));
   v.push_back(make("proj.short_reduction", 1, kLinear, "the product reduced over only part of the input dim (K/2, K/4 or 3K/4; a wrong K)",
@@ -240,20 +248,30 @@ std::vector<BugClass> projection_classes() {
                      std::vector<Variant> out;
                      Linear l;
                      if (!linear_of(c, l)) return out;
-                     const int64_t K = l.w->dim(1);
-                     for (int64_t k : {K / 2, K / 4, 3 * K / 4}) {
-                       if (k <= 0 || k >= K) continue;
-                       const float* w = l.w->ptr();
-                       const nlohmann::json params = {{"k", k}, {"K", K}};
-                       const std::string phrase = "reduced over the first " + std::to_string(k) + " of " + std::to_string(K) + " input columns";
-                       if (const double r = pretest(c, l, [&](int64_t o, int64_t j) { return j < k ? w[o * K + j] : 0.0f; }); r > 3) {
-                         out.push_back(pruned(r, params, phrase));
-                         continue;
+                     const int64_t K = l.w->dim(1), T = l.x->dim(0);
+                     // Over the whole input dim, or within each tensor-parallel rank's block of input columns (o_proj's
+                     // shards: each rank's own reduction length wrong).
+                     std::vector<int64_t> blocks = {K};
+                     if (c.stage == Stage::Stage_o_proj && c.spec.tp > 1 && K % c.spec.tp == 0) blocks.push_back(K / c.spec.tp);
+                     const float* w = l.w->ptr();
+                     for (int64_t Kb : blocks)
+                       for (int64_t k : {Kb / 2, Kb / 4, 3 * Kb / 4}) {
+                         if (k <= 0 || k >= Kb) continue;
+                         const std::string where = Kb == K ? "" : " of each rank's " + std::to_string(Kb);
+                         const nlohmann::json params = {{"k", k}, {"K", Kb}, {"blocks", K / Kb}};
+                         const std::string phrase = "reduced over the first " + std::to_string(k) + where + " of " +
+                                                    std::to_string(K) + " input columns";
+                         auto kept = [&](int64_t j) { return j % Kb < k; };
+                         if (const double r = pretest(c, l, [&](int64_t o, int64_t j) { return kept(j) ? w[o * K + j] : 0.0f; }); r > 3) {
+                           out.push_back(pruned(r, params, phrase));
+                           continue;
+                         }
+                         Tensor xm = *l.x;
+                         for (int64_t t = 0; t < T; ++t)
+                           for (int64_t j = 0; j < K; ++j)
+                             if (!kept(j)) xm.data[t * K + j] = 0.0f;
+                         out.push_back(of_outputs(split(l, ref::linear(xm, *l.w)), params, phrase));
                        }
-                       out.push_back(of_outputs(split(l, ref::linear(slice_cols(*l.x, 0, k), slice_cols(*l.w, 0, k))),
-                                                {{"k", k}, {"K", K}},
-                                                "reduced over the first " + std::to_string(k) + " of " + std::to_string(K) + " input columns"));
-                     }
                      return out;
                    }));
   std::vector<Stage> heads_stages = kLinear;

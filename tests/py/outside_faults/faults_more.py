@@ -63,10 +63,10 @@ def rope_yarn_factor_from_other_checkpoint(m):
 
 
 @fault("rope_k_rotated_with_negated_sin", "https://github.com/huggingface/transformers/issues/30900",
-       "transformers", "v3_yarn", "rope", None)
+       "transformers", "v3_yarn", "rope", {"rope.direction"})
 def rope_k_rotated_with_negated_sin(m):
     """k rotated with -sin (the angle's sign put in front of k's rotation, as proposed in the thread) while q keeps
-    +sin: q and k rotated differently. No class models a rotation that differs between q and k."""
+    +sin: q and k rotated differently; rope.direction applied to k alone is this rotation."""
     orig = m.rope_cos_sin
 
     def cos_sin(which, pos):

@@ -675,6 +675,15 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
   }
 
   if (opts.inputs && f.has("inputs")) read_inputs(f, d, cfg_p, spec_p);
+  // The inputs are the step's real layout: DSA's idx_scores holds their longest context plus the run's tokens (a
+  // step whose sequences differ in new tokens is batch 1 of their T tokens, its contexts in the inputs only).
+  std::optional<RunSpec> laid_out;
+  if (spec && d.has_inputs && spec->keys == 0 && d.inputs.batch.num_seqs() > 0 &&
+      spec->graph_shape().keys != d.inputs.batch.longest_context() + spec->tokens) {
+    laid_out = *spec;
+    laid_out->keys = d.inputs.batch.longest_context() + spec->tokens;
+    spec_p = &*laid_out;
+  }
   if (opts.probes) {
     const ProbeTable table = make_probe_table(cfg_p, spec_p);
     ProbeContext ctx;

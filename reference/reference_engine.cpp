@@ -2,6 +2,8 @@
 #include "reference/reference_engine.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "harness/model/errors.h"
@@ -14,14 +16,54 @@ namespace mla {
 ReferenceEngine::ReferenceEngine(const std::map<std::string, std::string>& options) {
   ref::set_eigen_threads();
   for (auto& [k, v] : options) {
-    if (k == "precision") precision_ = parse_precision(v);
-    else throw UsageError("reference engine: unknown option '" + k + "' (known: precision=fp32|bf16|fp16)");
+    if (k == "precision") {
+      precision_ = parse_precision(v);
+    } else if (k == "kv_cache_dtype") {
+      if (v != "fp8_e4m3" && v != "auto")
+        throw UsageError("reference engine: kv_cache_dtype '" + v + "' (known: auto, fp8_e4m3)");
+      cache_fp8_ = v == "fp8_e4m3";
+    } else if (k == "kv_cache_scale") {
+      char* end = nullptr;
+      cache_scale_ = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end || !std::isfinite(cache_scale_) || cache_scale_ <= 0)
+        throw UsageError("reference engine: kv_cache_scale '" + v + "' is not a positive number");
+    } else {
+      throw UsageError("reference engine: unknown option '" + k +
+                       "' (known: precision=fp32|bf16|fp16, kv_cache_dtype=auto|fp8_e4m3, kv_cache_scale=S)");
+    }
   }
 }
 
-std::string ReferenceEngine::options() const { return std::string("precision=") + precision_name(precision_); }
+std::string ReferenceEngine::options() const {
+  std::string s = std::string("precision=") + precision_name(precision_);
+  if (cache_fp8_) {
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%.9g", cache_scale_);
+    s += std::string(",kv_cache_dtype=fp8_e4m3,kv_cache_scale=") + scale;
+  }
+  return s;
+}
 
 namespace {
+
+// The nearest FP8 e4m3 (fn) value: 3 mantissa bits, normals from 2^-6, subnormals in steps of 2^-9, saturating at
+// ±448, ties to even.
+float round_e4m3(float x) {
+  if (!std::isfinite(x)) return x;
+  const float a = std::fabs(x);
+  if (a >= 448.0f) return std::copysign(448.0f, x);
+  int e;
+  std::frexp(a, &e);  // a = m · 2^e, m in [0.5, 1)
+  const int lsb = std::max(e - 4, -9);
+  const float r = std::ldexp(std::nearbyint(std::ldexp(a, -lsb)), lsb);  // nearbyint: ties to even
+  return std::copysign(std::min(r, 448.0f), x);
+}
+
+// A tensor as an fp8 e4m3 cache at per-tensor scale s stores and reads it back: q(x / s) · s.
+Tensor through_e4m3(Tensor t, double s) {
+  for (float& v : t.data) v = static_cast<float>(round_e4m3(static_cast<float>(v / s)) * s);
+  return t;
+}
 
 // Every weight already holds values of precision `p` (bf16 checkpoints, synthetic weights): nothing to round.
 bool exact_at(const std::vector<LayerWeights>& weights, Precision p) {
@@ -189,6 +231,12 @@ void ReferenceEngine::run_stage(const StageSpec& st, int layer, int rank) {
       break;
     case Stage::Stage_cache_write:
       if (planted("decode-empty-cache")) ranks_[rank].cache_before_write = cache;
+      if (cache_fp8_) {  // the rows as the cache stores them: fp8 e4m3 codes at the per-tensor scale
+        put(rank, "kv_cache", ref::cache_write(cache, batch, through_e4m3(get(rank, "kv_c_norm"), cache_scale_),
+                                               through_e4m3(get(rank, "k_pe_rope"), cache_scale_)));
+        round_in_place(cache, precision_);
+        break;
+      }
       put(rank, "kv_cache", ref::cache_write(cache, batch, get(rank, "kv_c_norm"), get(rank, "k_pe_rope")));
       round_in_place(cache, precision_);
       break;

@@ -40,6 +40,10 @@ class ReferenceEngine : public Engine {
   void put_exact(int rank, const std::string& name, Tensor t);  // not rounded: DSA's scores (fp32) and indices
 
   Precision precision_ = Precision::Precision_fp32;
+  // kv_cache_dtype=fp8_e4m3 (with kv_cache_scale=S): the latent cache stores fp8 e4m3 codes at a per-tensor scale,
+  // so each row written is rounded to q(x / S) · S (saturating at ±448, nearest even), the kv_cache probe included.
+  bool cache_fp8_ = false;
+  double cache_scale_ = 1.0;
   RunContext ctx_;
   // The weights it computes with (global): the run's own at FP32, else rounded_, a copy at the engine's precision.
   const std::vector<LayerWeights>* weights_ = nullptr;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "harness/weights/loader.h"
 #include "probes/h5.h"
 #include "reference/reference_engine.h"
+#include "harness/compare/compare.h"
 
 namespace mla {
 
@@ -71,6 +73,68 @@ int captured_layer(const Dump& cap, const std::string& path) {
     }
   }
   return layer < 0 ? 0 : layer;
+}
+
+// How the captured system stores its latent cache: root attributes kv_cache_dtype and kv_cache_scale (else the same
+// keys of run_options, which survive a folded journal). dtype "" or "auto": as the activations.
+struct CacheStorage {
+  std::string dtype;
+  double scale = 1.0;
+  bool fp8() const { return dtype == "fp8_e4m3"; }
+};
+
+CacheStorage capture_cache_storage(const Dump& cap, const std::string& path) {
+  CacheStorage c;
+  bool has_scale = false;
+  const std::string file = std::filesystem::exists(path) ? path : rank_dump_path(path, 0);
+  if (h5::File::is_hdf5(file)) {
+    const auto f = h5::File::open_read(file);
+    c.dtype = f.attr_string_or("kv_cache_dtype", "");
+    if ((has_scale = f.has_attr("kv_cache_scale"))) c.scale = f.attr_double("kv_cache_scale");
+  }
+  const auto& ro = cap.meta.run_options;
+  if (c.dtype.empty() && ro.is_object() && ro.contains("kv_cache_dtype") && ro["kv_cache_dtype"].is_string()) {
+    c.dtype = ro["kv_cache_dtype"].get<std::string>();
+    if ((has_scale = ro.contains("kv_cache_scale") && ro["kv_cache_scale"].is_number()))
+      c.scale = ro["kv_cache_scale"].get<double>();
+  }
+  if (c.dtype == "auto") c.dtype.clear();
+  if (!c.dtype.empty() && !c.fp8())
+    throw UsageError(path + ": kv_cache_dtype '" + c.dtype + "' is not a cache storage replay models (auto, fp8_e4m3)");
+  if (c.fp8() && !has_scale)
+    throw UsageError(path + ": kv_cache_dtype fp8_e4m3 without kv_cache_scale (the per-tensor scale the codes are "
+                     "multiplied by)");
+  if (!std::isfinite(c.scale) || c.scale <= 0)
+    throw UsageError(path + ": kv_cache_scale " + std::to_string(c.scale) + " is not a positive number");
+  return c;
+}
+
+// A cache stored in fp8: the reference at the candidate's precision whose cache rows are rounded through e4m3 at the
+// capture's scale, against the FP32 reference; each probe's tolerance becomes at least k times that noise (kv_cache
+// and whatever reads the cache).
+void calibrate_cache_storage(ToleranceModel& tol, const CacheStorage& cs, const MlaConfig& cfg, const RunSpec& spec,
+                             const std::vector<LayerWeights>& weights, const Inputs& inputs, Precision precision,
+                             double k, const Dump& ref) {
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%.9g", cs.scale);
+  ReferenceEngine engine(std::map<std::string, std::string>{
+      {"precision", precision_name(precision)}, {"kv_cache_dtype", cs.dtype}, {"kv_cache_scale", scale}});
+  const Dump lo = run_in_process(engine, cfg, spec, weights, inputs, nullptr, -1, nullptr, {}, false);
+  for (const auto& ph : ref.probes) {
+    const DumpProbe* pl = lo.find(ph.layer, ph.name);
+    if (!pl) continue;
+    const Metrics m = compare_gathered(gather(*pl), gather(ph), ph, ph.layer, {});
+    Tolerance t = tol.for_probe(ph.name, ph.layer);
+    if (k * m.rel_l2 <= t.rel_l2 && k * m.max_token_rel <= t.token_rel) continue;
+    t.rel_l2 = std::max(t.rel_l2, k * m.rel_l2);
+    t.token_rel = std::max(t.token_rel, k * m.max_token_rel);
+    std::ostringstream os;
+    os.precision(2);
+    os << "calibrated: " << k << " x the noise of an fp8 e4m3 cache (scale " << scale << ") at "
+       << precision_name(precision) << " " << std::scientific << m.rel_l2;
+    t.origin = os.str();
+    tol.per_probe[std::to_string(ph.layer) + "/" + ph.name] = t;
+  }
 }
 
 // What the capture's inputs and records say about themselves, checked before they are trusted: positions against
@@ -276,6 +340,14 @@ BisectReport run_replay(const ReplayOptions& opt) {
   }
   RunSpec spec = cap.spec();
   spec.tp = cap.meta.tp > 0 ? cap.meta.tp : spec.tp;
+  // The capture's /inputs are the step's real layout. Sequences that differ in new tokens run as batch 1 of their T
+  // tokens, each sequence's context taken from the inputs; DSA's idx_scores holds the longest context plus T keys.
+  const Batch& laid = cap.inputs.batch;
+  if (laid.num_seqs() > 0) {
+    if (laid.num_seqs() != spec.batch) spec.context.clear();
+    const int keys = laid.longest_context() + spec.tokens;
+    if (spec.keys == 0 && spec.graph_shape().keys != keys) spec.keys = keys;
+  }
   spec.validate(cfg);
   // The root attribute is the documented place; run_options.layer_index (the Python writer puts it there too) is what
   // survives when mla-bisect folds a killed capture's journal, which carries run_options but not extra root attributes.
@@ -339,6 +411,11 @@ BisectReport run_replay(const ReplayOptions& opt) {
   const Precision precision = parse_precision(dtype);
   step("calibrating tolerances (reference fp32 vs " + dtype + ")");
   ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, precision, opt.k, [&] { return &ref; });
+  const CacheStorage storage = capture_cache_storage(cap, opt.capture);
+  if (storage.fp8()) {
+    step("calibrating the fp8 e4m3 latent cache (scale " + std::to_string(storage.scale) + ")");
+    calibrate_cache_storage(tol, storage, cfg, spec, weights, inputs, precision, opt.k, ref);
+  }
   tol.overrides = opt.overrides;
 
   rep.compare = compare_dumps(cap, ref, tol, captured);

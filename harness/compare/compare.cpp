@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "harness/engine/engine.h"
 #include "harness/model/errors.h"
 #include "harness/model/weights.h"
 #include "probes/h5.h"
@@ -494,6 +495,25 @@ ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOption
       if (std::any_of(only.begin(), only.end(), [&](const auto& w) { return matches(p, w); })) kept.push_back(p);
     ex.probes = std::move(kept);
     ex.from += ", narrowed to the selected probes";
+  }
+  // A capture (its engine is none of this build's: HF transformers, vLLM, a Recorder) holds the probes its system
+  // recorded, any subset: the others are not captured, listed and not compared, as replay treats them.
+  const auto engines = engine_names();
+  if (only.empty() && a.complete() && !engines.empty() &&
+      std::find(engines.begin(), engines.end(), a.meta.engine) == engines.end()) {
+    std::vector<ExpectedProbe> kept;
+    std::string not_captured;
+    for (auto& p : ex.probes)
+      if (a.find(p.layer, p.name))
+        kept.push_back(p);
+      else
+        not_captured += (not_captured.empty() ? "" : ", ") + ("layer" + std::to_string(p.layer) + "/" + p.name);
+    if (!not_captured.empty() && !kept.empty()) {
+      ex.probes = std::move(kept);
+      ex.notes.push_back("not captured (not compared): " + not_captured + " (the candidate is a capture by '" +
+                         (a.meta.engine.empty() ? std::string("capture") : a.meta.engine) +
+                         "', which may record any subset of the probes)");
+    }
   }
   for (auto& p : ex.probes)
     p.allowed_missing = std::any_of(allowed.begin(), allowed.end(), [&](const auto& w) { return matches(p, w); });

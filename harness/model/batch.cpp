@@ -17,6 +17,12 @@ int Batch::first_token(int b) const {
   return t;
 }
 
+int Batch::longest_context() const {
+  int most = 0;
+  for (int c : context_lens) most = std::max(most, c);
+  return most;
+}
+
 GraphShape RunSpec::graph_shape() const {
   GraphShape g;
   g.tokens = static_cast<int64_t>(tokens) * batch;
@@ -24,7 +30,7 @@ GraphShape RunSpec::graph_shape() const {
   g.form = form;
   g.input_norm = input_norm || layers > 1;
   const int longest_context = context.empty() ? 0 : *std::max_element(context.begin(), context.end());
-  g.keys = static_cast<int64_t>(longest_context) + tokens;
+  g.keys = keys > 0 ? keys : static_cast<int64_t>(longest_context) + tokens;
   return g;
 }
 
@@ -34,6 +40,7 @@ void RunSpec::validate(const MlaConfig& cfg) const {
   if (batch <= 0) throw UsageError("--batch must be positive, got " + std::to_string(batch));
   if (layers <= 0) throw UsageError("--layers must be positive, got " + std::to_string(layers));
   if (position_offset < 0) throw UsageError("--position-offset must be >= 0");
+  if (keys < 0) throw UsageError("run options: keys must be >= 0, got " + std::to_string(keys));
   if (!context.empty() && static_cast<int>(context.size()) != 1 && static_cast<int>(context.size()) != batch)
     throw UsageError("--context has " + std::to_string(context.size()) + " values for --batch " +
                      std::to_string(batch) + " (give one value, or one per sequence)");
@@ -47,11 +54,13 @@ void RunSpec::validate(const MlaConfig& cfg) const {
 }
 
 nlohmann::json run_spec_to_json(const RunSpec& spec) {
-  return {{"mode", mode_name(spec.mode)},   {"form", form_name(spec.form)},
-          {"tp", spec.tp},                  {"layers", spec.layers},
-          {"tokens", spec.tokens},          {"batch", spec.batch},
-          {"context", spec.context},        {"seed", spec.seed},
-          {"position_offset", spec.position_offset}, {"input_norm", spec.input_norm}};
+  nlohmann::json j = {{"mode", mode_name(spec.mode)},   {"form", form_name(spec.form)},
+                      {"tp", spec.tp},                  {"layers", spec.layers},
+                      {"tokens", spec.tokens},          {"batch", spec.batch},
+                      {"context", spec.context},        {"seed", spec.seed},
+                      {"position_offset", spec.position_offset}, {"input_norm", spec.input_norm}};
+  if (spec.keys > 0) j["keys"] = spec.keys;
+  return j;
 }
 
 RunSpec run_spec_from_json(const nlohmann::json& j) {
@@ -68,6 +77,7 @@ RunSpec run_spec_from_json(const nlohmann::json& j) {
     s.seed = j.value("seed", s.seed);
     s.position_offset = j.value("position_offset", s.position_offset);
     s.input_norm = j.value("input_norm", s.input_norm);
+    s.keys = j.value("keys", s.keys);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(std::string("run options: ") + e.what());
   }

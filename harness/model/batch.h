@@ -32,6 +32,7 @@ struct Batch {
   // The keys new token t sees (causal): its sequence's cached tokens and its new tokens up to t itself, numbered
   // 0 .. keys_seen(t) − 1 in cache order.
   int keys_seen(int t) const { return context_lens[token_seq[t]] + (t - first_token(token_seq[t])) + 1; }
+  int longest_context() const;  // the most cached tokens one sequence holds before the step
 };
 
 // What a run is: mode, form, sizes. `tokens` is new tokens per sequence.
@@ -46,13 +47,17 @@ struct RunSpec {
   uint64_t seed = 0;
   int position_offset = 0;   // first position of a prefill
   bool input_norm = false;   // layers start at h with input_layernorm (always when layers > 1)
+  // DSA's idx_scores width where `context` does not give it: a step whose sequences differ in new tokens runs as
+  // batch 1 of their T tokens with no context of its own, its real layout (contexts included) in the dump's /inputs;
+  // its width is then the inputs' longest context plus T. 0: the longest `context` plus tokens.
+  int keys = 0;
 
   GraphShape graph_shape() const;
   void validate(const MlaConfig& cfg) const;  // throws UsageError
 };
 
 // RunSpec as JSON (a dump's run_options): {"mode", "form", "tp", "layers", "tokens", "batch", "context",
-// "seed", "position_offset", "input_norm"}. from_json ignores other keys and throws UsageError on a bad value.
+// "seed", "position_offset", "input_norm"}, and "keys" where set. from_json ignores other keys and throws UsageError on a bad value.
 nlohmann::json run_spec_to_json(const RunSpec& spec);
 RunSpec run_spec_from_json(const nlohmann::json& j);
 

@@ -89,10 +89,11 @@ class Recorder:
         if len(ctx) != len(seq):
             raise ValueError(f"Recorder.inputs: {len(ctx)} context_lens for {len(seq)} sequences")
         # Run options describe B sequences of `tokens` each; sequences of different lengths are one run of T tokens
-        # whose inputs carry the real layout (as `mla-bisect run --input` reads such a dump).
+        # (batch 1, no context of its own) whose inputs carry the real layout, each sequence's context included (as
+        # `mla-bisect run --input` reads such a dump).
         uniform = all(s == seq[0] for s in seq)
         tokens, batch = (seq[0], len(seq)) if uniform else (T, 1)
-        context = [] if self.mode == "prefill" else (ctx[:1] if len(set(ctx)) == 1 else ctx)
+        context = [] if self.mode == "prefill" or not uniform else (ctx[:1] if len(set(ctx)) == 1 else ctx)
         self._open(tokens, batch, context, input_norm=h is not None)
         self._writer.inputs(x=act, positions=positions, seq_lens=seq, context_lens=ctx, block_table=block_table,
                             kv_cache=kv_cache, index_cache=index_cache)

@@ -366,6 +366,10 @@ class DumpWriter:
     engine, engine_dtype (fp32 | bf16 | fp16: the activations' dtype), engine_options, device, command
     probe_level   full (default: data stored) | sketch | stats
     process_rank  None | r | "auto";  launch_id: see the module docstring
+    kv_cache_dtype, kv_cache_scale   how the system stores its latent cache: "fp8_e4m3" with the per-tensor scale
+                  (a positive float) its codes are multiplied by; None: as the activations. Root attributes, and
+                  run_options keys too (a folded journal keeps them); replay calibrates kv_cache and what reads the
+                  cache with the reference's cache rows rounded to q(x / scale) * scale.
     """
 
     def __init__(self, path, config, mode: str = "prefill", tp: int = 1, engine: str = "capture",
@@ -373,7 +377,8 @@ class DumpWriter:
                  input_norm: bool = False, layer_index: Optional[int] = None, process_rank=None,
                  form: Optional[str] = None, layers: int = 1, position_offset: int = 0,
                  launch_id: Optional[str] = None, probe_level: str = "full", device: Optional[str] = None,
-                 engine_options: str = "", command: Optional[str] = None):
+                 engine_options: str = "", command: Optional[str] = None, kv_cache_dtype: Optional[str] = None,
+                 kv_cache_scale: Optional[float] = None):
         self._closed = True  # until the journal exists
         self._lock = threading.RLock()  # hooks on several threads may record at once
         cfg, origin = config_dict(config)
@@ -399,8 +404,8 @@ class DumpWriter:
         self.input_norm = bool(input_norm) or self.layers > 1
         self.form = default_form(mode) if form is None else ("absorbed" if form == "mqa" else form)
         self.context = self._check_context(context)
-        self.graph = build_graph(self.dims, self.tokens * self.batch, mode, form, self.input_norm,
-                                 keys=max(self.context, default=0) + self.tokens)
+        self.keys = max(self.context, default=0) + self.tokens  # DSA's idx_scores width (inputs() may widen it)
+        self.graph = build_graph(self.dims, self.tokens * self.batch, mode, form, self.input_norm, keys=self.keys)
         self.position_offset = int(position_offset)
         self.probe_level = probe_level
         self.process_rank = _resolve_process_rank(process_rank, self.tp)
@@ -421,6 +426,17 @@ class DumpWriter:
                        "probe_level": probe_level, "input": "captured"}
         if layer_index is not None:
             run_options["layer_index"] = int(layer_index)
+        if kv_cache_dtype not in (None, "auto", "fp8_e4m3"):
+            raise ValueError(f"kv_cache_dtype '{kv_cache_dtype}' (expected fp8_e4m3, or None: as the activations)")
+        if kv_cache_dtype == "fp8_e4m3":
+            if isinstance(kv_cache_scale, bool) or not isinstance(kv_cache_scale, (int, float, np.floating, np.integer)) \
+                    or not np.isfinite(kv_cache_scale) or kv_cache_scale <= 0:
+                raise ValueError(f"kv_cache_dtype fp8_e4m3 needs kv_cache_scale, the positive per-tensor scale its "
+                                 f"codes are multiplied by; got {kv_cache_scale!r}")
+            run_options["kv_cache_dtype"] = kv_cache_dtype
+            run_options["kv_cache_scale"] = float(kv_cache_scale)
+        elif kv_cache_scale is not None:
+            raise ValueError("kv_cache_scale is given without kv_cache_dtype='fp8_e4m3'")
         self.meta = {
             "engine": engine, "engine_options": engine_options, "engine_dtype": engine_dtype,
             "device": device if device is not None else _default_device(), "model": model,
@@ -434,6 +450,8 @@ class DumpWriter:
         }
         if layer_index is not None:
             self.meta["layer_index"] = int(layer_index)
+        if kv_cache_dtype == "fp8_e4m3":
+            self.meta["kv_cache_dtype"], self.meta["kv_cache_scale"] = kv_cache_dtype, float(kv_cache_scale)
         self._inputs = None
         self._committed: Dict[Tuple[int, str], int] = {}  # ranks 0..n-1 of a probe are in the journal
         self._pending: Dict[Tuple[int, str], Dict[int, bytes]] = {}
@@ -463,9 +481,10 @@ class DumpWriter:
         if context is None:
             return []
         ctx = [int(context)] if isinstance(context, (int, np.integer)) else [int(c) for c in context]
-        if len(ctx) not in (0, 1, self.batch) and self.batch != 1:
+        if len(ctx) not in (0, 1, self.batch):
             raise ValueError(f"context has {len(ctx)} values for batch {self.batch} (give one value, or one per "
-                             f"sequence)")
+                             f"sequence; sequences of different lengths are batch 1 of their total tokens, their "
+                             f"contexts given to inputs() as context_lens)")
         if any(c < 0 for c in ctx):
             raise ValueError(f"context values must be >= 0, got {ctx}")
         if self.mode == "prefill" and any(ctx):
@@ -610,6 +629,18 @@ class DumpWriter:
             uniform = B == self.batch and len(set(sl.tolist())) == 1
             self.context = ([int(cl[0])] if len(set(cl.tolist())) == 1 else [int(c) for c in cl]) if uniform else []
             self.meta["run_options"]["context"] = list(self.context)
+        # DSA's idx_scores holds the longest context plus the run's tokens; where the run options' context does not
+        # say it (sequences that differ in new tokens: batch 1 of their T tokens, no context of its own),
+        # run_options.keys does.
+        keys = int(cl.max()) + self.tokens
+        if keys != self.keys:
+            if any(n == "idx_scores" for _, n in list(self._committed) + list(self._pending)):
+                raise ValueError(f"inputs: idx_scores was recorded with {self.keys} keys before inputs(), the "
+                                 f"inputs give {keys} (their longest context plus tokens)")
+            self.keys = keys
+            self.graph = build_graph(self.dims, self.tokens * self.batch, self.mode, self.form, self.input_norm,
+                                     keys=keys)
+            self.meta["run_options"]["keys"] = keys
         self._journal.replace_header(jr.encode_header(self.meta, self._inputs))
 
     # --- probes ------------------------------------------------------------------------------------------------
@@ -763,6 +794,9 @@ def _attrs_from_meta(meta: dict) -> dict:
         a["launch_id"] = meta.get("launch_id", "")
     if meta.get("layer_index") is not None:
         a["layer_index"] = int(meta["layer_index"])
+    if meta.get("kv_cache_dtype"):
+        a["kv_cache_dtype"] = str(meta["kv_cache_dtype"])
+        a["kv_cache_scale"] = np.float64(meta["kv_cache_scale"])
     return a
 
 
@@ -891,6 +925,9 @@ def write_h5(d: Dump, path: str) -> None:
                 fa["launch_id"] = str(a.get("launch_id", ""))
             if a.get("layer_index") is not None:
                 fa["layer_index"] = np.int64(a["layer_index"])
+            if a.get("kv_cache_dtype"):
+                fa["kv_cache_dtype"] = str(a["kv_cache_dtype"])
+                fa["kv_cache_scale"] = np.float64(a["kv_cache_scale"])
             fa["status"] = d.status
             fa["last_stage"] = json.dumps(list(d.last_stage), separators=(",", ":"))
             if d.inputs is not None:

@@ -202,7 +202,8 @@ def default_form(mode: str) -> str:
 def build_graph(dims: MlaDims, tokens: int, mode: str = "prefill", form: Optional[str] = None,
                 input_norm: bool = False, keys: int = 0) -> StageGraph:
     """build_graph of harness/model/stage_graph.cpp for T = `tokens` new tokens over all sequences; `keys` (DSA's
-    idx_scores columns): the most keys one sequence holds, its context plus its new tokens."""
+    idx_scores columns): the longest context plus the run's tokens per sequence (T where sequences differ in new
+    tokens), at least the keys of any one sequence; a token's columns past its sequence's keys hold 0."""
     if mode not in MODES:
         raise ValueError(f"unknown mode '{mode}' (expected prefill, decode or chunked)")
     form = default_form(mode) if form is None else ("absorbed" if form == "mqa" else form)

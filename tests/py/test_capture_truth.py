@@ -430,3 +430,201 @@ def test_records_have_the_same_bits_as_the_element_by_element_sums():
             m = (h * pow(int(hashing.CHECKSUM_BASE), c >> 3, 1 << 64) + int(hashing.CHECKSUM_STEP) * (c & 7))
             total = (total + m * (2 * int(bits[r, c]) + 1)) % (1 << 64)
     assert rec["checksum"] == total
+
+
+# --- sequences of different lengths and contexts -------------------------------------------------------------------
+
+def _cache_arg(model):
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def _step_capture(model, layer, path, context, new, seed):
+    """One sequence: a prefill of `context` tokens, then a step of `new` tokens, the step captured."""
+    x = ids(1, context + new, seed)
+    with torch.no_grad(), capture_layer(model, layer, path, step=1) as cap:
+        out = model(x[:, :context], use_cache=True)
+        model(x[:, context:], use_cache=True, **{_cache_arg(model): out.past_key_values})
+    assert cap.captured, cap.error
+    return read_dump(str(path))
+
+
+def _merge_sequences(parts, dst, ckpt, layer_index):
+    """Single-sequence step captures written through the Recorder as one step of several sequences, as a serving
+    engine batches them: tokens concatenated, each sequence's cache pages side by side in one paged cache."""
+    ins = [p.inputs for p in parts]
+    pages = [i.kv_cache.shape[1] for i in ins]
+    first_page = np.cumsum([0] + pages[:-1])
+    width = max(i.block_table.shape[1] for i in ins)
+    table = np.stack([np.pad(i.block_table[0] + off, (0, width - i.block_table.shape[1]), mode="edge")
+                      for i, off in zip(ins, first_page)]).astype(np.int32)
+    index = [i.index_cache for i in ins]
+    seq_lens = [int(i.seq_lens[0]) for i in ins]
+    mode = "decode" if all(n == 1 for n in seq_lens) else "chunked"
+    with Recorder(dst, ckpt, mode=mode, form="mha", engine="recorder", engine_dtype=parts[0].attrs["engine_dtype"],
+                  layer_index=layer_index) as rec:
+        rec.inputs(h=np.concatenate([i.x for i in ins]), positions=np.concatenate([i.positions for i in ins]),
+                   seq_lens=seq_lens, context_lens=[int(i.context_lens[0]) for i in ins], block_table=table,
+                   kv_cache=np.concatenate([i.kv_cache for i in ins], axis=1),
+                   index_cache=None if index[0] is None else np.concatenate(index, axis=1))
+        for (_, name) in parts[0].probes:
+            rec.probe(name, np.concatenate([p.probes[(0, name)].ranks[0].data for p in parts]))
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "glm_moe_dsa"])
+def test_sequences_of_unequal_lengths_and_contexts_replay_clean(kind, root, tmp_path):
+    """A chunked step of two sequences with 4 and 3 new tokens after 10 and 20 cached ones: replayed on the
+    inputs' own layout (DSA: the indexer scores 23 keys for the longer sequence), clean."""
+    ckpt = _checkpoint(kind, root)
+    model = load(ckpt)
+    parts = [_step_capture(model, 1, tmp_path / f"s{i}.h5", c, n, seed=i) for i, (c, n) in enumerate([(10, 4), (20, 3)])]
+    _merge_sequences(parts, tmp_path / "cap.h5", ckpt, 1)
+    d = read_dump(str(tmp_path / "cap.h5"))
+    assert list(d.inputs.seq_lens) == [4, 3] and list(d.inputs.context_lens) == [10, 20]
+    ro = json.loads(d.attrs["run_options"]) if isinstance(d.attrs["run_options"], str) else d.attrs["run_options"]
+    assert ro["batch"] == 1 and ro["tokens"] == 7 and ro["context"] == []
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path)
+    assert_clean(proc, data)
+    assert "not comparable" not in proc.stderr, describe(proc, data)
+
+
+def test_sequences_of_unequal_lengths_with_a_planted_bug_are_caught(root, tmp_path):
+    """The same step, the second sequence's system running kv_a_layernorm with a gain off by 5%: found at
+    kv_c_norm."""
+    ckpt = _checkpoint("deepseek_v3", root)
+    model, buggy = load(ckpt), load(ckpt)
+    with torch.no_grad():
+        buggy.model.layers[1].self_attn.kv_a_layernorm.weight.mul_(1.05)
+    parts = [_step_capture(m, 1, tmp_path / f"s{i}.h5", c, n, seed=i)
+             for i, (m, c, n) in enumerate([(model, 10, 4), (buggy, 20, 3)])]
+    _merge_sequences(parts, tmp_path / "cap.h5", ckpt, 1)
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path)
+    assert proc.returncode == 1, describe(proc, data)
+    assert data["first_divergence"]["probe"] == "kv_c_norm", describe(proc, data)
+
+
+def test_idx_scores_width_is_the_longest_sequence_in_python_and_cpp(tmp_path):
+    """docs/dump-format.md: idx_scores is [T, K], K the longest context plus the run's tokens (for sequences of
+    different lengths, batch 1 of their T tokens: the longest context plus T, so every sequence's keys fit). The
+    Python writer's graph and the C++ reader's agree on it."""
+    from mla_bisect.dump import DumpWriter
+
+    cfg = {"model_type": "glm_moe_dsa", **TINY, **DSA}
+    seq, ctx = [4, 3], [10, 20]
+    T = sum(seq)
+    K = max(ctx) + T
+    rng = np.random.default_rng(0)
+    pages = [(c + n + 63) // 64 for c, n in zip(ctx, seq)]
+    table = np.array([[0, 0], [1, 1]], dtype=np.int32)
+    with Recorder(tmp_path / "cap.h5", cfg, mode="chunked", engine="recorder", engine_dtype="fp32") as rec:
+        rec.inputs(x=rng.standard_normal((T, 64)).astype(np.float32), seq_lens=seq, context_lens=ctx,
+                   positions=np.concatenate([c + np.arange(n) for c, n in zip(ctx, seq)]), block_table=table,
+                   kv_cache=rng.standard_normal((1, sum(pages), 64, 40)).astype(np.float32),
+                   index_cache=rng.standard_normal((1, sum(pages), 64, 16)).astype(np.float32))
+        assert rec._writer.graph.find("idx_scores").shape == (T, K)
+        rec.probe("idx_scores", rng.standard_normal((T, K)).astype(np.float32))
+    proc = subprocess.run([BINARY, "inspect", str(tmp_path / "cap.h5")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, describe(proc)
+    with pytest.raises(ValueError):
+        DumpWriter(tmp_path / "bad.h5", cfg, mode="chunked", tokens=7, batch=1, context=[10, 20])
+
+
+# --- 8. one semantics for what a capture may omit ------------------------------------------------------------------
+
+def test_explore_and_compare_of_a_clean_capture_against_its_replay_agree_with_replay(root, tmp_path):
+    """HF records no lse: replay lists it as not captured and passes; explore and compare of the capture against
+    the replay's reference dump do the same (not a missing probe, not a FAIL)."""
+    ckpt = _checkpoint("deepseek_v3", root)
+    hf_capture(load(ckpt), 1, tmp_path / "cap.h5")
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path, "--reference-out", str(tmp_path / "ref.h5"))
+    assert_clean(proc, data)
+    assert "lse" in json.dumps(data), describe(proc, data)  # listed as not captured
+    explore = subprocess.run([BINARY, "explore", str(tmp_path / "cap.h5"), str(tmp_path / "ref.h5"), "--quiet"],
+                             input="list\nquit\n", capture_output=True, text=True, timeout=300)
+    assert explore.returncode == 0, describe(explore)
+    assert "FAIL" not in explore.stdout and "missing" not in explore.stdout, describe(explore)
+    compare = subprocess.run([BINARY, "compare", str(tmp_path / "cap.h5"), str(tmp_path / "ref.h5")],
+                             capture_output=True, text=True, timeout=300)
+    assert compare.returncode == 0, describe(compare)
+    assert "not captured" in compare.stdout and "lse" in compare.stdout, describe(compare)
+    # A run of mla-bisect's own engine that lacks a probe is still short of it.
+    d = read_dump(str(tmp_path / "ref.h5"))
+    assert d.attrs["engine"] == "reference"
+
+
+def test_a_planted_bug_in_a_capture_still_fails_explore_and_compare(root, tmp_path, monkeypatch):
+    """Narrowing to the captured probes keeps every captured probe compared: a capture whose o_proj input is
+    scaled fails compare at attn_out."""
+    ckpt = _checkpoint("deepseek_v3", root)
+    model = load(ckpt)
+    o_proj = model.model.layers[1].self_attn.o_proj
+    hook = o_proj.register_forward_pre_hook(lambda m, args: (args[0] * 1.1,))
+    hf_capture(model, 1, tmp_path / "cap.h5")
+    hook.remove()
+    proc, data = replay(tmp_path / "cap.h5", ckpt, tmp_path, "--reference-out", str(tmp_path / "ref.h5"))
+    assert proc.returncode == 1, describe(proc, data)
+    compare = subprocess.run([BINARY, "compare", str(tmp_path / "cap.h5"), str(tmp_path / "ref.h5")],
+                             capture_output=True, text=True, timeout=300)
+    assert compare.returncode == 1, describe(compare)
+
+
+# --- 7. fp8 latent caches -----------------------------------------------------------------------------------------
+
+def _through_e4m3(a, scale):
+    """q(a / scale) * scale through OCP float8 e4m3fn (saturating at 448, nearest even), by ml_dtypes."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q = np.clip(np.asarray(a, np.float64) / scale, -448.0, 448.0).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    return (q.astype(np.float64) * scale).astype(np.float32)
+
+
+def _fp8_cache_capture(ckpt, tmp_path, scale_of, declare=True):
+    """A decode step of a system whose latent cache holds fp8 e4m3 codes at one per-tensor scale: its cached
+    context is fp8 values, the rows it writes are stored (and read back) as fp8. Made with mla-bisect's own FP32
+    reference on that cache, written through the Recorder with the cache's dtype and scale declared."""
+    import h5py
+
+    def run(*args):
+        p = subprocess.run([BINARY, "run", "--weights", ckpt, "--layer-range", "1:2", "--probe-level", "full",
+                            "--quiet", *args], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, describe(p)
+
+    run("--mode", "decode", "--batch", "2", "--context", "30,45", "--out", str(tmp_path / "a.h5"))
+    shutil.copy(tmp_path / "a.h5", tmp_path / "in.h5")
+    with h5py.File(tmp_path / "in.h5", "r+") as f:
+        kv = f["inputs/kv_cache"][...]
+        scale = float(np.abs(kv).max()) / 448.0
+        f["inputs/kv_cache"][...] = _through_e4m3(kv, scale)
+    run("--input", str(tmp_path / "in.h5"), "--out", str(tmp_path / "b.h5"))
+    b = read_dump(str(tmp_path / "b.h5"))
+    i = b.inputs
+    opts = dict(kv_cache_dtype="fp8_e4m3", kv_cache_scale=scale) if declare else {}
+    with Recorder(tmp_path / "cap.h5", ckpt, mode="decode", engine="recorder", engine_dtype="fp32", layer_index=1,
+                  **opts) as rec:
+        kind = "h" if (0, "h") in b.probes else "x"
+        rec.inputs(**{kind: i.x}, positions=i.positions, seq_lens=i.seq_lens, context_lens=i.context_lens,
+                   block_table=i.block_table, kv_cache=i.kv_cache)
+        for (_, name), p in b.probes.items():
+            data = p.ranks[0].data
+            rec.probe(name, scale_of(data, scale) if name == "kv_cache" else data)
+    return tmp_path / "cap.h5"
+
+
+def test_fp8_cache_with_its_scale_replays_clean(root, tmp_path):
+    ckpt = _checkpoint("deepseek_v3", root)
+    cap = _fp8_cache_capture(ckpt, tmp_path, lambda rows, s: _through_e4m3(rows, s))
+    d = read_dump(str(cap))
+    assert d.attrs["kv_cache_dtype"] == "fp8_e4m3" and d.attrs["kv_cache_scale"] > 0
+    assert_clean(*replay(cap, ckpt, tmp_path))
+    # Undeclared, the same capture's fp8 rows are a divergence at kv_cache: the storage is part of calibration.
+    cap = _fp8_cache_capture(ckpt, tmp_path, lambda rows, s: _through_e4m3(rows, s), declare=False)
+    proc, data = replay(cap, ckpt, tmp_path)
+    assert proc.returncode == 1 and data["first_divergence"]["probe"] == "kv_cache", describe(proc, data)
+
+
+def test_fp8_cache_read_back_with_the_scale_applied_twice_is_caught(root, tmp_path):
+    ckpt = _checkpoint("deepseek_v3", root)
+    cap = _fp8_cache_capture(ckpt, tmp_path, lambda rows, s: _through_e4m3(rows, s) * np.float32(s))
+    proc, data = replay(cap, ckpt, tmp_path)
+    assert proc.returncode == 1, describe(proc, data)
+    assert data["first_divergence"]["probe"] == "kv_cache", describe(proc, data)

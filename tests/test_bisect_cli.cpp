@@ -196,7 +196,7 @@ TEST(BisectCli, DsaCleanCandidateIsNotFlaggedAndTopkIsComparedAsSets) {
 }
 
 // DSA's sparse gather from the wrong page (page-off-by-one in the absorbed attention over the selected rows): found
-// at attn_latent, past the tokens whose selection only swapped near-tied keys (excused there).
+// at attn_latent.
 TEST(BisectCli, DsaSparseGatherFromTheWrongPageIsFound) {
   const std::string dir = tmpdir("dsa_page");
   const auto r = sh(std::string("bisect --model tiny-dsa --mode decode --batch 4 --context 100,200,300,400") +

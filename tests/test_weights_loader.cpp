@@ -329,9 +329,10 @@ TEST(WeightsCli, InspectDescribesWeightFiles) {
                         "index_head_dim 32 make it [64, 256]"),
             std::string::npos)
       << di.out;
-  const Cli bad = mla_bisect("inspect '" + fx.at("gguf_quants.gguf").string() + "'");  // not an MLA model
-  EXPECT_EQ(bad.exit_code, 0) << bad.out;
+  const Cli bad = mla_bisect("inspect '" + fx.at("gguf_quants.gguf").string() + "'");  // not an MLA model: exit 2
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.out.find("0 attention layers"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("no MLA attention layer"), std::string::npos) << bad.out;
   const auto junk = scratch("inspect") / "junk.gguf";
   write_file(junk, {'G', 'G', 'U', 'F', 9, 0, 0, 0});
   const Cli j = mla_bisect("inspect '" + junk.string() + "'");

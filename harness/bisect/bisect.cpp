@@ -40,12 +40,37 @@ BisectReport run_bisect(const BisectOptions& opt) {
   rep.candidate_engine = opt.candidate;
   rep.inject = opt.inject;
   auto step = [&](const std::string& what) { progress.step(what); };
+  // Everything that can refuse the options comes before any file of the workdir is touched: the engines, the
+  // injections and the weights they act on (a weight injection needs quantized weights: load_weights says).
+  const MlaConfig& cfg = opt.cfg;
+  const RunSpec& spec = opt.spec;
+  const EngineSpec ref_spec = EngineSpec::parse(opt.reference);
+  const EngineSpec cand_spec = EngineSpec::parse(opt.candidate);
+  // Calibration's FP32 side is the plain reference: the reference given is it when its canonical options are.
+  const bool ref_is_fp32 = ref_spec.name == "reference" && make_engine(ref_spec)->options() ==
+                                                               make_engine(EngineSpec::parse("reference"))->options();
+  if (cand_spec.name == "reference") make_engine(cand_spec);  // its options checked (another engine: its child's)
+  const auto weights = load_weights(opt.weights, cfg, spec, opt.weight_seed).layers;
+  // Weight injections are a wrong dequantization (harness/weights): the candidate's in-process runs get their own.
+  const auto injections = parse_injections(opt.inject);
+  // An engine that dequantizes on its own side (cuda) gets the packed weights in process too, as its child run did:
+  // a bug in its dequantization must show in the in-process runs as well.
+  const bool cand_packed = engine_dequantizes(cand_spec.name, opt.weights);
+  LoadedWeights cand_loaded;
+  if (cand_packed || engine_injections(injections).size() != injections.size())
+    cand_loaded = load_weights(opt.weights, cfg, spec, opt.weight_seed, injections, cand_packed);
+  const auto& cand_weights = cand_loaded.layers.empty() ? weights : cand_loaded.layers;
+  const PackedWeights cand_pw{cand_packed ? &cand_loaded.packed : nullptr, dequant_bugs(injections)};
+
+  // The dumps of an earlier bisect in the workdir are kept as FILE.h5.previous (as run --out keeps them).
   std::filesystem::create_directories(opt.workdir);
   rep.reference_dump = (std::filesystem::path(opt.workdir) / "reference.h5").string();
   rep.candidate_dump = (std::filesystem::path(opt.workdir) / "candidate.h5").string();
   for (auto& p : {rep.reference_dump, rep.candidate_dump}) {
-    std::filesystem::remove(p);
-    std::filesystem::remove(p + ".journal");
+    std::error_code ec;
+    if (std::filesystem::exists(p + ".journal", ec)) std::filesystem::rename(p + ".journal", p + ".previous.journal", ec);
+    if (std::filesystem::exists(p, ec)) std::filesystem::rename(p, p + ".previous", ec);
+    if (ec) throw UsageError(p + ": cannot move the earlier dump there aside: " + ec.message());
   }
   const double backstop = std::max(60.0, 20 * opt.timeout_s);
   auto child_argv = [&](const std::string& engine, const std::string& out, const std::string& inject) {
@@ -85,45 +110,48 @@ BisectReport run_bisect(const BisectOptions& opt) {
 
   // Tolerances: the reference at the candidate's precision against FP32, on these very inputs and weights.
   step("calibrating tolerances (reference fp32 vs " + cand.meta.engine_dtype + ")");
-  const MlaConfig& cfg = opt.cfg;
-  const RunSpec& spec = opt.spec;
-  const auto weights = load_weights(opt.weights, cfg, spec, opt.weight_seed).layers;
-  // Weight injections are a wrong dequantization (harness/weights): the candidate's in-process runs get their own.
-  const auto injections = parse_injections(opt.inject);
-  // An engine that dequantizes on its own side (cuda) gets the packed weights in process too, as its child run did:
-  // a bug in its dequantization must show in the in-process runs as well.
-  const bool cand_packed = engine_dequantizes(EngineSpec::parse(opt.candidate).name, opt.weights);
-  LoadedWeights cand_loaded;
-  if (cand_packed || engine_injections(injections).size() != injections.size())
-    cand_loaded = load_weights(opt.weights, cfg, spec, opt.weight_seed, injections, cand_packed);
-  const auto& cand_weights = cand_loaded.layers.empty() ? weights : cand_loaded.layers;
-  const PackedWeights cand_pw{cand_packed ? &cand_loaded.packed : nullptr, dequant_bugs(injections)};
   const Inputs inputs = ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
   const Precision cand_precision =
       cand.meta.engine_dtype.empty() ? Precision::Precision_fp32 : parse_precision(cand.meta.engine_dtype);
   // The reference's full-level run on these inputs: calibration's FP32 side (when the reference is the plain FP32
   // reference) and the full tensors below; made once. Weight records only where a weight differs (weight_cause).
-  const EngineSpec ref_spec = EngineSpec::parse(opt.reference);
-  // Calibration's FP32 side is the plain reference: the reference given is it when its canonical options are.
-  const bool ref_is_fp32 = ref_spec.name == "reference" && make_engine(ref_spec)->options() ==
-                                                               make_engine(EngineSpec::parse("reference"))->options();
   // `upto`: a run that may stop after that stage of that layer (nullptr: every stage, as calibration needs).
+  // `fed` set: the run is made on the candidate's selection where its top-k swapped near-tied keys
+  // (harness/run/calibrate.h).
   std::optional<Dump> ref_full;
-  bool ref_full_has_weights = false;
+  bool ref_full_has_weights = false, ref_full_fed = false;
+  std::shared_ptr<SelectionFed> fed;
+  ToleranceModel tol;
   const auto reference_full = [&](bool with_weights, int layer, const StageSpec* upto) -> const Dump& {
-    if (!ref_full || (with_weights && !ref_full_has_weights)) {
+    if (!ref_full || (with_weights && !ref_full_has_weights) || ref_full_fed != static_cast<bool>(fed)) {
       auto e = make_engine(ref_spec);
-      ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, layer, upto, {}, with_weights, upto);
+      ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, layer, upto, {}, with_weights, upto,
+                                fed ? selection_feed(cand, inputs, tol, fed) : nullptr);
       ref_full_has_weights = with_weights;
+      ref_full_fed = static_cast<bool>(fed);
     }
     return *ref_full;
   };
-  ToleranceModel tol = calibrate_cached(cfg, spec, weights, inputs, cand_precision, opt.k, [&]() -> const Dump* {
-    return ref_is_fp32 ? &reference_full(false, -1, nullptr) : nullptr;
+  // DSA: calibration makes its own FP32 run, on its low-precision run's selection where they swap near-ties.
+  tol = calibrate_cached(cfg, spec, weights, inputs, cand_precision, opt.k, [&]() -> const Dump* {
+    return ref_is_fp32 && !cfg.has_dsa() ? &reference_full(false, -1, nullptr) : nullptr;
   });
   tol.overrides = opt.overrides;
 
-  rep.compare = compare_dumps(cand, ref, tol);
+  // DSA: a candidate whose top-k swapped near-tied keys with the reference's attends to other keys there by design;
+  // those tokens are held, in every probe after topk, to the reference's attention on the candidate's own selection
+  // (a reference run in this process), never excused.
+  const Dump* against = &ref;
+  if (cfg.has_dsa() && has_near_tie_swaps(cand, ref, tol)) {
+    step("reference on the candidate's selection (its top-k swapped near-tied keys)");
+    fed = std::make_shared<SelectionFed>();
+    against = &reference_full(false, -1, nullptr);
+  }
+  rep.compare = compare_dumps(cand, *against, tol);
+  if (fed) {
+    rep.compare.b_path = rep.reference_dump + " (re-run in process on the candidate's selection)";
+    for (auto& n : fed->notes()) rep.compare.notes.push_back(n);
+  }
   if (!cand.complete() || cand_child.exit_code != 0) {
     rep.exit_code = ExitCode_engine;
     rep.crash = "the candidate " + cand_child.describe() + "; its dump says: " + cand.status;

@@ -27,8 +27,9 @@ std::string deciding_figure(const Metrics& m, const Tolerance& tol) {
 
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed, int layer, const StageSpec* stage, const PackedWeights& packed,
-                    bool weights, bool stop) {
+                    bool weights, bool stop, const std::function<void(Engine&, const StageSpec&, int, int)>& after) {
   Runner runner(cfg, spec);
+  if (after) runner.set_after_stage(after);
   if (packed.packed && !packed.packed->empty()) runner.set_packed_weights(packed.packed, packed.bugs);
   if (stop && stage && layer >= 0) runner.set_stop_after(layer, stage->stage);
   ProbePlan plan;

@@ -3,6 +3,7 @@
 // upstream.
 // Shared by bisect (after its child runs) and explore (on two dumps).
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,10 +22,12 @@ struct PackedWeights {
   DequantBugs bugs;
 };
 // `weights`: also record the weights the engine computes with (Runner's weight records, level full). `stop`: end the
-// run after `stage` of `layer` (fed or not), where nothing later is needed.
+// run after `stage` of `layer` (fed or not), where nothing later is needed. `after`: Runner::set_after_stage's hook
+// (a reference run on a candidate's DSA selection: harness/run/calibrate.h).
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr,
-                    const PackedWeights& packed = {}, bool weights = true, bool stop = false);
+                    const PackedWeights& packed = {}, bool weights = true, bool stop = false,
+                    const std::function<void(Engine&, const StageSpec&, int, int)>& after = nullptr);
 
 struct IsolationResult {
   bool judged = false;      // both runs hold the probe

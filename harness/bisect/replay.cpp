@@ -352,6 +352,11 @@ BisectReport run_replay(const ReplayOptions& opt) {
   // The root attribute is the documented place; run_options.layer_index (the Python writer puts it there too) is what
   // survives when mla-bisect folds a killed capture's journal, which carries run_options but not extra root attributes.
   const int layer = opt.layer >= 0 ? opt.layer : captured_layer(cap, opt.capture);
+  {
+    std::vector<std::string> names;
+    for (const auto& p : build_graph(cfg, spec.graph_shape()).probes) names.push_back(p.name);
+    check_tol_overrides(opt.overrides, names, "the capture's stage graph");
+  }
 
   // The capture's inputs must have the shape the graph starts from.
   const Inputs& inputs = cap.inputs;
@@ -418,7 +423,26 @@ BisectReport run_replay(const ReplayOptions& opt) {
   }
   tol.overrides = opt.overrides;
 
+  // DSA: where the capture's top-k swapped near-tied keys with the reference's, the reference runs again on the
+  // capture's own selection there (harness/run/calibrate.h): those tokens are compared in full after topk.
+  std::shared_ptr<SelectionFed> fed;
+  if (cfg.has_dsa() && has_near_tie_swaps(cap, ref, tol)) {
+    step("reference (fp32) on the capture's selection (its top-k swapped near-tied keys)");
+    fed = std::make_shared<SelectionFed>();
+    ReferenceEngine fed_engine(std::map<std::string, std::string>{});
+    Dump again = run_in_process(fed_engine, cfg, spec, weights, inputs, nullptr, -1, nullptr, {}, true, false,
+                                selection_feed(cap, inputs, tol, fed));
+    again.path = ref.path;
+    again.meta = ref.meta;
+    again.has_inputs = true;
+    again.inputs = inputs;
+    again.status = "complete";
+    ref = std::move(again);
+    if (!opt.reference_out.empty()) write_dump_h5(ref, opt.reference_out);
+  }
   rep.compare = compare_dumps(cap, ref, tol, captured);
+  if (fed)
+    for (auto& n : fed->notes("capture")) rep.compare.notes.push_back(n);
   if (!not_captured.empty()) {
     std::string s;
     for (const auto& n : not_captured) s += (s.empty() ? "" : ", ") + n;

@@ -61,7 +61,8 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
   b.cfg = o.run.load_config();
   b.spec = o.run.to_spec();
   b.spec.validate(b.cfg);
-  o.run.check_full_probes({build_graph(b.cfg, b.spec.graph_shape())});
+  const StageGraph graph = build_graph(b.cfg, b.spec.graph_shape());
+  o.run.check_full_probes({graph});
   // The drill-down recomputes both runs' full tensors in this process; the children check their own runs.
   ProbePlan full;
   full.level = ProbeLevel::ProbeLevel_full;
@@ -77,6 +78,9 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
   b.workdir = o.workdir;
   b.k = o.k;
   b.overrides = parse_tol_overrides(o.tol);
+  std::vector<std::string> names;
+  for (const auto& p : graph.probes) names.push_back(p.name);
+  check_tol_overrides(b.overrides, names, "the run's stage graph");
   b.progress = !o.quiet;  // a line per phase, terminal or log alike
   const BisectReport rep = run_bisect(b);
   if (o.brief) {

@@ -1,6 +1,9 @@
 // mla-bisect: wires the subcommands and maps errors to exit codes (0 ok, 1 divergence, 2 usage, 3 engine).
+#include <algorithm>
 #include <iostream>
 #include <new>
+#include <string>
+#include <vector>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -39,6 +42,42 @@ int main(int argc, char** argv) {
   mla::cli::setup_golden(app, exit_code);
   mla::cli::setup_replay(app, exit_code);
   mla::cli::setup_classes(app, exit_code);
+  // A first word that names no subcommand: say which exist and the nearest (edit distance), not only that one is
+  // required.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      const auto distance = [](const std::string& a, const std::string& b) {
+        std::vector<size_t> row(b.size() + 1);
+        for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+        for (size_t i = 1; i <= a.size(); ++i) {
+          size_t diag = row[0];
+          row[0] = i;
+          for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diag = up;
+          }
+        }
+        return row[b.size()];
+      };
+      std::string nearest, all;
+      size_t best = std::string::npos;
+      for (const auto& n : names) {
+        all += (all.empty() ? "" : ", ") + n;
+        if (const size_t d = distance(word, n); d < best) {
+          best = d;
+          nearest = n;
+        }
+      }
+      std::cerr << "error: '" << word << "' is not a subcommand"
+                << (best <= std::max<size_t>(2, word.size() / 3) ? "; did you mean '" + nearest + "'?" : "")
+                << "\nsubcommands: " << all << " (mla-bisect SUBCOMMAND --help)\n";
+      return mla::ExitCode_usage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

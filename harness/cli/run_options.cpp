@@ -1,6 +1,7 @@
 // Shared run options: parsing into RunSpec and ProbePlan.
 #include "harness/cli/run_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -207,6 +208,12 @@ RunSpec RunOptions::to_spec() const {
              : s.mode == Mode::Mode_decode  ? 1
                                             : 32;
   if (tokens < 0) throw UsageError("--tokens must be a positive number of tokens, got " + std::to_string(tokens));
+  if (!context.empty()) {
+    const auto items = std::count(context.begin(), context.end(), ',') + 1;
+    if (static_cast<size_t>(items) != split_list(context).size())
+      throw UsageError("--context '" + context + "': an empty item; give one value for every sequence, or one value "
+                       "for all (e.g. 200 or 40,200)");
+  }
   for (const auto& c : split_list(context)) {
     try {
       size_t used = 0;

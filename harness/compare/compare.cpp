@@ -520,6 +520,19 @@ ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOption
   return ex;
 }
 
+void check_tol_overrides(const std::map<std::string, double>& overrides, const std::vector<std::string>& probes,
+                         const std::string& from) {
+  for (const auto& [name, value] : overrides) {
+    if (std::find(probes.begin(), probes.end(), name) != probes.end()) continue;
+    std::string have;
+    std::set<std::string> said;
+    for (const auto& p : probes)
+      if (said.insert(p).second) have += (have.empty() ? "" : ", ") + p;
+    throw UsageError("--tol " + name + "=" + fmt_num(value) + ": no probe " + name + " in " + from +
+                     " (a --tol names a probe, for every layer: " + have + ")");
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The comparison and its verdict
 // ---------------------------------------------------------------------------------------------------
@@ -545,72 +558,93 @@ void judge(ProbeResult& r, const Gathered& candidate, const char* row) {
   r.why = os.str();
 }
 
-namespace {
-
 // DSA's topk as sets of keys per token (harness/compare/selection.h). The near-tie bound comes from the candidate's
-// own index scores: where both dumps hold idx_scores in full, twice the largest difference between them (a swap
-// between keys whose reference scores lie closer than that is what the candidate's scores imply); otherwise twice
-// idx_scores' tolerance times the reference scores' RMS. Keys a token does not see are those past Batch::keys_seen
-// (the reference's inputs); without inputs every column counts as seen. Returns the tokens whose sets differ only by
-// near-tie swaps (SelectionDiff::swapped_tokens).
-std::vector<int64_t> judge_selection(ProbeResult& r, const Gathered& ga, const Gathered& gb, const Dump& a,
-                                     const Dump& b, const ToleranceModel& tol) {
-  const int64_t T = gb.shape[0], k = gb.shape[1];
+// own index scores: where both sides hold idx_scores in full, twice the largest difference between them in the
+// token's row (a swap between keys whose reference scores lie closer than that is what the candidate's scores imply);
+// otherwise `fallback_tie` (compare_dumps: twice idx_scores' tolerance times the reference scores' RMS). Keys a token
+// does not see are those past Batch::keys_seen; without a batch every column counts as seen.
+SelectionDiff compare_topk(const Tensor& ref_topk, const Tensor& cand_topk, const Tensor* ref_scores,
+                           const Tensor* cand_scores, const Batch* batch, double fallback_tie, std::string* bound,
+                           double* widest) {
+  const int64_t T = ref_topk.rank() == 2 ? ref_topk.dim(0) : 0, k = ref_topk.rank() == 2 ? ref_topk.dim(1) : 0;
   const auto sets = [&](const Tensor& t) {
     std::vector<std::vector<int>> out(T);
     for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < k; ++j)
+      for (int64_t j = 0; j < k && i * k + j < t.numel(); ++j)
         if (const float v = t.data[i * k + j]; v >= 0) out[i].push_back(static_cast<int>(v));
     return out;
   };
-  const DumpProbe* sb = b.find(r.layer, "idx_scores");
-  const DumpProbe* sa = a.find(r.layer, "idx_scores");
-  const Gathered scores_b = sb ? gather(*sb) : Gathered{}, scores_a = sa ? gather(*sa) : Gathered{};
-  const auto ref_sets = sets(gb.data), cand_sets = sets(ga.data);
-  const bool have_scores = scores_b.full && scores_b.data.rank() == 2 && scores_b.data.dim(0) == T;
-  Tensor ref_scores;
+  const auto ref_sets = sets(ref_topk), cand_sets = sets(cand_topk);
+  const bool have_scores = ref_scores && ref_scores->rank() == 2 && ref_scores->dim(0) == T;
+  Tensor scores;
   if (have_scores) {
-    ref_scores = scores_b.data;
+    scores = *ref_scores;
   } else {  // distinct stand-in scores (−s): visibility only, no two keys tie
     int64_t K = 1;
     for (const auto* v : {&ref_sets, &cand_sets})
       for (const auto& row : *v)
         for (int s : row) K = std::max<int64_t>(K, s + 1);
-    ref_scores = Tensor({T, K});
+    scores = Tensor({T, K});
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t s = 0; s < K; ++s) ref_scores.data[t * K + s] = -static_cast<float>(s);
+      for (int64_t s = 0; s < K; ++s) scores.data[t * K + s] = -static_cast<float>(s);
   }
-  const int64_t K = ref_scores.dim(1);
-  for (int64_t t = 0; t < T && b.has_inputs && b.inputs.batch.tokens() == T; ++t)
-    for (int64_t s = b.inputs.batch.keys_seen(static_cast<int>(t)); s < K; ++s)
-      ref_scores.data[t * K + s] = -std::numeric_limits<float>::infinity();
-  std::string bound = "no near-ties excused: the reference holds no full idx_scores";
+  const int64_t K = scores.dim(1);
+  for (int64_t t = 0; t < T && batch && batch->tokens() == T; ++t)
+    for (int64_t s = batch->keys_seen(static_cast<int>(t)); s < K; ++s)
+      scores.data[t * K + s] = -std::numeric_limits<float>::infinity();
+  std::string words = "no near-ties: the reference holds no full idx_scores";
   std::vector<double> tie_tol(T, 0.0);  // per token
   if (have_scores) {
-    if (scores_a.full && scores_a.data.shape == scores_b.data.shape) {
+    if (cand_scores && cand_scores->shape == ref_scores->shape) {
       for (int64_t t = 0; t < T; ++t)
         for (int64_t s = 0; s < K; ++s) {
-          const double a_ts = scores_a.data.data[t * K + s], b_ts = scores_b.data.data[t * K + s];
-          const double d = std::fabs(a_ts - b_ts);
+          const double d = std::fabs(static_cast<double>(cand_scores->data[t * K + s]) - ref_scores->data[t * K + s]);
           tie_tol[t] = std::max(tie_tol[t], 2 * d);
         }
-      bound = "per token, twice the largest difference of the two runs' idx_scores in its row";
+      words = "per token, twice the largest difference of the two runs' idx_scores in its row";
     } else {
-      double sum2 = 0;
-      for (float v : scores_b.data.data) sum2 += static_cast<double>(v) * v;
-      const double rms = std::sqrt(sum2 / static_cast<double>(std::max<int64_t>(1, scores_b.data.numel())));
-      std::fill(tie_tol.begin(), tie_tol.end(), 2 * tol.for_probe("idx_scores", r.layer).rel_l2 * rms);
-      bound = "twice idx_scores' tolerance times the scores' RMS";
+      std::fill(tie_tol.begin(), tie_tol.end(), fallback_tie);
+      words = "twice idx_scores' tolerance times the scores' RMS";
     }
   }
-  const SelectionDiff d = compare_selection(ref_sets, cand_sets, ref_scores, tie_tol);
-  const double widest = tie_tol.empty() ? 0.0 : *std::max_element(tie_tol.begin(), tie_tol.end());
+  if (bound) *bound = words;
+  if (widest) *widest = tie_tol.empty() ? 0.0 : *std::max_element(tie_tol.begin(), tie_tol.end());
+  return compare_selection(ref_sets, cand_sets, scores, tie_tol);
+}
+
+namespace {
+
+// Twice idx_scores' tolerance times the RMS of `scores`: the near-tie bound where the candidate's scores are not
+// held in full.
+double fallback_tie(const Tensor& scores, const ToleranceModel& tol, int layer) {
+  double sum2 = 0;
+  for (float v : scores.data) sum2 += static_cast<double>(v) * v;
+  const double rms = std::sqrt(sum2 / static_cast<double>(std::max<int64_t>(1, scores.numel())));
+  return 2 * tol.for_probe("idx_scores", layer).rel_l2 * rms;
+}
+
+// topk of two dumps compared as sets (compare_topk, on the dumps' idx_scores where they hold them in full). Returns
+// the tokens whose sets differ only by near-tie swaps (SelectionDiff::swapped_tokens).
+std::vector<int64_t> judge_selection(ProbeResult& r, const Gathered& ga, const Gathered& gb, const Dump& a,
+                                     const Dump& b, const ToleranceModel& tol) {
+  const int64_t T = gb.shape[0];
+  const DumpProbe* sb = b.find(r.layer, "idx_scores");
+  const DumpProbe* sa = a.find(r.layer, "idx_scores");
+  const Gathered scores_b = sb ? gather(*sb) : Gathered{}, scores_a = sa ? gather(*sa) : Gathered{};
+  const bool have_b = scores_b.full && scores_b.data.rank() == 2 && scores_b.data.dim(0) == T;
+  const bool have_a = have_b && scores_a.full && scores_a.data.shape == scores_b.data.shape;
+  const Batch* batch = b.has_inputs ? &b.inputs.batch : nullptr;
+  std::string bound;
+  double widest = 0;
+  const SelectionDiff d = compare_topk(gb.data, ga.data, have_b ? &scores_b.data : nullptr,
+                                       have_a ? &scores_a.data : nullptr, batch,
+                                       have_b ? fallback_tie(scores_b.data, tol, r.layer) : 0.0, &bound, &widest);
   r.m = Metrics{};
   r.m.basis = "sets";
   r.m.rel_l2 = 1.0 - d.mean_overlap;
   r.m.mismatch = d.tokens > 0 ? static_cast<double>(d.differing) / static_cast<double>(d.tokens) : 0.0;
   r.tol = Tolerance{0, 0, "sets of keys per token; swaps within " + fmt_num(widest) + " at most (" + bound +
-                              ") are near-ties, not divergences"};
+                              ") are near-ties, not divergences at topk"};
   r.selection = true;
   r.selection_pattern = d.pattern;
   r.selection_shift = d.shift;
@@ -622,58 +656,6 @@ std::vector<int64_t> judge_selection(ProbeResult& r, const Gathered& ga, const G
 }
 
 }  // namespace
-
-// Makes the candidate's rows of `tokens` (first axis) the reference's in everything the metrics read: the full data,
-// the sketch rows, the per-token and per-head norms, and the totals over them. l2 keeps gather's sense (the finite
-// values' sum of squares, or −1 where unknown): the excused rows' sums of squares are swapped, from the data where
-// both sides hold it in full, else from token_l2 (a non-finite norm counts 0). With full data the NaN/Inf counts
-// and absmax follow the patched data; without it the counts stay as recorded (a row's count is not known). Returns
-// how many of `tokens` lie within the probe's first axis.
-int64_t excuse_tokens(Gathered& a, const Gathered& b, const std::vector<int64_t>& tokens) {
-  if (a.shape.empty() || a.shape != b.shape) return 0;
-  const int64_t T = a.shape[0];
-  std::vector<int64_t> rows;
-  for (int64_t t : tokens)
-    if (t >= 0 && t < T) rows.push_back(t);
-  if (rows.empty()) return 0;
-  const bool full = a.full && b.full && a.data.numel() == b.data.numel() && a.data.numel() % T == 0;
-  const bool norms = a.token_l2.size() == static_cast<size_t>(T) && b.token_l2.size() == static_cast<size_t>(T);
-  double delta2 = 0;  // Σ over the excused rows of (reference − candidate) finite sums of squares
-  if (full) {
-    const int64_t row = a.data.numel() / T;
-    int64_t nan = 0, inf = 0;
-    for (int64_t t : rows) {
-      float* x = a.data.ptr() + t * row;
-      const float* y = b.data.ptr() + t * row;
-      for (int64_t c = 0; c < row; ++c) {
-        if (std::isfinite(x[c])) delta2 -= static_cast<double>(x[c]) * x[c];
-        if (std::isfinite(y[c])) delta2 += static_cast<double>(y[c]) * y[c];
-        nan += static_cast<int64_t>(std::isnan(y[c])) - static_cast<int64_t>(std::isnan(x[c]));
-        inf += static_cast<int64_t>(std::isinf(y[c])) - static_cast<int64_t>(std::isinf(x[c]));
-        x[c] = y[c];
-      }
-    }
-    a.nan = std::max<int64_t>(0, a.nan + nan);
-    a.inf = std::max<int64_t>(0, a.inf + inf);
-    a.absmax = 0;
-    for (float v : a.data.data)
-      if (std::isfinite(v)) a.absmax = std::max(a.absmax, static_cast<double>(std::fabs(v)));
-  } else if (norms) {
-    const auto sq = [](float v) { return std::isfinite(v) ? static_cast<double>(v) * v : 0.0; };
-    for (int64_t t : rows) delta2 += sq(b.token_l2[t]) - sq(a.token_l2[t]);
-  }
-  if (a.l2 >= 0 && (full || norms)) a.l2 = std::sqrt(std::max(0.0, a.l2 * a.l2 + delta2));
-  if (norms)
-    for (int64_t t : rows) a.token_l2[t] = b.token_l2[t];
-  const auto copy_rows = [&](std::vector<float>& x, const std::vector<float>& y) {
-    if (x.size() != y.size() || x.empty() || x.size() % T != 0) return;
-    const size_t row = x.size() / T;
-    for (int64_t t : rows) std::copy_n(y.begin() + t * row, row, x.begin() + t * row);
-  };
-  if (a.sketch && b.sketch) copy_rows(a.sketch_rows, b.sketch_rows);
-  copy_rows(a.head_l2, b.head_l2);
-  return static_cast<int64_t>(rows.size());
-}
 
 bool reads_selection(const std::string& stage) {
   static const std::set<std::string> kStages = {"attention_mha", "attention_mqa", "v_up",
@@ -773,15 +755,6 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
   rep.notes = ex.notes;
   const int tp_a = ranks_of(a), tp_b = ranks_of(b);
   bool said_sketch = false;
-  // Per layer, from its topk: the tokens whose selection swapped near-tied keys, topk's order and its token count.
-  // The probes after topk in that layer read other keys at those tokens by design: those rows are not compared.
-  struct Swapped {
-    std::vector<int64_t> tokens;
-    int order = 0;
-    int64_t T = 0;
-    bool noted = false;
-  };
-  std::map<int, Swapped> swapped;
   for (const auto& e : ex.probes) {
     const DumpProbe* pa = a.find(e.layer, e.name);
     const DumpProbe* pb = b.find(e.layer, e.name);
@@ -819,21 +792,10 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
       rep.results.push_back(std::move(r));
       continue;
     }
-    Gathered ga = gather(*pa);
+    const Gathered ga = gather(*pa);
     const Gathered gb = gather(*pb);
     for (auto& s : ga.problems) r.problems.push_back("candidate: " + s);
     for (auto& s : gb.problems) r.problems.push_back("reference: " + s);
-    // A probe of its layer's attention or a stage after it (what reads the selection), whose first axis is the
-    // tokens: the rows of tokens whose selection swapped near-tied keys are taken as the reference's (in this copy
-    // of the candidate's gathered data). Stages between topk and the attention (kv_b_proj, q_absorb) do not read it.
-    std::vector<int64_t> excused;
-    if (auto sw = swapped.find(e.layer); sw != swapped.end() && !sw->second.tokens.empty() &&
-                                         r.order > sw->second.order && reads_selection(r.stage) &&
-                                         !pb->shape.empty() &&
-                                         pb->shape[0] == sw->second.T) {
-      r.excused_tokens = excuse_tokens(ga, gb, sw->second.tokens);
-      if (r.excused_tokens > 0) excused = sw->second.tokens;
-    }
     r.m = compare_gathered(ga, gb, *pb, pb->layer, opt);
     if (r.m.basis != "full" && !said_sketch) {
       rep.notes.push_back("some probes lack full tensors on one side: their metrics come from sketches (estimates, "
@@ -843,18 +805,11 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
     // Per-rank partial sums (allreduce bugs leave every o_partial right and o wrong; a sharding bug shows here).
     if (pb->contract == "partial" && pa->ranks.size() == pb->ranks.size()) {
       r.m.rank_rel.clear();
-      // Rows of excused tokens count as equal (they are left out of the sums).
-      const int64_t T = pb->shape.empty() ? 1 : std::max<int64_t>(pb->shape[0], 1);
-      const auto kept = [&](size_t i, size_t n) {
-        return excused.empty() || !std::binary_search(excused.begin(), excused.end(),
-                                                      static_cast<int64_t>(i / std::max<size_t>(n / T, 1)));
-      };
       for (size_t k = 0; k < pb->ranks.size(); ++k) {
         const auto &ra = pa->ranks[k], &rb = pb->ranks[k];
         if (ra.data.numel() && ra.data.numel() == rb.data.numel()) {
           double d = 0, n = 0;
           for (int64_t i = 0; i < ra.data.numel(); ++i) {
-            if (!kept(static_cast<size_t>(i), static_cast<size_t>(ra.data.numel()))) continue;
             d += std::pow(static_cast<double>(ra.data.data[i]) - rb.data.data[i], 2);
             n += std::pow(static_cast<double>(rb.data.data[i]), 2);
           }
@@ -862,7 +817,6 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
         } else if (!ra.sketch.empty() && ra.sketch.size() == rb.sketch.size()) {
           double d = 0, n = 0;
           for (size_t i = 0; i < ra.sketch.size(); ++i) {
-            if (!kept(i, ra.sketch.size())) continue;
             d += std::pow(static_cast<double>(ra.sketch[i]) - rb.sketch[i], 2);
             n += std::pow(static_cast<double>(rb.sketch[i]), 2);
           }
@@ -871,22 +825,18 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
       }
     }
     if (e.name == "topk" && ga.full && gb.full && gb.shape.size() == 2) {
-      swapped[e.layer] = Swapped{judge_selection(r, ga, gb, a, b, tol), r.order, gb.shape[0], false};
+      const auto tokens = judge_selection(r, ga, gb, a, b, tol);
+      if (!tokens.empty()) {
+        const auto k = static_cast<int64_t>(tokens.size());
+        rep.notes.push_back("layer " + std::to_string(e.layer) + ": " + std::to_string(k) +
+                            (k == 1 ? " token" : " tokens") + " (" + ranges(tokens, 8) + ") whose top-k swapped " +
+                            "near-tied keys " + (k == 1 ? "is" : "are") + " compared as " + (k == 1 ? "it is" : "they are") +
+                            " in the probes after topk: the candidate's attention read other keys there than the "
+                            "reference's (bisect compares them against the reference's attention on the candidate's "
+                            "selection)");
+      }
     } else {
       judge(r, ga);
-    }
-    if (r.excused_tokens > 0) {
-      const auto n = r.excused_tokens;
-      r.why += "; " + std::to_string(n) + (n == 1 ? " token excused (its" : " tokens excused (their") +
-               " selection swapped near-tied keys: " + ranges(excused, 8) + ")";
-      if (auto& sw = swapped[e.layer]; !sw.noted) {
-        sw.noted = true;
-        const auto k = static_cast<int64_t>(sw.tokens.size());
-        rep.notes.push_back("layer " + std::to_string(e.layer) + ": " + std::to_string(k) +
-                            (k == 1 ? " token" : " tokens") + " (" + ranges(sw.tokens, 8) + ") whose top-k swapped " +
-                            "near-tied keys " + (k == 1 ? "is" : "are") + " not compared in the probes after topk " +
-                            "(they attend to other keys by design)");
-      }
     }
     rep.results.push_back(std::move(r));
   }

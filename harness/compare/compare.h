@@ -122,10 +122,6 @@ struct ProbeResult {
   SelectionPattern selection_pattern = SelectionPattern::SelectionPattern_none;
   int selection_shift = 0;  // SelectionPattern_shifted's offset
   int64_t near_tie_swaps = 0;
-  // Tokens of this probe not compared: their top-k in the layer swapped near-tied keys (SelectionDiff::
-  // swapped_tokens), so they attend to other keys than the reference's. Probes after topk in its layer only; the
-  // candidate's rows of these tokens are taken as the reference's before measuring.
-  int64_t excused_tokens = 0;
   // A weight beyond tolerance, described (describe_weight): the pattern in plain words and the numbers behind it.
   std::string pattern;
   std::vector<std::string> evidence;
@@ -195,20 +191,30 @@ struct ExpectedProbes {
 // narrowed to opt.only. Throws UsageError for a name in opt.only or opt.allow_missing that the graph lacks.
 ExpectedProbes expected_probes(const Dump& a, const Dump& b, const CompareOptions& opt);
 
+// Throws UsageError for a --tol override (PROBE=REL_L2) whose PROBE is none of `probes` (the names of the stage
+// graph the comparison expects, described by `from`), naming it and listing them.
+void check_tol_overrides(const std::map<std::string, double>& overrides, const std::vector<std::string>& probes,
+                         const std::string& from);
+
 // Throws UsageError when a dump cannot be read as mla-bisect writes it: a probe with no rank records (its data
 // somewhere else), a complete dump whose probe lacks ranks, a full-level record without data.
 void require_readable(const Dump& d);
 
-// DSA: the tokens of `layer` whose top-k in `a` (the candidate) differs from `b`'s only by swaps between near-tied
-// keys, judged as compare_dumps judges topk; empty where either lacks topk in full.
+// DSA: topk compared as sets of keys per token. ref_topk, cand_topk: [T, index_topk], −1 past a token's last key;
+// ref_scores (optional): the reference's idx_scores [T, keys] in full, which near-ties are judged on; cand_scores
+// (optional, with ref_scores): the candidate's, whose largest difference from ref_scores in a token's row, doubled,
+// bounds that token's near-ties; without them `fallback_tie` does. `batch` (optional) says which keys each token sees.
+// `bound` and `widest` (optional) receive the bound in words and its largest value. A token whose sets differ only by
+// near-tie swaps is in SelectionDiff::swapped_tokens: not a divergence at topk, but its attention reads other keys,
+// so the probes after topk hold it to whatever its reference attention read (never excused).
+SelectionDiff compare_topk(const Tensor& ref_topk, const Tensor& cand_topk, const Tensor* ref_scores,
+                           const Tensor* cand_scores, const Batch* batch, double fallback_tie,
+                           std::string* bound = nullptr, double* widest = nullptr);
+// The tokens of `layer` whose top-k in `a` (the candidate) differs from `b`'s only by swaps between near-tied keys,
+// judged as compare_dumps judges topk; empty where either lacks topk in full.
 std::vector<int64_t> near_tie_tokens(const Dump& a, const Dump& b, int layer, const ToleranceModel& tol);
 // Whether a stage reads DSA's selection, or comes after the one that does: the attention and every stage after it.
 bool reads_selection(const std::string& stage);
-// Makes the candidate's gathered rows of `tokens` (first axis) the reference's in everything the metrics read (the
-// full data, sketch rows, per-token and per-head norms, the totals); returns how many lie within the first axis.
-// compare_dumps does this for near_tie_tokens in the probes that read the selection: such a token attends to other
-// keys by design.
-int64_t excuse_tokens(Gathered& a, const Gathered& b, const std::vector<int64_t>& tokens);
 
 // rel_l2 per group of `block` consecutive entries of per-channel sums (Metrics::channel_err2 / channel_ref2);
 // the last group may be shorter.

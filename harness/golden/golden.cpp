@@ -128,6 +128,9 @@ GoldenCheck check_golden(const Dump& golden, const GoldenCheckOptions& opt,
     expected_probes(golden, golden, names);
   }
   Runner runner(cfg, spec);
+  std::vector<std::string> names;
+  for (const auto& p : runner.graph().probes) names.push_back(p.name);
+  check_tol_overrides(opt.overrides, names, "the golden's stage graph");
   auto engine = make_engine(EngineSpec::parse(opt.engine));
   engine->set_injections(parse_injections(opt.inject));
   const auto weights = synthetic_weights(cfg, spec.layers, spec.graph_shape().input_norm, weight_seed);

@@ -197,8 +197,6 @@ nlohmann::json compare_to_json(const CompareReport& rep, const Findings* finding
     if (r.selection)  // DSA's topk as sets of keys: metrics.rel_l2 is 1 − mean overlap, mismatch the tokens that differ
       p["selection"] = {{"pattern", selection_pattern_name(r.selection_pattern)},
                         {"near_tie_swaps", r.near_tie_swaps}};
-    // Tokens not compared: their layer's top-k swapped near-tied keys (probes after topk; 0 elsewhere).
-    if (r.matched()) p["excused_tokens"] = r.excused_tokens;
     if (static_cast<int>(i) == rep.first_divergence) j["first_divergence"] = p;
     probes.push_back(std::move(p));
   }

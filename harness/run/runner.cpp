@@ -185,6 +185,7 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
           if (before) before(engine, st, layer, rank);
           engine.run_stage(st, layer, rank);
           apply_nan_injections(engine, st, rank);
+          if (after_) after_(engine, st, layer, rank);
         }
         if (!plan.off)
           for (int rank = 0; rank < spec_.tp; ++rank) {

@@ -26,6 +26,11 @@ class Runner {
   void run(Engine& engine, const std::vector<LayerWeights>& weights, const Inputs& inputs, const ProbePlan& plan,
            ProbeSink& sink, const BeforeStage& before = nullptr) const;
 
+  // Called after each stage of each rank, before its probes are recorded (what it leaves in the engine is what the
+  // probes and the later stages see): a reference run on a candidate's DSA selection uses it (selection_feed,
+  // harness/run/calibrate.h). Applies to every later run().
+  void set_after_stage(BeforeStage after) { after_ = std::move(after); }
+
   // The packed projections (LoadedWeights::packed, kept alive by the caller) and the dequantization bugs,
   // handed to the engine in RunContext by every later run(); nullptr: none.
   void set_packed_weights(const std::vector<std::map<std::string, PackedWeight>>* packed, const DequantBugs& bugs) {
@@ -57,6 +62,7 @@ class Runner {
   StageGraph graph_;
   std::vector<ProbeSpec> weights_;  // build_weights: recorded before each layer's first stage
   const std::vector<std::map<std::string, PackedWeight>>* packed_ = nullptr;
+  BeforeStage after_;
   DequantBugs dequant_bugs_;
   ProcessRank process_;
   int stop_layer_ = -1;  // none

@@ -131,7 +131,9 @@ std::string describe_gguf(const std::string& path, std::ostream& os, int layer, 
   const bool split = g.find("blk." + std::to_string(layers.empty() ? 0 : *layers.begin()) + ".attn_k_b.weight") != nullptr;
   os << (layers.empty() ? "" : split ? ", kv_b_proj as attn_k_b [N, L, P] + attn_v_b [N, V, L]" : ", kv_b_proj as attn_kv_b")
      << "\n";
-  return layers.empty() ? std::string() : config_lines(path, os, layer, nullptr);
+  if (layers.empty())
+    return "no MLA attention layer (no blk.N.attn_kv_a_mqa tensor): nothing here that mla-bisect can run";
+  return config_lines(path, os, layer, nullptr);
 }
 
 // The DSA indexer (configs with index_topk): its constants, the shared layers, and, in a safetensors checkpoint,

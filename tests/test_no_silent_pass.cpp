@@ -1,0 +1,222 @@
+// End-to-end tests (label cpu) that no command passes what it must not, or says what it cannot support:
+// - DSA: a token whose top-k swapped near-tied keys with the reference's is still compared after topk, against the
+//   reference's attention on the candidate's own selection: a wrong sparse attention on such a token is found, and
+//   clean runs of the same configs pass.
+// - compare: named --candidate/--reference beside the positional pair; a pair whose provenance says it is reversed
+//   gives no verdict (exit 2) unless named.
+// - bisect: every option checked before any file of the workdir is touched; earlier dumps kept as .previous.
+// - options: unknown probes in --tol, empty --context items and a negative --tol-factor refused; a mistyped
+//   subcommand names the nearest; inspect of a GGUF without MLA layers fails.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli_util.h"
+#include "tests/test_weights_util.h"
+
+namespace {
+
+using mla::test::CliResult;
+
+const char* kCandidate = " --candidate reference:precision=bf16";
+
+CliResult sh(const std::string& args) { return mla::test::run_cli(args, {.merge_stderr = true, .timeout_s = 0}); }
+
+std::string tmpdir(const std::string& name) {
+  static const mla::test::ScratchDir root("no_silent_pass");
+  const auto d = root.dir() / name;
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+bool has_fed_note(const nlohmann::json& j) {
+  for (const auto& n : j["compare"]["notes"])
+    if (n.get<std::string>().find("against the reference's attention on the candidate's own selection") !=
+        std::string::npos)
+      return true;
+  return false;
+}
+
+// tiny-dsa decode, one sequence over 300 keys (seed 1): the bf16 candidate's top-k swaps near-tied keys with the
+// FP32 reference's on the only token, so every probe after topk is about that token. A bug in the attention over the
+// selected rows (absorbed form: the sparse gather from the wrong page; MHA form: the softmax scale) must be found at
+// the attention's output; the same runs without a bug pass.
+struct DsaCase {
+  const char* run;
+  const char* inject;
+  const char* probe;
+};
+const DsaCase kDsaCases[] = {
+    {"--mode decode --batch 1 --context 300 --seed 1", "page-off-by-one", "attn_latent"},
+    {"--mode decode --attention mha --batch 1 --context 300 --seed 1", "softmax-scale", "attn_out"},
+};
+
+TEST(NoSilentPass, DsaNearTieSwapNeverExemptsAWrongAttention) {
+  for (const auto& c : kDsaCases) {
+    SCOPED_TRACE(std::string(c.run) + " --inject " + c.inject);
+    const std::string dir = tmpdir(std::string("dsa_") + c.inject);
+    const auto r = sh(std::string("bisect --model tiny-dsa ") + c.run + kCandidate + " --inject " + c.inject +
+                      " --workdir " + dir + " --json " + dir + "/b.json");
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    const auto j = read_json(dir + "/b.json");
+    ASSERT_FALSE(j["first_divergence"].is_null()) << r.out;
+    EXPECT_EQ(j["first_divergence"]["probe"], c.probe) << r.out;
+    EXPECT_TRUE(has_fed_note(j)) << "the case must swap near-ties:\n" << r.out;
+  }
+}
+
+TEST(NoSilentPass, DsaCleanRunsWithNearTieSwapsPass) {
+  for (const auto& c : kDsaCases) {
+    SCOPED_TRACE(c.run);
+    const std::string dir = tmpdir("dsa_clean");
+    const auto r = sh(std::string("bisect --model tiny-dsa ") + c.run + kCandidate + " --workdir " + dir +
+                      " --json " + dir + "/b.json");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_TRUE(has_fed_note(read_json(dir + "/b.json"))) << "the case must swap near-ties:\n" << r.out;
+  }
+}
+
+// Two dumps of tiny's prefill (8 tokens): the FP32 reference and its bf16 run.
+struct Pair {
+  std::string f32, b16;
+};
+const Pair& tiny_pair() {
+  static const Pair p = [] {
+    Pair q{tmpdir("pair") + "/f32.h5", tmpdir("pair") + "/b16.h5"};
+    EXPECT_EQ(sh("run --quiet --model tiny --tokens 8 --out " + q.f32).exit_code, 0);
+    EXPECT_EQ(sh("run --quiet --model tiny --tokens 8 --engine reference:precision=bf16 --out " + q.b16).exit_code, 0);
+    return q;
+  }();
+  return p;
+}
+
+// The FP32 dump given as the candidate and the bf16 one as the reference: no verdict, exit 2, saying the arguments
+// look reversed and how to compare them as given; named, the same pair is compared (and fails: bf16 is no FP32).
+TEST(NoSilentPass, CompareRefusesAPairThatLooksReversedUnlessNamed) {
+  const Pair& p = tiny_pair();
+  const auto rev = sh("compare " + p.f32 + " " + p.b16);
+  EXPECT_EQ(rev.exit_code, 2) << rev.out;
+  EXPECT_CONTAINS(rev.out, "the arguments look reversed");
+  EXPECT_CONTAINS(rev.out, "is less precise than the candidate");
+  EXPECT_CONTAINS(rev.out, "--candidate " + p.f32 + " --reference " + p.b16);
+  EXPECT_EQ(rev.out.find("PASS"), std::string::npos) << rev.out;
+  EXPECT_EQ(rev.out.find("FAIL"), std::string::npos) << rev.out;
+  const auto named = sh("compare --brief --candidate " + p.f32 + " --reference " + p.b16);
+  EXPECT_EQ(named.exit_code, 1) << named.out;
+  // The right order, positional or named: a pass.
+  for (const std::string& args : {"compare --brief " + p.b16 + " " + p.f32,
+                                  "compare --brief --reference " + p.f32 + " --candidate " + p.b16}) {
+    const auto r = sh(args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out;
+    EXPECT_CONTAINS(r.out, "PASS");
+  }
+  // Named and positional at once, or one name alone: refused.
+  EXPECT_EQ(sh("compare --candidate " + p.b16 + " " + p.b16 + " " + p.f32).exit_code, 2);
+  EXPECT_EQ(sh("compare --candidate " + p.b16).exit_code, 2);
+}
+
+// A capture (another system's engine) as the reference and a run of this program as the candidate: reversed.
+TEST(NoSilentPass, CompareRefusesACaptureAsTheReference) {
+  const Pair& p = tiny_pair();
+  const std::string cap = tmpdir("capture") + "/capture.h5";
+  std::filesystem::copy_file(p.b16, cap, std::filesystem::copy_options::overwrite_existing);
+  // The dump's engine attribute says where it came from (docs/dump-format.md): a capture names its system.
+  const auto set = mla::test::run_shell("python3 -c \"import h5py; f = h5py.File('" + cap +
+                                        "', 'r+'); f.attrs['engine'] = 'vllm'; f.close()\" 2>&1");
+  if (set.exit_code != 0) GTEST_SKIP() << "h5py is needed to edit the dump: " << set.out;
+  const auto r = sh("compare " + p.b16 + " " + cap);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_CONTAINS(r.out, "is a capture from vllm");
+  EXPECT_EQ(sh("compare --brief " + cap + " " + p.f32).exit_code, 0);
+}
+
+std::string bytes_of(const std::string& path) { return mla::test::slurp(path); }
+
+// A bisect whose options cannot work (a weight injection on unquantized weights, an unknown reference option)
+// touches no file of the workdir; a bisect that runs keeps the earlier dumps as FILE.h5.previous.
+TEST(NoSilentPass, BisectChecksEveryOptionBeforeTouchingTheWorkdir) {
+  const std::string dir = tmpdir("workdir");
+  ASSERT_EQ(sh("bisect --brief --quiet --model tiny --tokens 8" + std::string(kCandidate) + " --workdir " + dir).exit_code, 0);
+  const std::string ref = bytes_of(dir + "/reference.h5"), cand = bytes_of(dir + "/candidate.h5");
+  ASSERT_FALSE(ref.empty());
+  ASSERT_FALSE(cand.empty());
+  for (const std::string& bad : {std::string(" --inject nvfp4-nibble-swap"), std::string(" --inject fp8-scale-transpose"),
+                                 std::string(" --reference reference:precision=bogus"),
+                                 std::string(" --candidate reference:bogus=1"), std::string(" --tol bogus=0.1")}) {
+    SCOPED_TRACE(bad);
+    const auto r = sh("bisect --quiet --model tiny --tokens 8 --workdir " + dir + bad);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_EQ(bytes_of(dir + "/reference.h5"), ref);
+    EXPECT_EQ(bytes_of(dir + "/candidate.h5"), cand);
+    EXPECT_FALSE(std::filesystem::exists(dir + "/reference.h5.previous"));
+  }
+  const auto again = sh("bisect --brief --quiet --model tiny --tokens 8 --seed 3" + std::string(kCandidate) +
+                        " --workdir " + dir);
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(bytes_of(dir + "/reference.h5.previous"), ref);
+  EXPECT_EQ(bytes_of(dir + "/candidate.h5.previous"), cand);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/reference.h5"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/candidate.h5"));
+}
+
+// --tol naming no probe of the graph: refused, naming it and listing the probes (compare, bisect, golden check).
+TEST(NoSilentPass, TolOfAnUnknownProbeIsRefusedListingTheProbes) {
+  const Pair& p = tiny_pair();
+  const std::string golden = std::string(MLA_SOURCE_DIR) + "/golden/tiny_prefill_t8_tp1.h5";
+  for (const std::string& args :
+       {"compare " + p.b16 + " " + p.f32 + " --tol bogus=0.1", "bisect --model tiny --tokens 8 --tol bogus=0.1 --workdir " + tmpdir("tol"),
+        "golden check " + golden + " --tol bogus=0.1"}) {
+    SCOPED_TRACE(args);
+    const auto r = sh(args);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_CONTAINS(r.out, "--tol bogus=0.1: no probe bogus in");
+    EXPECT_CONTAINS(r.out, "q_c, q_nope");
+  }
+  // A known probe still works.
+  EXPECT_EQ(sh("compare --brief " + p.b16 + " " + p.f32 + " --tol q_c=0.5").exit_code, 0);
+}
+
+TEST(NoSilentPass, EmptyContextItemsAndANegativeTolFactorAreRefused) {
+  for (const char* ctx : {",", "5,,5", "5,", ",5"}) {
+    const auto r = sh(std::string("run --quiet --model tiny --mode decode --batch 2 --context '") + ctx + "'");
+    EXPECT_EQ(r.exit_code, 2) << ctx << "\n" << r.out;
+    EXPECT_CONTAINS(r.out, "an empty item");
+  }
+  const Pair& p = tiny_pair();
+  for (const char* k : {"-1", "0"}) {
+    const auto r = sh("compare " + p.b16 + " " + p.f32 + " --tol-factor " + k);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_CONTAINS(r.out, "--tol-factor");
+  }
+}
+
+TEST(NoSilentPass, AMistypedSubcommandNamesTheNearest) {
+  const auto r = sh("bisct --model tiny");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_CONTAINS(r.out, "'bisct' is not a subcommand; did you mean 'bisect'?");
+  EXPECT_CONTAINS(r.out, "compare");
+  const auto far = sh("xyzzyqq");
+  EXPECT_EQ(far.exit_code, 2);
+  EXPECT_EQ(far.out.find("did you mean"), std::string::npos) << far.out;
+}
+
+// A deepseek2 GGUF holding no MLA layer: inspect says so and exits 2 (a run on it could not work).
+TEST(NoSilentPass, InspectOfAGgufWithoutMlaLayersFails) {
+  const std::string path = tmpdir("gguf") + "/no_mla.gguf";
+  const auto w = mla::test::small_gguf();
+  mla::test::spit(path, std::string(w.b.begin(), w.b.end()));
+  const auto r = sh("inspect " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_CONTAINS(r.out, "no MLA attention layer");
+}
+
+}  // namespace

@@ -236,3 +236,125 @@ TEST(Hypotheses, ConfirmedCauseReplacesThePatternAndKeepsIt) {
 
 }  // namespace
 }  // namespace mla
+
+// Every class, on the reference's own run of several shapes: with the candidate set to one of the class's variants,
+// the search confirms that class, or a class with no more parameters that reproduces the same outputs (then the
+// variant's class is not needed to explain them). Each class must be confirmed in at least one shape.
+
+#include "harness/bisect/isolate.h"
+#include "harness/hypotheses/common.h"
+#include "harness/run/synthetic_inputs.h"
+#include "reference/reference_engine.h"
+
+namespace mla {
+namespace {
+
+TEST(Hypotheses, EveryClassIsConfirmedOnItsOwnVariant) {
+  struct Shape {
+    const char* model;
+    Mode mode;
+    AttentionForm form;
+    int tp, tokens, batch;
+    std::vector<int> context;
+  };
+  const Shape shapes[] = {
+      {"tiny", Mode::Mode_prefill, AttentionForm::AttentionForm_mha, 1, 16, 2, {}},
+      {"tiny", Mode::Mode_chunked, AttentionForm::AttentionForm_mha, 2, 8, 2, {70, 30}},
+      {"tiny", Mode::Mode_decode, AttentionForm::AttentionForm_absorbed, 2, 1, 4, {40, 100, 70, 130}},
+      {"tiny-dsa", Mode::Mode_prefill, AttentionForm::AttentionForm_mha, 1, 16, 1, {}},
+      {"tiny-dsa", Mode::Mode_chunked, AttentionForm::AttentionForm_mha, 1, 8, 1, {40}},
+      {"tiny", Mode::Mode_decode, AttentionForm::AttentionForm_absorbed, 1, 1, 2, {301, 517}},  // not bf16-exact
+  };
+  // Candidates the fitted classes fit their parameters to before their own variant becomes the candidate: the
+  // reference's outputs, scaled, with the heads reversed, and with every value's sign flipped on odd tokens.
+  auto seeds = [](const hyp::Outputs& ref) {
+    std::vector<hyp::Outputs> v = {ref};
+    hyp::Outputs s = ref, h = ref, f = ref;
+    for (auto& [n, t] : s) t = hyp::scaled(t, 1.37);
+    for (auto& [n, t] : h)
+      if (t.rank() == 3 && t.dim(1) > 1) {
+        const Tensor src = t;
+        const int64_t T = t.dim(0), N = t.dim(1), X = t.dim(2);
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t j = 0; j < N; ++j)
+            std::copy_n(src.ptr() + (i * N + (N - 1 - j)) * X, X, t.ptr() + (i * N + j) * X);
+      }
+    for (auto& [n, t] : f) {
+      const int64_t per = t.numel() / std::max<int64_t>(t.dim(0), 1);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        if ((i / per) % 2) t.data[i] = -t.data[i];
+    }
+    v.push_back(s);
+    v.push_back(h);
+    v.push_back(f);
+    return v;
+  };
+  std::set<std::string> confirmed_somewhere, tried_somewhere;
+  for (const auto& sh : shapes) {
+    const MlaConfig cfg = *find_preset(sh.model);
+    RunSpec spec;
+    spec.mode = sh.mode;
+    spec.form = sh.form;
+    spec.tp = sh.tp;
+    spec.tokens = sh.tokens;
+    spec.batch = sh.batch;
+    spec.context = sh.context;
+    spec.layers = 1;
+    spec.input_norm = true;
+    const auto w = synthetic_weights(cfg, 1, true, 3);
+    const Inputs in = synthetic_inputs(cfg, spec, w);
+    ReferenceEngine engine(std::map<std::string, std::string>{});
+    const Dump d = run_in_process(engine, cfg, spec, w, in, nullptr, -1, nullptr, {}, false);
+    for (const auto& st : build_graph(cfg, spec.graph_shape()).stages) {
+      hyp::StageCase base;
+      std::string why;
+      std::map<std::string, Tolerance> tol;
+      for (const auto& o : st.outputs) tol[o] = Tolerance{1e-5, 2e-5, "test"};
+      if (!hyp::make_case(base, d, d, cfg, spec, w[0], in, 0, st.stage, tol, why)) continue;
+      const hyp::Outputs ref = base.cand;  // the reference's own outputs: the candidate agrees as run
+      for (const auto& k : hyp::catalogue()) {
+        if (std::find(k.stages.begin(), k.stages.end(), st.stage) == k.stages.end()) continue;
+        std::vector<hyp::Variant> vs;
+        for (const auto& seed : seeds(ref)) {
+          hyp::StageCase fit = base;
+          for (const auto& [n, t] : seed)
+            if (fit.cand.count(n)) fit.cand[n] = t;
+          try {
+            for (auto& v : k.run(fit, ref)) vs.push_back(std::move(v));
+          } catch (const std::exception&) {
+          }
+        }
+        for (const auto& v : vs) {
+          if (v.pretest_ratio >= 0 || v.out.empty()) continue;
+          hyp::StageCase c = base;
+          for (const auto& [n, t] : v.out)
+            if (c.cand.count(n)) c.cand[n] = t;
+          const auto r = hyp::search(c);
+          if (!r.searched) continue;  // the variant equals the reference on this shape
+          tried_somewhere.insert(k.name);
+          const bool named = std::any_of(r.confirmed.begin(), r.confirmed.end(), [&](const hyp::Tried& t) { return t.cls == k.name; });
+          const bool simpler = !r.confirmed.empty() && r.confirmed.front().complexity <= k.complexity;
+          EXPECT_TRUE(named || simpler) << sh.model << " " << mode_name(sh.mode) << " stage " << stage_name(st.stage) << ": "
+                                        << k.name << " " << v.phrase << " not confirmed; " << r.reason;
+          if (named) confirmed_somewhere.insert(k.name);
+          break;  // one variant a class a shape keeps the test's time small
+        }
+      }
+    }
+  }
+  // Classes this test cannot make a variant of, each confirmed elsewhere: values these synthetic runs do not have
+  // (rows past 256 in magnitude for an fp16 sum of squares, scores past 65504, exactly tied index scores; the outside
+  // set has the fp16 overflows), P = V (absorb.other_slice; tiny has P != V), a fit that lands on the config's own eps
+  // on these seeds (NormEpsIsFittedOnTheLogGrid), variants pre-tested against the candidate first (proj.transposed,
+  // proj.short_reduction: the zoo and the outside set), and block scales that the seeds make uniform, where
+  // proj.scale, simpler, explains them (the outside set's FP8 grids).
+  const std::set<std::string> confirmed_elsewhere = {"norm.fp16_overflow", "attn.fp16_overflow", "dsa.tie_order",
+                                                      "absorb.other_slice", "norm.eps", "proj.transposed",
+                                                      "proj.short_reduction", "proj.block_scale"};
+  for (const auto& k : hyp::catalogue())
+    if (!confirmed_elsewhere.count(k.name))
+      EXPECT_TRUE(confirmed_somewhere.count(k.name)) << k.name << (tried_somewhere.count(k.name) ? " tried but never confirmed" : " never applicable in these shapes");
+}
+
+}  // namespace
+}  // namespace mla

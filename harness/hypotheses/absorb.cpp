@@ -48,14 +48,7 @@ void head_product(const StageCase& c, const Absorb& a, int64_t h, int64_t g, int
 
 BugClass make(std::string name, int complexity, std::string description,
               std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run) {
-  BugClass k;
-  k.name = std::move(name);
-  k.family = "absorb";
-  k.stages = {Stage::Stage_q_absorb, Stage::Stage_v_up};
-  k.description = std::move(description);
-  k.complexity = complexity;
-  k.run = std::move(run);
-  return k;
+  return make_class(std::move(name), "absorb", {Stage::Stage_q_absorb, Stage::Stage_v_up}, complexity, std::move(description), std::move(run));
 }
 
 }  // namespace absorb_family

@@ -56,14 +56,7 @@ double absmax(const Tensor& y, int64_t c0, int64_t c1) {
 
 BugClass make(std::string name, int complexity, std::string description,
               std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run) {
-  BugClass k;
-  k.name = std::move(name);
-  k.family = "cache";
-  k.stages = {Stage::Stage_cache_write};
-  k.description = std::move(description);
-  k.complexity = complexity;
-  k.run = std::move(run);
-  return k;
+  return make_class(std::move(name), "cache", {Stage::Stage_cache_write}, complexity, std::move(description), std::move(run));
 }
 
 }  // namespace cache_family

@@ -9,6 +9,10 @@
 
 namespace mla::hyp {
 
+// A catalogue entry.
+BugClass make_class(std::string name, std::string family, std::vector<Stage> stages, int complexity,
+                    std::string description, std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run);
+
 // The reference's outputs of the case's stage on its inputs (reference/stages.h; global weights, global layout).
 Outputs reference_outputs(const StageCase& c);
 

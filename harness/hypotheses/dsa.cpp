@@ -15,14 +15,7 @@ namespace dsa_family {
 
 BugClass make(std::string name, int complexity, std::vector<Stage> stages, std::string description,
               std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run) {
-  BugClass k;
-  k.name = std::move(name);
-  k.family = "dsa";
-  k.stages = std::move(stages);
-  k.description = std::move(description);
-  k.complexity = complexity;
-  k.run = std::move(run);
-  return k;
+  return make_class(std::move(name), "dsa", std::move(stages), complexity, std::move(description), std::move(run));
 }
 
 // The index cache with this step's idx_k rows written.

@@ -32,14 +32,7 @@ std::vector<Stage> every_value_stage() {
 
 BugClass make(std::string name, std::string family, int complexity, std::vector<Stage> stages, std::string description,
               std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run) {
-  BugClass k;
-  k.name = std::move(name);
-  k.family = std::move(family);
-  k.stages = std::move(stages);
-  k.description = std::move(description);
-  k.complexity = complexity;
-  k.run = std::move(run);
-  return k;
+  return make_class(std::move(name), std::move(family), std::move(stages), complexity, std::move(description), std::move(run));
 }
 
 // Rows of x [T, ...] moved k tokens later within each sequence (the first k rows of a sequence zero; k < 0: earlier).

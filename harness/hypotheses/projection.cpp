@@ -128,14 +128,7 @@ Variant of_outputs(Outputs o, nlohmann::json params, std::string phrase) {
 
 BugClass make(std::string name, int complexity, std::vector<Stage> stages, std::string description,
               std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run) {
-  BugClass k;
-  k.name = std::move(name);
-  k.family = "projection";
-  k.stages = std::move(stages);
-  k.description = std::move(description);
-  k.complexity = complexity;
-  k.run = std::move(run);
-  return k;
+  return make_class(std::move(name), "projection", std::move(stages), complexity, std::move(description), std::move(run));
 }
 
 const std::vector<Stage> kLinear = {Stage::Stage_q_a_proj, Stage::Stage_q_b_proj, Stage::Stage_q_proj,

@@ -67,14 +67,7 @@ const char* style_name(RopeStyle s) {
 
 BugClass make(std::string name, int complexity, std::string description,
               std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run) {
-  BugClass k;
-  k.name = std::move(name);
-  k.family = "rope";
-  k.stages = {Stage::Stage_rope};
-  k.description = std::move(description);
-  k.complexity = complexity;
-  k.run = std::move(run);
-  return k;
+  return make_class(std::move(name), "rope", {Stage::Stage_rope}, complexity, std::move(description), std::move(run));
 }
 
 // The config re-derived with one change (theta, YaRN), its rope.

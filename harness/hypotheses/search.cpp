@@ -73,6 +73,18 @@ Tensor rounded(Tensor t, Precision p) {
 
 std::string num(double v, int precision) { return fmt_num(v, precision); }
 
+BugClass make_class(std::string name, std::string family, std::vector<Stage> stages, int complexity,
+                    std::string description, std::function<std::vector<Variant>(const StageCase&, const Outputs&)> run) {
+  BugClass k;
+  k.name = std::move(name);
+  k.family = std::move(family);
+  k.stages = std::move(stages);
+  k.description = std::move(description);
+  k.complexity = complexity;
+  k.run = std::move(run);
+  return k;
+}
+
 double golden_min(const std::function<double(double)>& f, double lo, double hi, int iters) {
   const double g = (std::sqrt(5.0) - 1) / 2;
   double a = hi - g * (hi - lo), b = lo + g * (hi - lo), fa = f(a), fb = f(b);

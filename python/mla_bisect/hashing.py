@@ -6,6 +6,7 @@ left to right in float64 as the C++ loops do (numpy's cumulative sums are sequen
 too (np.add.accumulate, which adds in order, over each block; the running sums carried from block to block); the sketch
 is a float64 matrix product (summation order differs from the C++ loop: equal to float rounding). The checksum, a
 sum mod 2^64 that is linear in its terms, is taken as a uint64 matrix-vector product and column sums (checksum).
+The C extension (_hashing_ext.c, compiled on first use: _ext) runs every loop, the sketch's too, in the C++ order.
 
 Checksum bits per dtype: fp32 the float's 32-bit pattern; bf16 / fp16 the 16-bit pattern the C++ conversions
 (to_bf16_bits / to_fp16_bits of harness/model/tensor.cpp: round to nearest even, NaN made quiet) give for the
@@ -14,6 +15,16 @@ stored value in OCP float8 e4m3fn / e5m2 (exact: an fp8 value converts to float3
 canonicalised to sign|0x7f (e4m3) or sign|0x7e (e5m2). The term of each element is multiplier(row, col) *
 (2 * bits + 1) mod 2^64 for every dtype, so the 8-bit checksum keeps the 16/32-bit one's guarantees.
 """
+import concurrent.futures
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+
 import numpy as np
 
 SKETCH_DIM = 32
@@ -222,14 +233,175 @@ def _running_sum(a: np.ndarray, start: float, buf: np.ndarray) -> float:
     return float(buf[a.size - 1])
 
 
+# --- the C extension -----------------------------------------------------------------------------------------------
+# _hashing_ext.c, next to this file, compiled on first use with the system C compiler ($CC, else cc) into a cache
+# outside the package ($MLA_BISECT_CACHE, else $XDG_CACHE_HOME/mla-bisect or ~/.cache/mla-bisect, folder ext/; the
+# file name carries a hash of the source, the compiler and the platform) and loaded with ctypes. Where there is no
+# compiler or anything fails, compute_record stays in numpy, silently. MLA_BISECT_NO_EXT=1 keeps it in numpy.
+
+_EXT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hashing_ext.c")
+_EXT_FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fno-fast-math", "-fno-finite-math-only"]
+_EXT_STATE = {}
+_EXT_LOCK = threading.Lock()
+_PARALLEL_ELEMS = 1 << 18  # tensors from this size on are split over the worker threads
+
+
+def _ext_cache_dir() -> str:
+    root = os.environ.get("MLA_BISECT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "mla-bisect")
+    return os.path.join(root, "ext")
+
+
+def _build_ext():
+    with open(_EXT_SOURCE, "rb") as f:
+        src = f.read()
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc.split()[0]) is None:
+        return None
+    tag = hashlib.sha256(src + repr((cc, _EXT_FLAGS, platform.machine(), platform.system(),
+                                    sys.implementation.cache_tag)).encode()).hexdigest()[:16]
+    out_dir = _ext_cache_dir()
+    lib = os.path.join(out_dir, f"hashing_{tag}.so")
+    if not os.path.exists(lib):
+        os.makedirs(out_dir, exist_ok=True)
+        tmp = f"{lib}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            r = subprocess.run(cc.split() + _EXT_FLAGS + ["-o", tmp, _EXT_SOURCE, "-lm"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=120)
+            if r.returncode != 0 or not os.path.exists(tmp):
+                return None
+            os.replace(tmp, lib)  # atomic: concurrent processes each build, one file wins
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    h = ctypes.CDLL(lib)
+    if h.mla_hash_abi() != 1:
+        return None
+    i64, u64, dp, fp = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p
+    h.mla_sketch_coeffs.argtypes = [u64, i64, i64, dp]
+    h.mla_sketch_coeffs.restype = None
+    h.mla_seq_stats.argtypes = [fp, i64, dp, dp]
+    h.mla_seq_stats.restype = None
+    h.mla_rows.argtypes = [fp, i64, i64, i64, ctypes.c_int, dp, i64, dp, fp, fp, fp]
+    h.mla_rows.restype = u64
+    return h
+
+
+def _ext():
+    """The loaded C extension, or None (numpy path). Built once per process, on first use."""
+    if "lib" not in _EXT_STATE:
+        with _EXT_LOCK:
+            if "lib" not in _EXT_STATE:
+                lib = None
+                if os.environ.get("MLA_BISECT_NO_EXT", "") in ("", "0"):
+                    try:
+                        lib = _build_ext()
+                    except Exception:  # no compiler, no writable cache, a failed load: numpy does the work
+                        lib = None
+                _EXT_STATE["lib"] = lib
+    return _EXT_STATE["lib"]
+
+
+def _threads() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 4))
+
+
+def _pool():
+    if "pool" not in _EXT_STATE:
+        with _EXT_LOCK:
+            if "pool" not in _EXT_STATE:
+                n = _threads()
+                _EXT_STATE["pool"] = (concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="mla-hash")
+                                      if n > 1 else None)
+    return _EXT_STATE["pool"]
+
+
+_DTYPE_CODE = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+
+def _compute_record_c(values, dtype, T, C, heads, col_offset, key, level) -> dict:
+    """compute_record through the C extension (ctypes releases the GIL: the sequential sums and blocks of rows run
+    on worker threads side by side; each row's values are the same on any split, the checksum is a sum mod 2^64)."""
+    lib = _ext()
+    n = values.size
+    code = _DTYPE_CODE.get(dtype, 3)
+    bits8 = None
+    if code == 3:
+        bits8 = np.ascontiguousarray(checksum_bits(values, dtype), dtype=np.uint8)  # raises on a value fp8 lacks
+    heads = heads if heads > 0 else 0
+    token_l2 = np.empty(T, dtype=np.float32)
+    head_l2 = np.empty((T, heads), dtype=np.float32) if heads > 0 else None
+    coeff = sk = None
+    if level != "stats":
+        coeff = np.empty((C, SKETCH_DIM), dtype=np.float64)
+        lib.mla_sketch_coeffs(_U(key), col_offset, C, coeff.ctypes.data)
+        sk = np.empty((T, SKETCH_DIM), dtype=np.float32)
+    stats = np.zeros(3, dtype=np.float64)
+    counts = np.zeros(2, dtype=np.int64)
+    ptr = values.ctypes.data
+    args = (code, None if bits8 is None else bits8.ctypes.data, heads, None if coeff is None else coeff.ctypes.data,
+            token_l2.ctypes.data, None if head_l2 is None else head_l2.ctypes.data, None if sk is None else sk.ctypes.data)
+
+    def rows(r0, r1):
+        return lib.mla_rows(ptr, C, r0, r1, *args)
+
+    pool = _pool() if n >= _PARALLEL_ELEMS else None
+    if pool is None:
+        lib.mla_seq_stats(ptr, n, stats.ctypes.data, counts.ctypes.data)
+        total = rows(0, T)
+    else:
+        seq = pool.submit(lib.mla_seq_stats, ptr, n, stats.ctypes.data, counts.ctypes.data)
+        parts = max(1, min(T, 4 * _threads()))
+        edges = [T * i // parts for i in range(parts + 1)]
+        futs = [pool.submit(rows, a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+        seq.result()
+        total = sum(f.result() for f in futs) & 0xFFFFFFFFFFFFFFFF
+    return _record(values, dtype, level, float(stats[0]), float(stats[1]), float(stats[2]), int(counts[0]),
+                   int(counts[1]), int(total), token_l2, head_l2, sk)
+
+
 def compute_record(values: np.ndarray, dtype: str, tokens: int, heads: int, col_offset: int, key: int,
                    level: str = "full") -> dict:
     """compute_probe_record of probes/probe.cpp: values is the rank's float32 shard (its local shape), viewed as
-    [tokens, cols]. Returns a dict with the fields of a rank record."""
+    [tokens, cols]. Returns a dict with the fields of a rank record. Runs in the C extension where it loads (see
+    _ext), else in numpy: the same record either way."""
     values = np.ascontiguousarray(values, dtype=np.float32)
     n = values.size
     T = tokens if tokens > 0 else 1
     C = n // T
+    if C > 0 and n == T * C and (heads <= 0 or C % heads == 0) and _ext() is not None:
+        return _compute_record_c(values, dtype, T, C, heads, col_offset, key, level)
+    return _compute_record_np(values, dtype, T, C, heads, col_offset, key, level)
+
+
+def _record(values, dtype, level, s, sq, amax, total_nan, total_inf, checksum_value, token_l2, head_l2, sk) -> dict:
+    finite = values.size - total_nan - total_inf
+    mean = s / finite if finite else 0.0
+    std = float(np.sqrt(max(0.0, sq / finite - mean * mean))) if finite else 0.0
+    return {
+        "shape": tuple(int(d) for d in values.shape),
+        "dtype": dtype,
+        "l2": float(np.sqrt(sq)),
+        "absmax": amax,
+        "mean": mean,
+        "std": std,
+        "nan": total_nan,
+        "inf": total_inf,
+        "checksum": checksum_value,
+        "level": level,
+        "token_l2": token_l2,
+        "head_l2": head_l2,
+        "sketch": sk,
+        "data": values if level == "full" else None,
+    }
+
+
+def _compute_record_np(values, dtype, T, C, heads, col_offset, key, level) -> dict:
+    n = values.size
     m = values.reshape(T, C)
     bits = checksum_bits(m, dtype)
 
@@ -276,27 +448,4 @@ def compute_record(values: np.ndarray, dtype: str, tokens: int, heads: int, col_
             hb = rb.reshape(rows, heads, X)
             np.add.accumulate(sqr.reshape(rows, heads, X), axis=2, out=hb)
             head_l2[r0:r0 + rows] = np.sqrt(hb[:, :, -1]).astype(np.float32)
-    finite = n - total_nan - total_inf
-    mean = s / finite if finite else 0.0
-    std = float(np.sqrt(max(0.0, sq / finite - mean * mean))) if finite else 0.0
-    rec = {
-        "shape": tuple(int(d) for d in values.shape),
-        "dtype": dtype,
-        "l2": float(np.sqrt(sq)),
-        "absmax": amax,
-        "mean": mean,
-        "std": std,
-        "nan": total_nan,
-        "inf": total_inf,
-        "checksum": checksum(bits),
-        "level": level,
-        "token_l2": token_l2,
-        "head_l2": head_l2,
-        "sketch": None,
-        "data": None,
-    }
-    if sk is not None:
-        rec["sketch"] = sk
-    if level == "full":
-        rec["data"] = values
-    return rec
+    return _record(values, dtype, level, s, sq, amax, total_nan, total_inf, checksum(bits), token_l2, head_l2, sk)

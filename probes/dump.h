@@ -81,7 +81,8 @@ struct Dump {
   RunSpec spec() const;      // from meta.run_options
 };
 
-// The ProbeSink that writes a dump. Construction writes the journal header (meta, inputs) and fsyncs it, and
+// The ProbeSink that writes a dump. Construction writes the journal header (meta, inputs), fsyncs it and renames it
+// over any earlier journal (journal::Writer: never emptied in place), and
 // removes an older FILE.h5 (the journal is now the truth about that path); each record is appended with
 // write(2) (survives SIGKILL and abort: the kernel holds the bytes); finish() appends a finish record, writes
 // the HDF5 file (temp + fsync + rename), then removes the journal. Destroyed without finish() (an exception),
@@ -131,8 +132,10 @@ void require_every_rank(const Dump& d, const std::string& command);
 // Folds FILE.h5.journal into FILE.h5 if present; returns true if it did (false: no journal, or its writer is
 // still alive). The status is the finish record's if the run got that far (it was killed while writing the
 // HDF5 file), else "stopped: after layer L probe P rank R" (the last record committed); last_stage holds
-// "layer L stage S" per rank from the stage markers. A journal without an intact header is a UsageError and
-// is left in place. (read_dump calls this.)
+// "layer L stage S" per rank from the stage markers. Where the journal is missing or holds no header, the temporary
+// file of a writer killed before its rename (FILE.h5.journal.tmp.PID) is folded instead; an empty journal without
+// one is not folded (false; read_dump reads it as stopped before its header). A journal whose bytes are not an intact
+// header is a UsageError and is left in place. (read_dump calls this.)
 bool recover_dump(const std::string& path);
 
 // Writes a Dump as HDF5 atomically (temp file in the same directory, fsync, rename). Used by the writer,

@@ -39,7 +39,15 @@ class Fd {
   int fd_;
 };
 
-enum class JournalState { JournalState_none, JournalState_folded, JournalState_live, JournalState_unwritable };
+// headerless: a journal (or a writer's temporary file) without a header, its writer gone: the snapshot says the
+// run stopped before its header and holds nothing else.
+enum class JournalState {
+  JournalState_none,
+  JournalState_folded,
+  JournalState_live,
+  JournalState_unwritable,
+  JournalState_headerless
+};
 
 // Folds FILE.h5.journal into FILE.h5 unless its writer is alive; then, with `snapshot`, reads it as it stands.
 // Where FILE.h5 cannot be written (a read-only directory), `snapshot` gets the fold and the journal stays.

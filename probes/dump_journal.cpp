@@ -179,11 +179,9 @@ namespace dump_detail {
 JournalState fold_journal(const std::string& path, Dump* snapshot) {
   const std::string jpath = journal::journal_path(path);
   Fd fd(::open(jpath.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return JournalState::JournalState_none;
+  if (fd.get() < 0 && errno != ENOENT)
     throw UsageError(jpath + ": cannot open the dump journal: " + std::strerror(errno));
-  }
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+  if (fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) throw UsageError(jpath + ": cannot lock the dump journal: " + std::strerror(errno));
     if (snapshot) {
       const journal::Scan sc = journal::scan(fd.get(), jpath);
@@ -194,8 +192,43 @@ JournalState fold_journal(const std::string& path, Dump* snapshot) {
     return JournalState::JournalState_live;
   }
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0 || st.st_nlink == 0) return JournalState::JournalState_none;  // folded meanwhile
-  Dump d = fold(journal::scan(fd.get(), jpath), path, jpath, FoldMode::FoldMode_recover);
+  if (fd.get() >= 0 && (::fstat(fd.get(), &st) != 0 || st.st_nlink == 0))
+    return JournalState::JournalState_none;  // folded meanwhile
+  // A writer fills a temporary file and renames it over the journal once its header is on disk; one killed before
+  // that leaves the temporary file. It stands for the run when the journal holds no header (or is absent).
+  const std::vector<std::string> temps = journal::abandoned_temps(jpath);
+  journal::Scan sc;
+  if (fd.get() >= 0) sc = journal::scan(fd.get(), jpath);
+  std::string source = jpath;
+  const bool headerless = fd.get() < 0 || sc.records.empty();
+  if (headerless) {
+    for (auto it = temps.rbegin(); it != temps.rend(); ++it) {
+      Fd tfd(::open(it->c_str(), O_RDONLY | O_CLOEXEC));
+      if (tfd.get() < 0) continue;
+      journal::Scan ts = journal::scan(tfd.get(), *it);
+      if (!ts.records.empty() && ts.records.front().type == journal::RecordType::RecordType_header) {
+        sc = std::move(ts);
+        source = *it;
+        break;
+      }
+    }
+  }
+  if (source == jpath && headerless) {
+    if (fd.get() < 0 && temps.empty()) return JournalState::JournalState_none;
+    // Killed before any header reached the disk (an empty journal, or only an empty temporary file): the run
+    // stopped before it wrote anything but that it was writing here. Garbage where a header belongs stays an error.
+    if (fd.get() >= 0 && sc.total_bytes > 0) fold(sc, path, jpath, FoldMode::FoldMode_recover);  // throws
+    if (!snapshot) return JournalState::JournalState_none;
+    Dump d;
+    d.path = path;
+    d.status = "stopped: before the run wrote its header (" +
+               (fd.get() >= 0 ? jpath + " is empty" : temps.front() + " holds no header") +
+               "; engine, model and run options are not known). Delete " +
+               (fd.get() >= 0 ? jpath : temps.front()) + " or run again with --out " + path;
+    *snapshot = std::move(d);
+    return JournalState::JournalState_headerless;
+  }
+  Dump d = fold(sc, path, source, FoldMode::FoldMode_recover);
   try {
     write_dump_h5(d, path);
   } catch (const UsageError&) {
@@ -203,7 +236,8 @@ JournalState fold_journal(const std::string& path, Dump* snapshot) {
     *snapshot = std::move(d);
     return JournalState::JournalState_unwritable;
   }
-  ::unlink(jpath.c_str());
+  if (fd.get() >= 0) ::unlink(jpath.c_str());
+  for (const auto& t : temps) ::unlink(t.c_str());
   journal::sync_dir(jpath);
   remove_stale_temps(path);
   return JournalState::JournalState_folded;

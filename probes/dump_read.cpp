@@ -43,6 +43,9 @@ constexpr const char* kEngineDtypes = "fp32|bf16|fp16";
 // A record's dtype (and its probe's engine_dtype): the format the producer held the tensor in, whose bit patterns
 // the checksum covers. fp8 records come from captures of engines that keep some activations in fp8.
 constexpr const char* kRecordDtypes = "fp32|bf16|fp16|fp8_e4m3|fp8_e5m2";
+// The layers a stopped run's dump without a stored cache is read with at most (its layer groups may be fewer than
+// its run options' layers): the reader makes an empty cache per layer.
+constexpr int64_t kMaxLayersUnstored = 1024;
 
 // "" (not given) or one of `allowed` ("a|b|c").
 void check_dtype(const std::string& where, const char* attr, const std::string& v, const char* allowed) {
@@ -217,7 +220,8 @@ void check_against_graph(const DumpProbe& p, const ProbeTable& t, const std::str
   if (t.exact && p.order != e.order) differs("order", std::to_string(p.order), std::to_string(e.order));
 }
 
-void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const RunSpec* spec) {
+// `stored_layers`: the layer groups the file holds (the highest layer{l} + 1).
+void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const RunSpec* spec, int64_t stored_layers) {
   const h5::Group g = root.open_group("inputs");
   const std::string& w = g.where();
   for (const auto& c : g.children()) {
@@ -271,6 +275,30 @@ void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const Run
   }
   if (total != T)
     throw UsageError(w + ": seq_lens add up to " + std::to_string(total) + " tokens, x has " + std::to_string(T));
+  // Without a stored cache, the reader makes empty caches of num_blocks pages for every layer of the run options:
+  // both sizes are bounded by what the file stores (the sequences' pages, the layer groups) before anything is
+  // allocated. A stored cache bounds them by its own extents.
+  const bool cache_stored = g.has("kv_cache") || g.has("index_cache");
+  if (!cache_stored) {
+    int64_t pages = 0;
+    for (int64_t s = 0; s < B; ++s)
+      pages += (static_cast<int64_t>(b.context_lens[s]) + b.new_lens[s] + kPageSize - 1) / kPageSize;
+    if (nb > pages + 1)
+      throw UsageError(w + ": attribute 'num_blocks' is " + std::to_string(nb) + ", but the file stores no kv_cache " +
+                       "and its " + std::to_string(B) + " sequence" + (B == 1 ? "" : "s") + " occupy " +
+                       std::to_string(pages) + " pages (at most " + std::to_string(pages + 1) +
+                       " with a spare page)");
+    if (cfg && spec) {
+      const bool complete = d.status == "complete";
+      const int64_t bound = complete ? std::max<int64_t>(stored_layers, 1) : std::max<int64_t>(stored_layers, kMaxLayersUnstored);
+      if (spec->layers > bound)
+        throw UsageError(root.where() + ": attribute 'run_options' has layers " + std::to_string(spec->layers) +
+                         ", but the file stores no kv_cache and " +
+                         (complete ? "its complete run holds " + std::to_string(stored_layers) + " layer group" +
+                                         (stored_layers == 1 ? "" : "s")
+                                   : "a stopped run is read with " + std::to_string(kMaxLayersUnstored) + " layers at most"));
+    }
+  }
   for (int v : b.block_table)
     if (v < 0 || v >= b.num_blocks)
       throw UsageError(w + "/block_table: page id " + std::to_string(v) + " outside [0, " + std::to_string(nb) + ")");
@@ -674,7 +702,9 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
     }
   }
 
-  if (opts.inputs && f.has("inputs")) read_inputs(f, d, cfg_p, spec_p);
+  int64_t stored_layers = 0;
+  for (const auto& l : layers) stored_layers = std::max<int64_t>(stored_layers, l.first + 1);
+  if (opts.inputs && f.has("inputs")) read_inputs(f, d, cfg_p, spec_p, stored_layers);
   // The inputs are the step's real layout: DSA's idx_scores holds their longest context plus the run's tokens (a
   // step whose sequences differ in new tokens is batch 1 of their T tokens, its contexts in the inputs only).
   std::optional<RunSpec> laid_out;
@@ -725,7 +755,8 @@ Dump read_one(const std::string& path, const DumpReadOptions& opts) {
   try {
     Dump live;
     const JournalState js = fold_journal(path, &live);
-    if (js == JournalState::JournalState_live || js == JournalState::JournalState_unwritable) {
+    if (js == JournalState::JournalState_live || js == JournalState::JournalState_unwritable ||
+        js == JournalState::JournalState_headerless) {
       if (!opts.inputs) {
         live.has_inputs = false;
         live.inputs = {};
@@ -747,7 +778,8 @@ Dump read_one(const std::string& path, const DumpReadOptions& opts) {
 
 bool exists_with_journal(const std::string& path) {
   std::error_code ec;
-  return std::filesystem::exists(path, ec) || std::filesystem::exists(journal::journal_path(path), ec);
+  return std::filesystem::exists(path, ec) || std::filesystem::exists(journal::journal_path(path), ec) ||
+         !journal::abandoned_temps(journal::journal_path(path)).empty();
 }
 
 }  // namespace dump_detail

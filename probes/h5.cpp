@@ -312,16 +312,63 @@ Group Group::create_group(const std::string& name) {
   return Group(std::move(g), child_where(name));
 }
 
+namespace {
+// Link traversal that never opens another file: every external link met on the way (a soft link's path may pass
+// through one) fails it.
+herr_t refuse_external(const char*, const char*, const char*, const char*, unsigned*, hid_t, void*) { return -1; }
+hid_t in_file_access() {
+  static const hid_t lapl = [] {
+    const hid_t p = H5Pcreate(H5P_LINK_ACCESS);
+    H5Pset_elink_cb(p, refuse_external, nullptr);
+    return p;
+  }();
+  return lapl;
+}
+}  // namespace
+
 bool Group::has(const std::string& name) const {
   init();
-  const htri_t r = H5Lexists(id(), name.c_str(), H5P_DEFAULT);
+  const htri_t r = H5Lexists(id(), name.c_str(), in_file_access());
   if (r < 0) fail("cannot look up", name);
-  return r > 0;
+  if (r == 0) return false;
+  // A dump holds its objects itself: a link to another file (external, or a soft link whose path leaves this one)
+  // is refused, never followed.
+  H5L_info_t info;
+  if (H5Lget_info(id(), name.c_str(), &info, in_file_access()) < 0) fail("cannot look up", name);
+  if (info.type == H5L_TYPE_HARD) return true;
+  std::string target;
+  if (info.u.val_size > 0 && info.u.val_size < (1u << 16)) {
+    std::string val(info.u.val_size, '\0');
+    if (H5Lget_val(id(), name.c_str(), val.data(), val.size(), in_file_access()) >= 0) {
+      if (info.type == H5L_TYPE_EXTERNAL) {
+        const char *file = nullptr, *obj = nullptr;
+        unsigned flags = 0;
+        if (H5Lunpack_elink_val(val.data(), val.size(), &flags, &file, &obj) >= 0 && file && obj)
+          target = std::string(file) + ":" + obj;
+      } else {
+        target = std::string(val.c_str());
+      }
+    }
+  }
+  H5Eclear2(H5E_DEFAULT);
+  if (info.type == H5L_TYPE_EXTERNAL)
+    throw UsageError(child_where(name) + ": an external link" + (target.empty() ? "" : " to " + target) +
+                     " (a dump holds its objects itself; links to other files are not followed)");
+  if (info.type == H5L_TYPE_SOFT) {
+    Id o(H5Oopen(id(), name.c_str(), in_file_access()), H5Oclose);
+    H5Eclear2(H5E_DEFAULT);
+    if (!o)
+      throw UsageError(child_where(name) + ": a soft link to '" + target + "', which leads out of the file or to " +
+                       "nothing (links to other files are not followed)");
+    return true;
+  }
+  throw UsageError(child_where(name) + ": a user-defined link (class " + std::to_string(static_cast<int>(info.type)) +
+                   "), not followed");
 }
 
 namespace {
 H5I_type_t object_kind(hid_t loc, const std::string& name) {
-  Id o(H5Oopen(loc, name.c_str(), H5P_DEFAULT), H5Oclose);
+  Id o(H5Oopen(loc, name.c_str(), in_file_access()), H5Oclose);
   if (!o) return H5I_BADID;
   return H5Iget_type(o.get());
 }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -432,25 +433,93 @@ void sync_dir(const std::string& path) {
   ::close(fd);
 }
 
-Writer::Writer(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw UsageError(path_ + ": cannot create the dump journal: " + std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    ::close(fd_);
-    fd_ = -1;
-    throw UsageError(path_ + ": another running mla-bisect is writing this dump (its journal is locked)");
+std::string temp_path(const std::string& journal, long pid) { return journal + ".tmp." + std::to_string(pid); }
+
+std::vector<std::string> abandoned_temps(const std::string& journal) {
+  namespace fs = std::filesystem;
+  const fs::path p(journal);
+  const std::string prefix = p.filename().string() + ".tmp.";
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string path = (dir / name).string();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat st;
+    const bool plain = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (plain && ::flock(fd, LOCK_EX | LOCK_NB) == 0) out.push_back(path);  // its writer is gone
+    ::close(fd);
   }
-  // Truncate only once we hold the lock, so a live writer's journal is never clobbered.
-  if (::ftruncate(fd_, 0) != 0) {
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Writer::Writer(std::string path) : path_(std::move(path)), tmp_(temp_path(path_, static_cast<long>(::getpid()))) {
+  // The journal this one replaces, locked first: a live writer's journal is never replaced. Another writer may
+  // rename its journal over the one just locked; then the lock is on a file no longer at the path: again.
+  for (int attempt = 0;; ++attempt) {
+    old_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (old_fd_ < 0) {
+      if (errno == ENOENT) break;
+      throw UsageError(path_ + ": cannot open the dump journal: " + std::strerror(errno));
+    }
+    if (::flock(old_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(old_fd_);
+      old_fd_ = -1;
+      if (err == EWOULDBLOCK)
+        throw UsageError(path_ + ": another running mla-bisect is writing this dump (its journal is locked)");
+      throw UsageError(path_ + ": cannot lock the dump journal: " + std::strerror(err));
+    }
+    struct stat held, now;
+    if (::fstat(old_fd_, &held) == 0 && ::stat(path_.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+        held.st_ino == now.st_ino)
+      break;
+    ::close(old_fd_);
+    old_fd_ = -1;
+    if (attempt >= 3) throw UsageError(path_ + ": another running mla-bisect is writing this dump");
+  }
+  // Temporary files of writers that are gone say nothing the journal (or its absence) does not.
+  for (const auto& t : abandoned_temps(path_)) ::unlink(t.c_str());
+  ::unlink(tmp_.c_str());  // this process's own, from an earlier writer of the same path
+  fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0 || ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    throw UsageError(path_ + ": cannot truncate the dump journal: " + std::strerror(err));
+    if (fd_ >= 0) ::close(fd_), ::unlink(tmp_.c_str());
+    if (old_fd_ >= 0) ::close(old_fd_);
+    fd_ = old_fd_ = -1;
+    throw UsageError(tmp_ + ": cannot create the dump journal: " + std::strerror(err));
   }
 }
 
 Writer::~Writer() {
+  if (fd_ >= 0 && !published_) ::unlink(tmp_.c_str());
   if (fd_ >= 0) ::close(fd_);
+  if (old_fd_ >= 0) ::close(old_fd_);
+}
+
+void Writer::publish() {
+  bool placed = false;
+  if (old_fd_ < 0) {
+    // No journal was there: link() puts this one in place only if none appeared meanwhile.
+    if (::link(tmp_.c_str(), path_.c_str()) == 0) {
+      ::unlink(tmp_.c_str());
+      placed = true;
+    } else if (errno == EEXIST) {
+      throw UsageError(path_ + ": another running mla-bisect started writing this dump");
+    }  // a file system without hard links: rename below
+  }
+  if (!placed && ::rename(tmp_.c_str(), path_.c_str()) != 0)
+    throw UsageError(path_ + ": cannot put the dump journal in place (rename from " + tmp_ + "): " +
+                     std::strerror(errno));
+  published_ = true;
+  if (old_fd_ >= 0) ::close(old_fd_);  // the replaced journal, unlinked by the rename
+  old_fd_ = -1;
 }
 
 void Writer::append(RecordType type, const std::string& payload) {
@@ -468,11 +537,15 @@ void Writer::append(RecordType type, const std::string& payload) {
 
 void Writer::sync() {
   if (::fsync(fd_) != 0) throw UsageError(path_ + ": fsync of the dump journal failed: " + std::strerror(errno));
+  if (!published_) publish();
   sync_dir(path_);
 }
 
 void Writer::remove() {
-  ::unlink(path_.c_str());
+  ::unlink((published_ ? path_ : tmp_).c_str());
+  published_ = true;  // nothing left to remove on destruction
+  if (old_fd_ >= 0) ::close(old_fd_);
+  old_fd_ = -1;
   sync_dir(path_);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

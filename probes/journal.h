@@ -83,24 +83,37 @@ struct Scan {
 };
 Scan scan(int fd, const std::string& path);  // reads via pread; throws UsageError if unreadable
 
-// The writer's side: creates (truncating) the journal, holds an exclusive flock on it for the life of the
-// run (a reader that finds the lock knows the run is alive), appends framed records with one write(2) each.
+// The writer's side. A journal is never emptied in place: the writer writes its records to a temporary file beside
+// it (FILE.h5.journal.tmp.PID, see temp_path), and the first sync() (after the header) fsyncs that file and renames
+// it over the journal, so at every instant the journal path holds either the previous journal (or nothing) or the
+// new one with its header. The writer holds an exclusive flock on its file for the life of the run (a reader that
+// finds the lock knows the run is alive), and on the journal it replaces until the rename; it appends framed
+// records with one write(2) each.
 class Writer {
  public:
   explicit Writer(std::string path);  // throws UsageError (cannot create, or another live writer)
-  ~Writer();
+  ~Writer();                          // before the first sync(): removes the temporary file
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
   void append(RecordType type, const std::string& payload);  // throws UsageError on a failed write
-  void sync();    // fsync the journal and its directory
+  void sync();    // fsync the journal and its directory; the first call puts the journal in place (rename)
   void remove();  // unlink, then close (the lock goes with the fd)
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
+  bool published() const { return published_; }
 
  private:
-  std::string path_;
+  void publish();
+  std::string path_, tmp_;
   int fd_ = -1;
+  int old_fd_ = -1;  // the journal this one replaces, locked until the rename
+  bool published_ = false;
 };
+
+// The temporary file a writer of process `pid` fills before it becomes the journal at `journal`.
+std::string temp_path(const std::string& journal, long pid);
+// The temporary files beside `journal` (journal.tmp.N) whose writer is gone (their flock can be taken).
+std::vector<std::string> abandoned_temps(const std::string& journal);
 
 // fsync of the directory holding `path` (makes a create/rename/unlink durable).
 void sync_dir(const std::string& path);

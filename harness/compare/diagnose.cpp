@@ -229,7 +229,7 @@ DrillDown drill_down(const ProbeResult& r, const Metrics& m, const Tolerance& to
     if (m.token_rel[t] > tol.token_rel) d.tokens_off.push_back(t);
   d.heads = static_cast<int64_t>(m.head_rel.size());
   for (int64_t h = 0; h < d.heads; ++h)
-    if (m.head_rel[h] > tol.rel_l2) d.heads_off.push_back(h);
+    if (!(m.head_rel[h] <= tol.rel_l2)) d.heads_off.push_back(h);  // NaN: off
   for (size_t k = 0; k < m.rank_rel.size(); ++k)
     if (m.rank_rel[k] > tol.rel_l2) d.ranks_off.push_back(static_cast<int>(k));
   if (m.rope_rel >= 0 && m.nope_rel >= 0) {
@@ -249,10 +249,31 @@ DrillDown drill_down(const ProbeResult& r, const Metrics& m, const Tolerance& to
     d.lines.push_back("ranks:    " + count(rk.size(), static_cast<int64_t>(m.rank_rel.size()), "off") +
                       (rk.empty() ? "" : " (" + ranges(rk) + ")"));
   }
-  if (d.heads) d.lines.push_back("heads:    " + count(d.heads_off.size(), d.heads, "off") +
-                                 (d.heads_off.empty() ? "" : " (" + ranges(d.heads_off) + ")"));
-  if (d.tokens) d.lines.push_back("tokens:   " + count(d.tokens_off.size(), d.tokens, "off") +
-                                  (d.tokens_off.empty() ? "" : " (" + ranges(d.tokens_off) + ")"));
+  // Per-head errors: measured on the full basis, or estimated per token and head from sketches (token_head_rel
+  // given; the caller labels the estimate). Otherwise head_rel compares the heads' norms only, a lower bound (a
+  // rotation inside a head leaves its norm): heads above it are off, the others unknown, so no count of them.
+  const bool full = m.basis == "full";
+  if (d.heads && (full || !m.token_head_rel.empty()))
+    d.lines.push_back("heads:    " + count(d.heads_off.size(), d.heads, "off") +
+                      (d.heads_off.empty() ? "" : " (" + ranges(d.heads_off) + ")"));
+  else if (d.heads && d.heads_off.empty())
+    d.lines.push_back("heads:    not available on the " + m.basis + " basis (the " + std::to_string(d.heads) +
+                      " heads' norms agree; their errors need the full tensors: --full-probes)");
+  else if (d.heads)
+    d.lines.push_back("heads:    at least " + count(d.heads_off.size(), d.heads, "off") + " (" +
+                      ranges(d.heads_off) + ", from their norms; the others are not available on the " + m.basis +
+                      " basis)");
+  // Tokens: the sketch estimates each token's error; stats compare the tokens' norms only (a lower bound).
+  const bool token_bound = !full && m.basis != "sketch";
+  if (d.tokens && !token_bound)
+    d.lines.push_back("tokens:   " + count(d.tokens_off.size(), d.tokens, "off") +
+                      (d.tokens_off.empty() ? "" : " (" + ranges(d.tokens_off) + ")"));
+  else if (d.tokens && d.tokens_off.empty())
+    d.lines.push_back("tokens:   not available on the " + m.basis + " basis (the " + std::to_string(d.tokens) +
+                      " tokens' norms agree)");
+  else if (d.tokens)
+    d.lines.push_back("tokens:   at least " + count(d.tokens_off.size(), d.tokens, "off") + " (" +
+                      ranges(d.tokens_off) + ", from their norms)");
   if (!d.channels.empty()) d.lines.push_back("channels: " + d.channels);
   if (r.contract == "partial" && !m.rank_rel.empty()) d.lines.back() += " (per-rank partial sums compared)";
   for (size_t i = 0; i < m.worst.size() && i < 5; ++i)

@@ -11,6 +11,7 @@ import fcntl
 import json
 import mmap
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -358,8 +359,7 @@ def sync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _open_locked(path: str, truncate: bool) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+def _lock(fd: int, path: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -367,21 +367,117 @@ def _open_locked(path: str, truncate: bool) -> int:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise ValueError(f"{path}: another running writer is writing this dump (its journal is locked)") from None
         raise ValueError(f"{path}: cannot lock the dump journal: {e.strerror}") from None
-    if truncate:
-        os.ftruncate(fd, 0)  # only once we hold the lock, so a live writer's journal is never clobbered
+
+
+def _create_locked(path: str) -> int:
+    """A new file at `path` (a writer's own temporary file: any older one of that name is removed first), locked."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    _lock(fd, path)
     return fd
 
 
+def temp_path(path: str, pid: int) -> str:
+    """The temporary file a writer of process `pid` fills before it becomes the journal at `path`."""
+    return f"{path}.tmp.{pid}"
+
+
+def abandoned_temps(path: str) -> list:
+    """The temporary files beside journal `path` (path.tmp.N) whose writer is gone (their flock can be taken)."""
+    d = os.path.dirname(os.path.abspath(path))
+    prefix = os.path.basename(path) + ".tmp."
+    out = []
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+            continue
+        p = os.path.join(d, name)
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                out.append(p)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return sorted(out)
+
+
 class Writer:
-    """Creates (truncating) the journal, holds its flock, appends framed records with one write(2) each."""
+    """The journal is never emptied in place: records go to a temporary file beside it (path.tmp.PID), and the
+    first sync() (after the header) fsyncs it and renames it over the journal, so the journal path holds either the
+    previous journal (or nothing) or the new one with its header. The writer holds the flock of its file, and of the
+    journal it replaces until the rename; it appends framed records with one write(2) each."""
 
     def __init__(self, path: str):
         self.path = path
+        self.old_fd = -1
+        for attempt in range(4):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                raise ValueError(f"{path}: cannot open the dump journal: {e.strerror}") from None
+            _lock(fd, path)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path)
+                if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                    self.old_fd = fd
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # another writer put its journal there meanwhile: again
+        else:
+            raise ValueError(f"{path}: another running writer is writing this dump")
+        for t in abandoned_temps(path):
+            try:
+                os.unlink(t)
+            except OSError:
+                pass
+        self.tmp = temp_path(path, os.getpid())
         try:
-            self.fd = _open_locked(path, truncate=True)
+            self.fd = _create_locked(self.tmp)
         except OSError as e:
-            raise ValueError(f"{path}: cannot create the dump journal: {e.strerror}") from None
+            self._close_old()
+            raise ValueError(f"{self.tmp}: cannot create the dump journal: {e.strerror}") from None
+        except ValueError:
+            self._close_old()
+            raise
+        self.published = False
         self.header_end = 0
+
+    def _close_old(self) -> None:
+        if self.old_fd >= 0:
+            os.close(self.old_fd)
+            self.old_fd = -1
+
+    def _publish(self) -> None:
+        placed = False
+        if self.old_fd < 0:
+            try:  # no journal was there: link() puts this one in place only if none appeared meanwhile
+                os.link(self.tmp, self.path)
+                os.unlink(self.tmp)
+                placed = True
+            except FileExistsError:
+                raise ValueError(f"{self.path}: another running writer started writing this dump") from None
+            except OSError:
+                pass  # a file system without hard links: rename
+        if not placed:
+            os.rename(self.tmp, self.path)
+        self.published = True
+        self._close_old()
 
     def append(self, rtype: int, payload: bytes) -> None:
         data = memoryview(frame(rtype, payload))
@@ -391,13 +487,17 @@ class Writer:
 
     def sync(self) -> None:
         os.fsync(self.fd)
+        if not self.published:
+            self._publish()
         sync_dir(self.path)
 
     def replace_header(self, payload: bytes) -> None:
         """A new header record in front of every record after the old one, swapped in atomically: the new journal
         is written beside the old one, locked, fsynced and renamed over it, so a reader sees one or the other."""
-        tmp = f"{self.path}.tmp.{os.getpid()}"
-        fd = _open_locked(tmp, truncate=True)
+        if not self.published:
+            self.sync()
+        tmp = temp_path(self.path, os.getpid())
+        fd = _create_locked(tmp)
         try:
             os.write(fd, frame(HEADER, payload))
             size = os.fstat(self.fd).st_size
@@ -424,13 +524,20 @@ class Writer:
 
     def remove(self) -> None:
         try:
-            os.unlink(self.path)
+            os.unlink(self.path if self.published else self.tmp)
         except FileNotFoundError:
             pass
         sync_dir(self.path)
         self.close()
 
     def close(self) -> None:
+        self._close_old()
+        if self.fd >= 0 and not self.published:
+            try:
+                os.unlink(self.tmp)
+            except OSError:
+                pass
+            self.published = True
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

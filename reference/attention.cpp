@@ -89,7 +89,16 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
           const int64_t visible = causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk;
           const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;  // sliding window
           float m = kNegInf;
-          for (int64_t j = first; j < visible; ++j) m = std::max(m, S(r, j));
+          bool nan_score = false;
+          for (int64_t j = first; j < visible; ++j) {
+            m = std::max(m, S(r, j));
+            nan_score |= std::isnan(S(r, j));
+          }
+          if (nan_score) {  // the softmax of a row with a NaN score is NaN everywhere, as the math has it
+            S.row(r).setConstant(std::numeric_limits<float>::quiet_NaN());
+            a.lse.data[i * Nl + h] = std::numeric_limits<float>::quiet_NaN();
+            continue;
+          }
           float sum = 0.f;
           for (int64_t j = 0; j < vis; ++j) {
             S(r, j) = (j >= first && j < visible && m != kNegInf) ? std::exp(S(r, j) - m) : 0.f;

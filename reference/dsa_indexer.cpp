@@ -72,7 +72,9 @@ Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w) {
         const float* ks = k.ptr() + s * D;
         float dot = 0.f;
         for (int64_t c = 0; c < D; ++c) dot += qh[c] * ks[c];
-        total += static_cast<double>(w.data[t * Hi + h]) * std::max(0.0, dot * scale);
+        // ReLU as the math has it: a NaN stays NaN (std::max(0, NaN) would drop it).
+        const double x = dot * scale;
+        total += static_cast<double>(w.data[t * Hi + h]) * (std::isnan(x) ? x : std::max(0.0, x));
       }
       scores.data[t * Tk + s] = static_cast<float>(total);
     }
@@ -87,7 +89,13 @@ std::vector<std::vector<int>> topk_keys(const Tensor& scores, int k) {
     std::vector<int> keys;
     for (int s = 0; s < Tk; ++s)
       if (row[s] != -std::numeric_limits<float>::infinity()) keys.push_back(s);
-    const auto higher = [&](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+    // Highest first, a tie to the lower key; a NaN score ranks above every number (torch.topk's order), so a NaN
+    // reaches the selection instead of vanishing from it.
+    const auto higher = [&](int a, int b) {
+      const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+      if (na || nb) return na && (!nb || a < b);
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    };
     const size_t n = std::min(keys.size(), static_cast<size_t>(std::max(k, 0)));
     std::partial_sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n), keys.end(), higher);
     keys.resize(n);

@@ -1,0 +1,47 @@
+// The reference propagates NaN the way the math does: a NaN score makes its softmax row NaN (not an empty row of
+// zeros with lse -inf), a NaN under the indexer's ReLU stays NaN, and a NaN index score reaches the selection.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "reference/stages.h"
+
+namespace mla {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+TEST(ReferenceNaN, AQueryRowOfNaNGivesNaNAttentionAndLse) {
+  const int64_t T = 4, N = 2, D = 8;
+  Tensor q({T, N, D}, 0.5f), k({T, N, D}, 0.25f), v({T, N, D}, 1.0f);
+  for (int64_t d = 0; d < D; ++d) q.data[(2 * N + 1) * D + d] = kNaN;  // token 2, head 1
+  const auto a = ref::attend(q, k, v, 0.3, true);
+  for (int64_t d = 0; d < D; ++d) EXPECT_TRUE(std::isnan(a.out.data[(2 * N + 1) * D + d]));
+  EXPECT_TRUE(std::isnan(a.lse.data[2 * N + 1]));
+  // The other rows are untouched: finite, and the right softmax of equal scores (the mean of v).
+  EXPECT_FLOAT_EQ(a.out.data[(2 * N + 0) * D], 1.0f);
+  EXPECT_TRUE(std::isfinite(a.lse.data[3 * N + 1]));
+}
+
+TEST(ReferenceNaN, ANaNUnderTheIndexerReluStaysNaN) {
+  const int64_t Tq = 2, Hi = 2, Di = 4, Tk = 2;
+  Tensor q({Tq, Hi, Di}, 1.0f), k({Tk, Di}, 1.0f), w({Tq, Hi}, 1.0f);
+  q.data[(1 * Hi + 0) * Di + 2] = kNaN;  // token 1, head 0: its dot products are NaN
+  const Tensor s = ref::indexer_scores(q, k, w);
+  EXPECT_TRUE(std::isfinite(s.data[0]));
+  EXPECT_TRUE(std::isnan(s.data[1 * Tk + 0]));
+  EXPECT_TRUE(std::isnan(s.data[1 * Tk + 1]));
+}
+
+TEST(ReferenceNaN, ANaNIndexScoreIsSelected) {
+  Tensor scores({1, 4});
+  scores.data = {3.0f, kNaN, 1.0f, 2.0f};
+  const auto keys = ref::topk_keys(scores, 2);
+  ASSERT_EQ(keys[0].size(), 2u);
+  EXPECT_EQ(keys[0][0], 1);  // NaN ranks first, as torch.topk has it
+  EXPECT_EQ(keys[0][1], 0);
+}
+
+}  // namespace
+}  // namespace mla

@@ -45,3 +45,26 @@ TEST(ReferenceNaN, ANaNIndexScoreIsSelected) {
 
 }  // namespace
 }  // namespace mla
+
+#include "harness/model/config.h"
+#include "harness/model/weights.h"
+#include "harness/weights/loader.h"
+
+namespace mla {
+namespace {
+
+TEST(WeightsNaN, NonFiniteWeightsAreNamedWithWhere) {
+  const MlaConfig cfg = *find_preset("tiny");
+  LayerWeights w = synthetic_weights(cfg, 1, true, 1)[0];
+  EXPECT_TRUE(nonfinite_weights(w, 0).empty());
+  const int64_t cols = w.q_a_proj.dim(1);
+  w.q_a_proj.data[5 * cols + 17] = std::numeric_limits<float>::quiet_NaN();
+  w.kv_a_norm.data[2] = std::numeric_limits<float>::infinity();
+  const auto lines = nonfinite_weights(w, 3);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "layer 3 q_a_proj holds 1 NaN and 0 Inf values (the first at row 5, column 17)");
+  EXPECT_NE(lines[1].find("kv_a_layernorm holds 0 NaN and 1 Inf"), std::string::npos) << lines[1];
+}
+
+}  // namespace
+}  // namespace mla

@@ -3,6 +3,7 @@
 #include "harness/weights/loader.h"
 
 #include <cmath>
+#include <iostream>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -630,6 +631,39 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
   if (bugs.any() && !touched)
     throw UsageError("the weight injection cannot act: this run's weights are " +
                      (formats.counts.empty() ? std::string("unquantized FP32") : formats.text()) + ";" + injection_needs(bugs));
+  // Non-finite weights (stored so, or made so by a NaN/Inf block scale) are reported at load: the runs compute with
+  // them as they are, and the first divergence will show where they reach.
+  for (size_t l = 0; l < out.layers.size(); ++l)
+    for (const auto& line : nonfinite_weights(out.layers[l], out.first_layer + static_cast<int>(l)))
+      std::cerr << "warning: " << ws.source << ": " << line << "\n";
+  return out;
+}
+
+std::vector<std::string> nonfinite_weights(const LayerWeights& w, int layer) {
+  static const std::pair<const char*, const Tensor LayerWeights::*> names[] = {
+      {"input_layernorm", &LayerWeights::input_norm}, {"q_a_proj", &LayerWeights::q_a_proj},
+      {"q_a_layernorm", &LayerWeights::q_a_norm},     {"q_b_proj", &LayerWeights::q_b_proj},
+      {"kv_a_proj_with_mqa", &LayerWeights::kv_a_proj}, {"kv_a_layernorm", &LayerWeights::kv_a_norm},
+      {"kv_b_proj", &LayerWeights::kv_b_proj},       {"o_proj", &LayerWeights::o_proj},
+      {"indexer.wq_b", &LayerWeights::idx_wq_b},     {"indexer.wk", &LayerWeights::idx_wk},
+      {"indexer.k_norm.weight", &LayerWeights::idx_k_norm}, {"indexer.k_norm.bias", &LayerWeights::idx_k_norm_bias},
+      {"indexer.weights_proj", &LayerWeights::idx_weights_proj}};
+  std::vector<std::string> out;
+  for (const auto& [name, field] : names) {
+    const Tensor& t = w.*field;
+    int64_t nan = 0, inf = 0, first = -1;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const float v = t.data[i];
+      if (std::isfinite(v)) continue;
+      (std::isnan(v) ? nan : inf)++;
+      if (first < 0) first = i;
+    }
+    if (nan + inf == 0) continue;
+    const int64_t cols = t.rank() == 2 ? t.dim(1) : std::max<int64_t>(t.numel(), 1);
+    out.push_back("layer " + std::to_string(layer) + " " + name + " holds " + std::to_string(nan) + " NaN and " +
+                  std::to_string(inf) + " Inf values (the first at row " + std::to_string(first / cols) + ", column " +
+                  std::to_string(first % cols) + ")");
+  }
   return out;
 }
 

@@ -31,6 +31,10 @@ struct LayerRange {
 // "a:b" (b > a >= 0) or "a" (one layer). Throws UsageError.
 LayerRange parse_layer_range(const std::string& text);
 
+// One line per weight of `w` that holds NaN or Inf: how many, and where the first sits ("layer 3 q_a_proj holds 2 NaN
+// and 0 Inf values (the first at row 5, column 17)"); empty when every value is finite.
+std::vector<std::string> nonfinite_weights(const LayerWeights& w, int layer);
+
 struct LoadedWeights {
   std::vector<LayerWeights> layers;  // FP32 [out, in], global; what the reference computes with
   // Per layer, the stored form of each projection by LayerWeights field name (q_a_proj, ...), when

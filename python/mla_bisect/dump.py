@@ -52,6 +52,7 @@ journal folded by the C++ reader keeps it, as run_options.layer_index too.
 """
 import hashlib
 import json
+import mmap
 import os
 import secrets
 import shlex
@@ -73,6 +74,9 @@ FORMAT = "mla-bisect-dump"
 SCHEMA_VERSION = 1  # what this writer writes (no /weights)
 READ_SCHEMA_VERSIONS = (1, 2)  # 2: version 1 plus the optional /weights group (C++ runs that record weights)
 ENGINE_DTYPES = ("fp32", "bf16", "fp16")
+# Bytes of recorded data a DumpWriter keeps in memory until close() writes the HDF5 file from it; data past this is
+# read back from the journal instead.
+HOLD_BYTES = 2 << 30
 
 
 class DumpError(ValueError):
@@ -219,17 +223,15 @@ def tensor_values(t, what: str) -> Tuple[np.ndarray, str]:
         t = t.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous()
         dt = t.dtype
-        if dt == torch.float32:
-            return t.numpy().copy(), "fp32"
-        if dt == torch.float64:
-            return t.numpy().astype(np.float32), "fp32"
-        if dt == torch.bfloat16:
-            bits = t.view(torch.int16).numpy().view(np.uint16)
-            return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32), "bf16"
-        if dt == torch.float16:
-            return t.numpy().astype(np.float32), "fp16"
+        names = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+        if dt in names:
+            # One pass from any layout into a new contiguous float32 tensor that the dump owns (bf16 and fp16
+            # widen exactly, float64 rounds to nearest as numpy's astype does).
+            out = torch.empty(t.shape, dtype=torch.float32)
+            out.copy_(t)
+            return out.numpy(), names[dt]
+        t = t.contiguous()
         for name, tname in (("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")):
             if dt == getattr(torch, tname, None):
                 return hashing.fp8_to_float(t.view(torch.uint8).numpy(), name), name
@@ -237,8 +239,9 @@ def tensor_values(t, what: str) -> Tuple[np.ndarray, str]:
     a = np.asarray(t)
     name = a.dtype.name
     if name == "bfloat16":  # ml_dtypes
-        bits = np.ascontiguousarray(a).view(np.uint16)
-        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32), "bf16"
+        wide = np.ascontiguousarray(a).view(np.uint16).astype(np.uint32)
+        np.left_shift(wide, np.uint32(16), out=wide)
+        return wide.view(np.float32), "bf16"
     if name in ("float8_e4m3fn", "float8_e5m2"):
         dt = "fp8_e4m3" if name == "float8_e4m3fn" else "fp8_e5m2"
         return hashing.fp8_to_float(np.ascontiguousarray(a).view(np.uint8), dt), dt
@@ -454,9 +457,20 @@ class DumpWriter:
             self.meta["kv_cache_dtype"], self.meta["kv_cache_scale"] = kv_cache_dtype, float(kv_cache_scale)
         self._inputs = None
         self._committed: Dict[Tuple[int, str], int] = {}  # ranks 0..n-1 of a probe are in the journal
-        self._pending: Dict[Tuple[int, str], Dict[int, bytes]] = {}
+        self._pending: Dict[Tuple[int, str], Dict[int, tuple]] = {}
         self._stage_of_rank: Dict[int, Tuple[int, str]] = {}
         self.last_probe = ""
+        # What the journal holds, kept for close() (the fold of the journal, without reading it back): the probes
+        # by (layer, name) in commit order, each rank's record with its data held in memory (up to HOLD_BYTES in
+        # all) or else its place in the journal; each rank's last stage marker.
+        self._written: Dict[Tuple[int, str], Probe] = {}
+        self._spilled: Dict[Tuple[int, str, int], Tuple[int, Tuple[int, ...]]] = {}
+        self._held_bytes = 0
+        own = -1 if self.process_rank is None else self.process_rank
+        self._last_stage = ["" if own >= 0 else "not started"] * max(self.tp, 1)
+        if own >= 0:
+            self._last_stage[own] = "not started"
+        self._header_meta = ""
 
         if self.process_rank is not None:
             # The set owns the plain name now: an older dump of one process there would be read instead of the set.
@@ -466,8 +480,8 @@ class DumpWriter:
                 except FileNotFoundError:
                     pass
         self._journal = jr.Writer(jr.journal_path(self.path))
-        self._journal.append(jr.HEADER, jr.encode_header(self.meta, None))
-        self._journal.header_end = os.fstat(self._journal.fd).st_size
+        self._journal.append(jr.HEADER, self._header_payload())
+        self._journal.header_end = self._journal.size
         self._journal.sync()
         self._closed = False
         # From here on the journal is the truth about this path: an older dump there must not be mistaken for it.
@@ -476,6 +490,12 @@ class DumpWriter:
             jr.sync_dir(self.path)
         except FileNotFoundError:
             pass
+
+    def _header_payload(self) -> list:
+        """The header record of the meta and inputs as they stand (the meta's JSON kept for close())."""
+        parts = jr.encode_header_parts(self.meta, self._inputs)
+        self._header_meta = jr.header_meta_text(self.meta)
+        return parts
 
     def _check_context(self, context) -> List[int]:
         if context is None:
@@ -641,7 +661,7 @@ class DumpWriter:
             self.graph = build_graph(self.dims, self.tokens * self.batch, self.mode, self.form, self.input_norm,
                                      keys=keys)
             self.meta["run_options"]["keys"] = keys
-        self._journal.replace_header(jr.encode_header(self.meta, self._inputs))
+        self._journal.replace_header(self._header_payload())
 
     # --- probes ------------------------------------------------------------------------------------------------
 
@@ -693,7 +713,7 @@ class DumpWriter:
                                          hashing.probe_key(name), lvl)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        payload = jr.encode_probe(layer, rank, spec, rec)
+        payload = (jr.encode_probe_parts(layer, rank, spec, rec), rec)
         key = (layer, name)
         committed = self._committed.get(key, 0)
         if self.process_rank is not None or rank <= committed:
@@ -707,15 +727,92 @@ class DumpWriter:
         else:
             self._pending.setdefault(key, {})[rank] = payload  # waits for ranks committed..rank-1 of this probe
 
-    def _commit(self, key, rank, spec: ProbeSpec, payload: bytes) -> None:
+    def _commit(self, key, rank, spec: ProbeSpec, payload: tuple) -> None:
         layer, name = key
+        parts, rec = payload
+        j = self._journal
         if self._stage_of_rank.get(rank) != (layer, spec.stage):
-            self._journal.append(jr.STAGE, jr.encode_stage(layer, spec.stage, rank))
+            j.append(jr.STAGE, jr.encode_stage(layer, spec.stage, rank))
             self._stage_of_rank[rank] = (layer, spec.stage)
-        self._journal.append(jr.PROBE, payload)
+            if rank >= len(self._last_stage):
+                self._last_stage += ["not started"] * (rank + 1 - len(self._last_stage))
+            self._last_stage[rank] = f"layer {layer} stage {spec.stage}"
+        j.append(jr.PROBE, parts)
+        end = j.size - 4  # the payload's end: the data, when there is any, is its last field
         if self.process_rank is None:
             self._committed[key] = max(self._committed.get(key, 0), rank + 1)
         self.last_probe = f"layer {layer} probe {name} rank {rank}"
+        self._remember(key, rank, spec, rec, end - j.header_end)
+
+    def _remember(self, key, rank: int, spec: ProbeSpec, rec: dict, data_end: int) -> None:
+        """The record as the journal's fold reads it back (_fold): the first record of a probe gives its metadata,
+        a rank recorded again replaces the earlier record. data_end: where the record's data ends in the journal,
+        from the end of its header."""
+        p = self._written.get(key)
+        if p is None:
+            p = self._written[key] = Probe(layer=key[0], name=spec.name, stage=spec.stage, contract=spec.contract,
+                                           shape=tuple(int(d) for d in spec.shape), order=int(spec.order),
+                                           heads_axis=int(spec.heads_axis), rope_from=int(spec.rope_from),
+                                           engine_dtype=rec["dtype"])
+        old = p.ranks.get(rank)
+        if old is not None and old.data is not None:
+            self._held_bytes -= old.data.nbytes
+        self._spilled.pop((key[0], key[1], rank), None)
+        T = p.shape[0] if p.shape else 0
+
+        def vec(v):
+            return None if v is None else np.asarray(v, dtype=np.float32).reshape(-1)
+
+        def rows(v):
+            v = vec(v)
+            return v.reshape(T, -1) if v is not None and v.size and T else None
+
+        data = rec["data"]
+        if data is not None:
+            data = np.asarray(data, dtype=np.float32)
+            if self._held_bytes + data.nbytes > HOLD_BYTES:
+                self._spilled[(key[0], key[1], rank)] = (data_end - data.nbytes, tuple(data.shape))
+                data = None
+            else:
+                self._held_bytes += data.nbytes
+        tl = vec(rec["token_l2"])
+        p.ranks[rank] = Record(shape=tuple(int(d) for d in rec["shape"]), dtype=rec["dtype"], l2=float(rec["l2"]),
+                               absmax=float(rec["absmax"]), mean=float(rec["mean"]), std=float(rec["std"]),
+                               nan=int(rec["nan"]), inf=int(rec["inf"]), checksum=int(rec["checksum"]),
+                               level=rec["level"], token_l2=tl if tl is not None and tl.size else None,
+                               head_l2=rows(rec["head_l2"]), sketch=rows(rec["sketch"]), data=data)
+
+    def _written_dump(self, status: str, journal_map) -> Dump:
+        """The Dump the journal holds (what _fold makes of it in mode finish), from what the writer kept: data
+        not held in memory is read from `journal_map` (the journal mapped)."""
+        meta = json.loads(self._header_meta)
+        attrs = _attrs_from_meta(meta)
+        inputs = None
+        if self._inputs is not None:
+            i = self._inputs
+            inputs = Inputs(x=i["x"], positions=i["positions"], seq_lens=i["seq_lens"],
+                            context_lens=i["context_lens"], block_table=i["block_table"],
+                            num_blocks=int(i["num_blocks"]), kv_cache=i["kv_cache"], index_cache=i.get("index_cache"))
+        probes: Dict[Tuple[int, str], Probe] = {}
+        for key, p in self._written.items():
+            q = Probe(layer=p.layer, name=p.name, stage=p.stage, contract=p.contract, shape=p.shape, order=p.order,
+                      heads_axis=p.heads_axis, rope_from=p.rope_from, engine_dtype=p.engine_dtype)
+            for r, rec in sorted(p.ranks.items()):
+                spilled = self._spilled.get((key[0], key[1], r))
+                if spilled is not None:
+                    off, shape = spilled
+                    n = int(np.prod(shape))
+                    data = np.frombuffer(journal_map, dtype="<f4", count=n,
+                                         offset=self._journal.header_end + off).reshape(shape)
+                    rec = Record(**{**rec.__dict__, "data": data})
+                q.ranks[r] = rec
+            probes[key] = q
+        ordered = dict(sorted(probes.items(), key=lambda kv: (kv[1].layer, kv[1].order)))
+        last_stage = list(self._last_stage)
+        attrs["status"] = status
+        attrs["last_stage"] = last_stage
+        return Dump(path=self.path, attrs=attrs, status=status, last_stage=last_stage, inputs=inputs,
+                    probes=ordered)
 
     # --- closing -----------------------------------------------------------------------------------------------
 
@@ -737,11 +834,16 @@ class DumpWriter:
                 status = f"stopped: probes recorded without their lower ranks: {waiting}"
         j = self._journal
         j.append(jr.FINISH, jr.encode_finish(status))
-        j.sync()
-        sc = jr.scan_fd(j.fd)
-        d = _fold(sc, self.path, j.path, "finish", finish_status=status, copy=False)
-        write_h5(d, self.path)
-        del d, sc
+        # The journal is fsynced (as the C++ writer does before its HDF5 file) on the helper thread while the HDF5
+        # file is written; the file is renamed into place only once the journal is on disk.
+        synced = jr.helper().submit(j.sync)
+        try:
+            jmap = mmap.mmap(j.fd, j.size, prot=mmap.PROT_READ) if self._spilled else None
+            d = self._written_dump(status, jmap)
+            write_h5(d, self.path, before_rename=synced.result)
+            del d
+        finally:
+            synced.result()
         j.remove()
         self._closed = True
 
@@ -862,7 +964,13 @@ def _fold(sc: jr.Scan, dump_path: str, jpath: str, mode: str, finish_status: str
             problem = f"record at byte {r.offset}: {ex}"
             good = r.offset
             break
-    where = f"after {last_probe}" if last_probe else "before the first probe"
+    # `run --out` journals its setup (run_options "setup": what it does) before the slow part, then starts the
+    # journal again with the inputs: a journal still marked so stopped during setup.
+    ro = meta.get("run_options")
+    if not last_probe and isinstance(ro, dict) and isinstance(ro.get("setup"), str):
+        where = f"during setup ({ro['setup']}), before the first stage"
+    else:
+        where = f"after {last_probe}" if last_probe else "before the first probe"
     dropped = sc.total_bytes - good
     note = f" (journal: {dropped} bytes from byte {good} dropped: {problem})" if dropped > 0 else ""
     if mode == "finish":
@@ -899,9 +1007,10 @@ def _json_text(v) -> str:
     return "null" if v is None else json.dumps(v, separators=(",", ":"), default=str)
 
 
-def write_h5(d: Dump, path: str) -> None:
+def write_h5(d: Dump, path: str, before_rename=None) -> None:
     """Writes `d` as FILE.h5 atomically (a temp file in the same directory, fsync, rename), in the C++ writer's
-    layout and attribute types (probes/dump_write.cpp write_file)."""
+    layout and attribute types (probes/dump_write.cpp write_file). before_rename: called after the fsync, before
+    the rename (an exception from it leaves no file)."""
     h5py = _h5py()
     tmp = f"{path}.tmp.{os.getpid()}"
     a = d.attrs
@@ -974,6 +1083,8 @@ def write_h5(d: Dump, path: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if before_rename is not None:
+            before_rename()
         os.rename(tmp, path)
         jr.sync_dir(path)
     except BaseException:
@@ -1160,7 +1271,8 @@ def _read_probe(g, where: str, layer: int, name: str, tp: int, own: int, data: b
 # ---------------------------------------------------------------------------------------------------------------
 
 def _journal_state(path: str):
-    """(state, fd) of FILE.h5.journal: ("none", -1), ("live", fd) (its writer holds the lock), ("dead", fd)."""
+    """(state, fd) of FILE.h5.journal: ("none", -1) (no journal), ("folded", -1) (removed while it was opened),
+    ("live", fd) (its writer holds the lock), ("dead", fd)."""
     import fcntl
     jpath = jr.journal_path(path)
     try:
@@ -1178,8 +1290,46 @@ def _journal_state(path: str):
         raise DumpError(f"{jpath}: cannot lock the dump journal: {e.strerror}") from None
     if os.fstat(fd).st_nlink == 0:  # folded meanwhile
         os.close(fd)
-        return "none", -1
+        return "folded", -1
     return "dead", fd
+
+
+def _dead_journal(path: str, state: str, fd: int):
+    """What a dead writer left at `path` (probes/dump_journal.cpp fold_journal): (scan, source, temps) to fold, or
+    (None, status, temps) where no header reached the disk, or None where there is nothing to fold. A writer fills
+    FILE.h5.journal.tmp.PID and renames it over the journal once its header is on disk: a temporary file whose
+    writer is gone stands for the run where the journal holds no header or is absent. An empty journal, or only
+    temporary files without a header, means the run was killed before it wrote its header: stopped, nothing else
+    known. A journal whose first bytes are not an intact header is an error (_fold raises)."""
+    jpath = jr.journal_path(path)
+    temps = jr.abandoned_temps(jpath)
+    if state == "folded" or (fd < 0 and not temps):
+        return None
+    sc = jr.scan_fd(fd) if fd >= 0 else None
+    if sc is not None and sc.records:
+        return sc, jpath, temps
+    for t in reversed(temps):
+        try:
+            tfd = os.open(t, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            ts = jr.scan_fd(tfd)
+        finally:
+            os.close(tfd)
+        if ts.records and ts.records[0].type == jr.HEADER:
+            return ts, t, temps
+    if sc is not None and sc.total_bytes > 0:
+        _fold(sc, path, jpath, "recover")  # raises: no intact header record
+    where = jpath if fd >= 0 else temps[0]
+    what = f"{jpath} is empty" if fd >= 0 else f"{temps[0]} holds no header"
+    return (None, f"stopped: before the run wrote its header ({what}; engine, model and run options are not "
+                  f"known). Delete {where}, or write {path} again", temps)
+
+
+def _headerless(path: str, status: str) -> Dump:
+    attrs = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "status": status, "last_stage": []}
+    return Dump(path=path, attrs=attrs, status=status, last_stage=[], inputs=None, probes={})
 
 
 def _strip(d: Dump, data: bool, inputs: bool) -> Dump:
@@ -1194,38 +1344,57 @@ def _strip(d: Dump, data: bool, inputs: bool) -> Dump:
 
 def _read_one(path: str, data: bool, inputs: bool) -> Dump:
     state, fd = _journal_state(path)
-    if state == "none":
-        return _read_h5(path, data, inputs)
     try:
-        sc = jr.scan_fd(fd)
-        if state == "live" and not sc.records:
-            raise DumpError(f"{path}: the run writing this dump is alive and has not written its journal header yet")
-        d = _fold(sc, path, jr.journal_path(path), "live" if state == "live" else "recover", copy=True)
+        if state == "live":
+            sc = jr.scan_fd(fd)
+            if not sc.records:
+                raise DumpError(f"{path}: the run writing this dump is alive and has not written its journal header "
+                                f"yet")
+            return _strip(_fold(sc, path, jr.journal_path(path), "live", copy=True), data, inputs)
+        found = _dead_journal(path, state, fd)
     finally:
-        os.close(fd)
-    return _strip(d, data, inputs)
+        if fd >= 0:
+            os.close(fd)
+    if found is None:
+        return _read_h5(path, data, inputs)
+    sc, source, _ = found
+    if sc is None:
+        return _headerless(path, source)
+    return _strip(_fold(sc, path, source, "recover", copy=True), data, inputs)
 
 
 def recover_dump(path: str) -> bool:
-    """Folds the journal a dead writer left (FILE.h5.journal) into FILE.h5, as every C++ command does on opening
-    the dump; returns False when there is no journal or its writer is alive."""
+    """Folds what a dead writer left (FILE.h5.journal, or its temporary file where the journal holds no header)
+    into FILE.h5, as every C++ command does on opening the dump, and removes it; returns False when there is
+    nothing to fold: no journal, its writer alive, or no header written (the run was killed before it)."""
     state, fd = _journal_state(path)
-    if state != "dead":
-        if fd >= 0:
-            os.close(fd)
-        return False
     try:
-        d = _fold(jr.scan_fd(fd), path, jr.journal_path(path), "recover", copy=True)
+        if state == "live":
+            return False
+        found = _dead_journal(path, state, fd)
+        if found is None or found[0] is None:
+            return False
+        sc, source, temps = found
+        d = _fold(sc, path, source, "recover", copy=True)
+        del sc
         write_h5(d, path)
-        os.unlink(jr.journal_path(path))
+        if fd >= 0:
+            os.unlink(jr.journal_path(path))
+        for t in temps:
+            try:
+                os.unlink(t)
+            except OSError:
+                pass
         jr.sync_dir(path)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     return True
 
 
 def _exists_with_journal(path: str) -> bool:
-    return os.path.exists(path) or os.path.exists(jr.journal_path(path))
+    jpath = jr.journal_path(path)
+    return os.path.exists(path) or os.path.exists(jpath) or bool(jr.abandoned_temps(jpath))
 
 
 def _rank_files_beside(path: str) -> Dict[int, str]:

@@ -519,7 +519,7 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
             index_cache=index_cache,
         )
         for name, tensor in probes.items():
-            rec.probe(name, tensor.contiguous(), rank=0)
+            rec.probe(name, tensor, rank=0)
     handle.captured = True
     handle.probes = list(probes)
 

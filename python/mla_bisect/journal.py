@@ -13,6 +13,8 @@ import mmap
 import os
 import stat
 import struct
+import sys
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import List, Optional
@@ -37,7 +39,21 @@ def journal_path(dump_path: str) -> str:
 
 # --- encoding --------------------------------------------------------------------------------------------------
 
+_LITTLE = sys.byteorder == "little"
+
+
+def _le(a: np.ndarray, dtype) -> np.ndarray:
+    """`a` as a contiguous little-endian array of `dtype` (no copy when it already is one)."""
+    a = np.ascontiguousarray(np.asarray(a if a is not None else [], dtype=dtype)).reshape(-1)
+    return a if _LITTLE else a.astype(np.dtype(dtype).newbyteorder("<"))
+
+
+_BIG = 1 << 16  # parts of a payload from this size on are written from their own buffer
+
+
 class _Out:
+    """A payload as a list of parts: packed fields (bytes) and arrays (little-endian, contiguous, not copied)."""
+
     def __init__(self):
         self.parts = []
 
@@ -53,9 +69,9 @@ class _Out:
         self.parts.append(b)
 
     def vec(self, arr, dtype):
-        a = np.ascontiguousarray(np.asarray(arr if arr is not None else [], dtype=dtype)).reshape(-1)
+        a = _le(arr, dtype)
         self.u64(a.size)
-        self.parts.append(a.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
+        self.parts.append(a)
 
     def tensor(self, arr):
         if arr is None:
@@ -69,13 +85,42 @@ class _Out:
     def take(self) -> bytes:
         return b"".join(self.parts)
 
+    def buffers(self) -> list:
+        """The payload as few buffers: runs of small parts joined, arrays of 64 KiB or more left as they are."""
+        out, small = [], []
+        for p in self.parts:
+            if isinstance(p, np.ndarray) and p.nbytes >= _BIG:
+                if small:
+                    out.append(b"".join(small))
+                    small = []
+                out.append(p)
+            else:
+                small.append(p)
+        if small:
+            out.append(b"".join(small))
+        return out
+
 
 def encode_header(meta: dict, inputs: Optional[dict]) -> bytes:
     """meta: the JSON object the C++ header carries (engine ... git_sha); inputs: the /inputs arrays or None."""
+    return _header(meta, inputs).take()
+
+
+def encode_header_parts(meta: dict, inputs: Optional[dict]) -> list:
+    """encode_header's payload as buffers (Writer.append takes them; the arrays are not copied)."""
+    return _header(meta, inputs).buffers()
+
+
+def header_meta_text(meta: dict) -> str:
+    """The header's metadata JSON (a transformers config may hold odd values: they are written as strings)."""
+    return json.dumps(meta, separators=(",", ":"), default=str)
+
+
+def _header(meta: dict, inputs: Optional[dict]) -> _Out:
     o = _Out()
     o.str(HEADER_MAGIC)
     o.u32(VERSION)
-    o.str(json.dumps(meta, separators=(",", ":"), default=str))  # a transformers config may hold odd values
+    o.str(header_meta_text(meta))
     o.u32(1 if inputs is not None else 0)
     if inputs is not None:
         o.tensor(inputs["x"])
@@ -96,10 +141,20 @@ def encode_header(meta: dict, inputs: Optional[dict]) -> bytes:
         if index is not None:
             for layer in index:
                 o.tensor(layer)
-    return o.take()
+    return o
 
 
 def encode_probe(layer: int, rank: int, spec, rec: dict) -> bytes:
+    return _probe(layer, rank, spec, rec).take()
+
+
+def encode_probe_parts(layer: int, rank: int, spec, rec: dict) -> list:
+    """encode_probe's payload as buffers: the record's data (level full), the payload's last field, is the caller's
+    float32 array itself, never copied (Writer.append writes it straight from there)."""
+    return _probe(layer, rank, spec, rec).buffers()
+
+
+def _probe(layer: int, rank: int, spec, rec: dict) -> _Out:
     o = _Out()
     o.i32(layer)
     o.i32(rank)
@@ -122,7 +177,7 @@ def encode_probe(layer: int, rank: int, spec, rec: dict) -> bytes:
     o.vec(rec["sketch"], np.float32)
     o.u32(_LEVELS.index(rec["level"]))
     o.tensor(rec["data"])
-    return o.take()
+    return o
 
 
 def encode_stage(layer: int, stage: str, rank: int) -> bytes:
@@ -141,6 +196,12 @@ def encode_finish(status: str) -> bytes:
 
 def frame(rtype: int, payload: bytes) -> bytes:
     return _HEAD.pack(RECORD_MAGIC, rtype, len(payload)) + payload + struct.pack("<I", zlib.crc32(payload))
+
+
+def _crc(parts, crc: int = 0) -> int:
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    return crc
 
 
 # --- decoding --------------------------------------------------------------------------------------------------
@@ -413,11 +474,59 @@ def abandoned_temps(path: str) -> list:
     return sorted(out)
 
 
+_CRC_ASIDE = 1 << 20  # payload bytes from which append() computes the CRC beside the write
+_helper_pool = []
+_helper_lock = threading.Lock()
+
+
+def helper():
+    """The writers' helper thread (an executor of one): CRCs beside writes, fsyncs beside the HDF5 file."""
+    if not _helper_pool:
+        with _helper_lock:
+            if not _helper_pool:
+                import concurrent.futures
+                _helper_pool.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mla-journal"))
+    return _helper_pool[0]
+
+
+def _write_all(fd: int, bufs) -> None:
+    """Writes the buffers in order with writev(2), again from where a short write stopped."""
+    views = [v for v in (memoryview(b).cast("B") for b in bufs) if v.nbytes]
+    while views:
+        n = os.writev(fd, views[:1024])
+        while n:
+            if n >= views[0].nbytes:
+                n -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+
+
+def _append(fd: int, rtype: int, parts: list) -> int:
+    """One framed record of payload `parts` (buffers, written as they are) appended to `fd`; returns its size."""
+    length = sum(memoryview(p).nbytes for p in parts)
+    head = _HEAD.pack(RECORD_MAGIC, rtype, length)
+    if length < _CRC_ASIDE:
+        _write_all(fd, [head, *parts, struct.pack("<I", _crc(parts))])
+    else:
+        pending = helper().submit(_crc, parts)
+        try:
+            _write_all(fd, [head, *parts])
+        finally:
+            crc = pending.result()
+        _write_all(fd, [struct.pack("<I", crc)])
+    return _HEAD.size + length + 4
+
+
 class Writer:
     """The journal is never emptied in place: records go to a temporary file beside it (path.tmp.PID), and the
     first sync() (after the header) fsyncs it and renames it over the journal, so the journal path holds either the
     previous journal (or nothing) or the new one with its header. The writer holds the flock of its file, and of the
-    journal it replaces until the rename; it appends framed records with one write(2) each."""
+    journal it replaces until the rename. append() writes a record's framing and payload with one writev(2) straight
+    from the payload's buffers; a payload of 1 MiB or more has its CRC-32 computed on a helper thread meanwhile and
+    written after it (a reader takes a record without its CRC for a truncated one and drops it). The kernel keeps
+    what was written when the process dies; sync() (fsync) makes it survive the machine."""
 
     def __init__(self, path: str):
         self.path = path
@@ -456,7 +565,8 @@ class Writer:
             self._close_old()
             raise
         self.published = False
-        self.header_end = 0
+        self.header_end = 0  # end of the header record
+        self.size = 0        # bytes written: the offset of the next record
 
     def _close_old(self) -> None:
         if self.old_fd >= 0:
@@ -479,11 +589,12 @@ class Writer:
         self.published = True
         self._close_old()
 
-    def append(self, rtype: int, payload: bytes) -> None:
-        data = memoryview(frame(rtype, payload))
-        while data:
-            n = os.write(self.fd, data)
-            data = data[n:]
+    def append(self, rtype: int, payload) -> int:
+        """Appends one record; payload: bytes, or a list of buffers (encode_*_parts) that are written as they are.
+        Returns the record's offset in the file."""
+        start = self.size
+        self.size += _append(self.fd, rtype, [payload] if isinstance(payload, (bytes, bytearray)) else payload)
+        return start
 
     def sync(self) -> None:
         os.fsync(self.fd)
@@ -491,22 +602,22 @@ class Writer:
             self._publish()
         sync_dir(self.path)
 
-    def replace_header(self, payload: bytes) -> None:
+    def replace_header(self, payload) -> None:
         """A new header record in front of every record after the old one, swapped in atomically: the new journal
-        is written beside the old one, locked, fsynced and renamed over it, so a reader sees one or the other."""
+        is written beside the old one, locked, fsynced and renamed over it, so a reader sees one or the other.
+        payload: bytes or a list of buffers, as append() takes it."""
         if not self.published:
             self.sync()
         tmp = temp_path(self.path, os.getpid())
         fd = _create_locked(tmp)
         try:
-            os.write(fd, frame(HEADER, payload))
-            size = os.fstat(self.fd).st_size
-            off = self.header_end
+            header = _append(fd, HEADER, [payload] if isinstance(payload, (bytes, bytearray)) else payload)
+            off, size = self.header_end, self.size
             while off < size:
                 chunk = os.pread(self.fd, min(1 << 24, size - off), off)
                 if not chunk:
-                    break
-                os.write(fd, chunk)
+                    raise OSError(errno.EIO, f"{self.path}: the journal ends at byte {off} of {size}")
+                _write_all(fd, [chunk])
                 off += len(chunk)
             os.fsync(fd)
             os.rename(tmp, self.path)
@@ -519,7 +630,8 @@ class Writer:
             raise
         os.close(self.fd)  # the old inode is unlinked: a reader holding it sees st_nlink 0 and lets it be
         self.fd = fd
-        self.header_end = _HEAD.size + len(payload) + 4
+        self.size = header + (self.size - self.header_end)
+        self.header_end = header
         sync_dir(self.path)
 
     def remove(self) -> None:

@@ -369,6 +369,75 @@ def test_torn_last_record_keeps_the_rest(work):
     assert "stopped: after layer 0 probe q_c rank 0" in r.stdout
 
 
+HEADER_ONLY = textwrap.dedent("""
+    import os, signal, sys
+    from mla_bisect import journal as jr
+    from mla_bisect.dump import DumpWriter
+    path, meta_from = sys.argv[1], sys.argv[2]
+    cfg = {"model_type": "deepseek_v2", "hidden_size": 32, "num_attention_heads": 4, "q_lora_rank": None,
+           "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+    w = DumpWriter(meta_from, config=cfg, tokens=2, engine="headerless-test", engine_dtype="fp32")
+    meta = w.meta
+    w.close()
+    j = jr.Writer(jr.journal_path(path))     # the header written to the writer's temporary file, not yet renamed
+    j.append(jr.HEADER, jr.encode_header(meta, None))
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_journal_without_a_header_reads_as_stopped(work):
+    """A writer killed before its header reached the journal: a 0-byte FILE.h5.journal (as earlier writers left
+    it) or an empty temporary file reads as stopped, nothing else known, in both readers (inspect exits 0 on a
+    stopped dump, compare 3); a header left in the dead writer's temporary file (FILE.h5.journal.tmp.PID) is folded
+    as the journal ("stopped: before the first probe"). Garbage where the header belongs stays an error (exit 2)."""
+    from mla_bisect import journal as jr
+    from mla_bisect.dump import recover_dump
+    d = work / "headerless"
+    d.mkdir()
+    empty = str(d / "empty.h5")
+    open(empty + ".journal", "wb").close()
+    etemp = str(d / "etemp.h5")
+    open(jr.temp_path(etemp + ".journal", 2 ** 22 + 12345), "wb").close()  # no such process: its writer is gone
+    for path, what in ((empty, f"{empty}.journal is empty"), (etemp, "holds no header")):
+        got = read_dump(path)
+        assert got.status.startswith("stopped: before the run wrote its header (") and what in got.status, got.status
+        assert not got.complete and got.probes == {} and got.inputs is None and got.model is None
+        assert not recover_dump(path) and not os.path.exists(path)  # nothing to fold: the files stay as they are
+        r = cli("inspect", path, check=0)
+        assert "stopped: before the run wrote its header" in r.stdout, r.stdout
+        cli("compare", path, path, "--brief", check=3)
+    # The header only in the temporary file of a writer killed before the rename.
+    temp = str(d / "temp.h5")
+    env = dict(ENV, PYTHONPATH=os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", ""),
+                                                            os.path.dirname(hashing.__file__) + "/.."] if p))
+    r = subprocess.run([sys.executable, "-c", HEADER_ONLY, temp, str(d / "meta.h5")], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    temps = jr.abandoned_temps(temp + ".journal")
+    assert len(temps) == 1 and not os.path.exists(temp + ".journal") and not os.path.exists(temp)
+    got = read_dump(temp)
+    assert got.status == "stopped: before the first probe" and got.attrs["engine"] == "headerless-test"
+    assert got.last_stage == ["not started"] and os.path.exists(temps[0])  # read_dump writes nothing
+    r = cli("inspect", temp, check=0)
+    assert "stopped: before the first probe" in r.stdout and "headerless-test" in r.stdout
+    assert os.path.exists(temp) and not os.path.exists(temps[0])  # the C++ reader folded it into FILE.h5
+    assert read_dump(temp).status == "stopped: before the first probe"
+    cli("compare", temp, temp, "--brief", check=3)
+    # The same through the Python recovery.
+    r = subprocess.run([sys.executable, "-c", HEADER_ONLY, str(d / "temp2.h5"), str(d / "meta2.h5")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert recover_dump(str(d / "temp2.h5")) and not jr.abandoned_temps(str(d / "temp2.h5.journal"))
+    assert read_dump(str(d / "temp2.h5")).attrs["engine"] == "headerless-test"
+    # Bytes that are not a header: refused by both.
+    bad = str(d / "bad.h5")
+    with open(bad + ".journal", "wb") as f:
+        f.write(b"not a journal record at all")
+    with pytest.raises(DumpError, match="no intact header record"):
+        read_dump(bad)
+    cli("inspect", bad, check=2)
+
+
 def test_live_writer_reads_as_running(work):
     path = str(work / "live.h5")
     w = DumpWriter(path, config=NO_Q_LORA, tokens=2, engine_dtype="fp32")
@@ -477,6 +546,91 @@ def test_ranks_recorded_out_of_order_are_kept_in_rank_order(cpp_dumps, cpp_read,
     with pytest.warns(UserWarning, match="without their lower ranks"):
         w.close()
     assert read_dump(str(work / "lonely.h5")).status.startswith("stopped: probes recorded without their lower")
+
+
+def _same_dump(a, b, where):
+    """Two Dumps equal in everything read_dump gives: attributes, status, inputs and every record, arrays bit for
+    bit."""
+    def same(x, y, what):
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert x is not None and y is not None, f"{where}: {what}"
+            x, y = np.asarray(x), np.asarray(y)
+            assert x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes(), f"{where}: {what}"
+        else:
+            assert x == y, f"{where}: {what}: {x!r} vs {y!r}"
+    same(a.attrs, b.attrs, "attrs")
+    same(a.status, b.status, "status")
+    same(a.last_stage, b.last_stage, "last_stage")
+    for k in ("x", "positions", "seq_lens", "context_lens", "block_table", "num_blocks", "kv_cache", "index_cache"):
+        x, y = getattr(a.inputs, k), getattr(b.inputs, k)
+        if x is None or y is None:
+            assert x is None and y is None, f"{where}: inputs {k}"
+        else:
+            same(x, y, f"inputs {k}")
+    assert list(a.probes) == list(b.probes), where
+    for key, p in a.probes.items():
+        q = b.probes[key]
+        for k in PROBE_ATTRS + ("engine_dtype",):
+            same(getattr(p, k), getattr(q, k), f"{key} {k}")
+        assert list(p.ranks) == list(q.ranks), f"{where}: {key}"
+        for r, rec in p.ranks.items():
+            for k, v in rec.__dict__.items():
+                w = getattr(q.ranks[r], k)
+                if v is None or w is None:
+                    assert v is None and w is None, f"{where}: {key} rank {r} {k}"
+                else:
+                    same(v, w, f"{key} rank {r} {k}")
+
+
+@pytest.mark.parametrize("hold", ["all", "some", "none"])
+def test_close_writes_what_the_journal_folds_to(cpp_read, work, monkeypatch, hold):
+    """close() writes FILE.h5 from what the writer kept (records, and their data held in memory up to HOLD_BYTES,
+    read back from the journal past it) instead of reading the journal back: the file equals the one the journal
+    folds to, bit for bit in every record, with ranks out of order, a probe recorded twice, probes before inputs()
+    (whose header swap moves every record) and several layers."""
+    import mla_bisect.dump as dm
+    from mla_bisect import journal as jr
+    monkeypatch.setattr(dm, "HOLD_BYTES", {"all": dm.HOLD_BYTES, "some": 6000, "none": 0}[hold])
+    folded = {}
+    write_h5 = dm.write_h5
+
+    def spy(d, path, before_rename=None):
+        jp = path + ".journal"
+        fd = os.open(jp, os.O_RDONLY)
+        try:
+            folded[path] = dm._fold(jr.scan_fd(fd), path, jp, "finish", finish_status=d.status, copy=True)
+        finally:
+            os.close(fd)
+        return write_h5(d, path, before_rename)
+
+    monkeypatch.setattr(dm, "write_h5", spy)
+    for case in ("layers2_tp2", "dsa_decode_tp2", "bf16_decode"):
+        src = cpp_read(case)
+        ro = src.run_options
+        path = str(work / f"fold_{case}_{hold}.h5")
+        w = DumpWriter(path, config=src.model, mode=ro["mode"], tp=src.tp, engine="python-test",
+                       engine_dtype=src.attrs["engine_dtype"], tokens=ro["tokens"], batch=ro["batch"],
+                       context=ro["context"], input_norm=ro["input_norm"], layers=ro["layers"], form=ro["form"])
+        items = list(src.probes.items())
+        first = items[0]
+        w.probe(first[0][1], first[1].ranks[0].data, rank=0, layer=first[0][0], dtype=first[1].ranks[0].dtype,
+                level="sketch")  # before inputs(), and recorded again below at level full
+        i = src.inputs
+        w.inputs(x=i.x, positions=i.positions, seq_lens=i.seq_lens, context_lens=i.context_lens,
+                 block_table=i.block_table, kv_cache=i.kv_cache, num_blocks=i.num_blocks, index_cache=i.index_cache)
+        for (layer, name), p in items:
+            for r in sorted(p.ranks, reverse=True):  # the higher rank first: it waits for the lower one
+                w.probe(name, p.ranks[r].data, rank=r, layer=layer, dtype=p.ranks[r].dtype)
+        assert bool(w._spilled) == (hold != "all") and (w._held_bytes > 0) == (hold != "none")
+        w.close()
+        assert path in folded and not os.path.exists(path + ".journal")
+        fold_path = str(work / f"fold_{case}_{hold}.journal.h5")
+        write_h5(folded.pop(path), fold_path)
+        got, want = read_dump(path), read_dump(fold_path)
+        assert got.complete and len(got.probes) == len(items) and got.inputs is not None
+        want.path = got.path
+        _same_dump(got, want, f"{case} hold {hold}")
+        cli("compare", path, fold_path, "--tolerance", "exact", "--brief", check=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

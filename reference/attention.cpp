@@ -78,7 +78,7 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
       Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
       // Query rows in blocks: with a causal mask, a block's rows see keys [0, vis) only, so the scores and the
       // weighted sum of values are computed over those keys (the masked rest would be exact zeros).
-      constexpr int64_t kRows = 64;
+      constexpr int64_t kRows = kAttendRowBlock;
       for (int64_t i0 = 0; i0 < Tq; i0 += kRows) {
         const int64_t n = std::min(kRows, Tq - i0);
         const int64_t vis = causal ? std::min(Tk, i0 + n + (Tk - Tq)) : Tk;
@@ -118,9 +118,10 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
       try {
         throw;
       } catch (const std::bad_alloc&) {
-        const double bytes = 4.0 * static_cast<double>(Tq) * static_cast<double>(Tk);
+        const int64_t rows = std::min(Tq, kAttendRowBlock);
+        const double bytes = 4.0 * static_cast<double>(rows) * static_cast<double>(Tk);
         e = std::make_exception_ptr(OutOfMemoryError(
-            "attention: the scores of one head are a [" + std::to_string(Tq) + ", " +
+            "attention: the score block of one head is a [" + std::to_string(rows) + ", " +
             std::to_string(Tk) + "] matrix (" + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
             " MiB), " + std::to_string(std::min<int64_t>(Nl, Eigen::nbThreads())) + " heads at once"));
       } catch (...) {

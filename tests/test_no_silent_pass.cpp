@@ -7,6 +7,8 @@
 // - bisect: every option checked before any file of the workdir is touched; earlier dumps kept as .previous.
 // - options: unknown probes in --tol, empty --context items and a negative --tol-factor refused; a mistyped
 //   subcommand names the nearest; inspect of a GGUF without MLA layers fails.
+// - replay: a capture stopped before its first probe is a stop (exit 3); --weights synthetic takes the capture's model.
+// - golden check says when no manifest checks the golden's sha256; run --quiet keeps the probe table.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -15,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "probes/dump.h"
 #include "tests/cli_util.h"
 #include "tests/test_weights_util.h"
 
@@ -217,6 +220,54 @@ TEST(NoSilentPass, InspectOfAGgufWithoutMlaLayersFails) {
   const auto r = sh("inspect " + path);
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_CONTAINS(r.out, "no MLA attention layer");
+}
+
+// A capture whose system was killed after its header and inputs, before its first probe: replay says the capture
+// stopped (exit 3), as it does for one that stopped later, not that the file is bad.
+TEST(NoSilentPass, ReplayOfACaptureStoppedBeforeItsFirstProbeIsAStop) {
+  const Pair& p = tiny_pair();
+  const mla::Dump d = mla::read_dump(p.f32);
+  const std::string cut = tmpdir("cut") + "/cut.h5";
+  { mla::DumpWriter w(cut, d.meta, &d.inputs); }  // destroyed without finish(): the journal holds the header alone
+  const auto r = sh("replay " + cut + " --weights synthetic");
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_CONTAINS(r.out, "stopped before its first probe");
+}
+
+// replay --weights synthetic[:SEED] replays against the tool's own weights with the capture's model config: the
+// run's own dump agrees; other weights are found.
+TEST(NoSilentPass, ReplayWithSyntheticWeightsTakesTheCapturesModel) {
+  const Pair& p = tiny_pair();
+  const auto same = sh("replay " + p.f32 + " --weights synthetic");
+  EXPECT_EQ(same.exit_code, 0) << same.out;
+  EXPECT_EQ(same.out.find("--model"), std::string::npos) << same.out;
+  const auto other = sh("replay " + p.f32 + " --weights synthetic:7");
+  EXPECT_EQ(other.exit_code, 1) << other.out;
+}
+
+// golden check without a manifest says that the golden's sha256 is not checked; a --manifest that does not exist
+// is refused.
+TEST(NoSilentPass, GoldenCheckWithoutAManifestSaysTheShaIsNotChecked) {
+  const std::string g = tmpdir("golden_nm") + "/g.h5";
+  ASSERT_EQ(sh("golden make " + g + " --model tiny --tokens 4 --no-manifest").exit_code, 0);
+  const auto r = sh("golden check " + g + " --quiet");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_CONTAINS(r.out, "is not checked");
+  const auto named = sh("golden check " + g + " --manifest " + tmpdir("golden_nm") + "/none.json");
+  EXPECT_EQ(named.exit_code, 2) << named.out;
+  EXPECT_CONTAINS(named.out, "no such file");
+}
+
+// run --quiet drops the progress lines and keeps the result; --no-table drops the table.
+TEST(NoSilentPass, RunQuietKeepsTheProbeTable) {
+  const std::string out = tmpdir("quiet") + "/q.h5";
+  const auto q = mla::test::run_cli("run --quiet --model tiny --tokens 4 --out " + out, {.timeout_s = 0});
+  EXPECT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_CONTAINS(q.out, "kv_c_norm");
+  EXPECT_EQ(q.err.find("[0."), std::string::npos) << q.err;
+  const auto n = mla::test::run_cli("run --quiet --no-table --model tiny --tokens 4 --out " + out, {.timeout_s = 0});
+  EXPECT_EQ(n.exit_code, 0) << n.err;
+  EXPECT_EQ(n.out.find("kv_c_norm"), std::string::npos) << n.out;
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   }
   const double backstop = std::max(60.0, 20 * opt.timeout_s);
   auto child_argv = [&](const std::string& engine, const std::string& out, const std::string& inject) {
-    std::vector<std::string> a = {self_exe(), "run", "--quiet"};
+    std::vector<std::string> a = {self_exe(), "run", "--quiet", "--no-table"};
     a.insert(a.end(), opt.run_args.begin(), opt.run_args.end());
     a.insert(a.end(), {"--engine", engine, "--out", out, "--watchdog", fmt_num(opt.timeout_s, 6)});
     if (!inject.empty()) a.insert(a.end(), {"--inject", inject});

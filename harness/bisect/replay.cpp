@@ -316,13 +316,24 @@ BisectReport run_replay(const ReplayOptions& opt) {
   const Dump cap = read_dump(opt.capture);
   require_every_rank(cap, "replay");
   rep.candidate_engine = cap.meta.engine.empty() ? "capture" : cap.meta.engine;
+  // A capture whose system stopped (or was killed) before its first probe: nothing to compare, and the reason is the
+  // stop, not the file (exit 3, as for a capture that stopped later).
+  if (cap.probes.empty() && !cap.complete())
+    throw EngineError(opt.capture + ": the capture stopped before its first probe (it says: " + cap.status +
+                      "): nothing to compare; the system it observed stopped or was killed before recording any probe");
   if (!cap.has_inputs)
     throw UsageError(opt.capture + ": no /inputs group: replay needs the layer's inputs (x or h, positions)");
   if (cap.probes.empty()) throw UsageError(opt.capture + ": holds no probes (nothing to compare)");
   if (cap.meta.run_options.is_null() || !cap.meta.run_options.is_object())
     throw UsageError(opt.capture + ": root attribute 'run_options' is missing (mode, tokens, tp, input_norm)");
 
-  const MlaConfig cfg = load_model_config(opt.weights);
+  // Synthetic weights (synthetic[:SEED], what `mla-bisect run` uses by default) have no config of their own: the
+  // capture's model is theirs.
+  const bool synthetic = WeightSpec{.source = opt.weights}.synthetic();
+  if (synthetic && cap.meta.model.is_null())
+    throw UsageError("--weights " + opt.weights + ": synthetic weights take their model from the capture, and " +
+                     opt.capture + " has no root attribute 'model'; give the checkpoint the captured system ran");
+  const MlaConfig cfg = synthetic ? cap.config() : load_model_config(opt.weights);
   if (!cap.meta.model.is_null()) {
     MlaConfig cap_cfg;
     try {

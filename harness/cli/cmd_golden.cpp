@@ -104,8 +104,15 @@ int run_make(const GoldenMakeOptions& o, const CLI::App& cmd) {
 }
 
 // The manifest entry of a golden, if its directory's manifest lists it; a stale sha256 is a bad input (exit 2).
-void check_manifest(const std::string& golden, const std::string& mpath) {
-  if (!fs::exists(mpath)) return;
+// A manifest named with --manifest must exist; the default one's absence is said, never passed over.
+void check_manifest(const std::string& golden, const std::string& mpath, bool named) {
+  if (!fs::exists(mpath)) {
+    if (named) throw UsageError("--manifest " + mpath + ": no such file");
+    std::cout << "note: no manifest " << mpath << ": the sha256 of " << golden
+              << " is not checked (golden make or golden update-manifest writes one; --no-manifest skips the check "
+                 "without this note)\n";
+    return;
+  }
   const fs::path dir = fs::path(mpath).parent_path().empty() ? fs::path(".") : fs::path(mpath).parent_path();
   std::error_code ec;
   const std::string rel = fs::relative(fs::absolute(golden), fs::absolute(dir), ec).generic_string();
@@ -124,7 +131,7 @@ void check_manifest(const std::string& golden, const std::string& mpath) {
 
 int run_check(const GoldenCheckCmdOptions& o) {
   const ProgressLog log(!o.quiet);
-  if (!o.no_manifest) check_manifest(o.golden, manifest_for(o.golden, o.manifest));
+  if (!o.no_manifest) check_manifest(o.golden, manifest_for(o.golden, o.manifest), !o.manifest.empty());
   log.step("reading " + o.golden);
   const Dump golden = read_dump(o.golden);
   GoldenCheckOptions c;

@@ -67,7 +67,9 @@ void setup_replay(CLI::App& app, int& exit_code) {
   cmd->add_option("capture", o->capture, "The captured dump (.h5; FILE.h5 also reads a per-rank set FILE.rank*.h5)")
       ->required();
   cmd->add_option("--weights", o->weights, "The checkpoint the captured system ran: a directory of safetensors with "
-                                           "config.json, a .safetensors file (config.json beside it) or a .gguf")
+                                           "config.json, a .safetensors file (config.json beside it) or a .gguf; or "
+                                           "synthetic[:SEED], the weights of `mla-bisect run`, with the capture's "
+                                           "model config")
       ->required();
   cmd->add_option("--layer", o->layer, "The checkpoint layer the capture holds (default: the capture's layer_index "
                                        "attribute, else the first layer of its run_options.layer_range, else 0)")

@@ -39,7 +39,8 @@ struct RunCmdOptions {
   std::string input;  // --input DUMP.h5: that dump's /inputs instead of synthetic ones
   std::string inject;     // --inject: planted bugs (docs/bugs.md)
   double watchdog = 0;    // --watchdog SECONDS per stage
-  bool quiet = false;     // no table (bisect's child runs)
+  bool quiet = false;     // no progress lines
+  bool no_table = false;  // no probe table (bisect's child runs: the dump holds it)
   std::string rank;       // --rank N|auto: one process per tp rank ("" : this process runs every rank)
   std::string rendezvous;  // --rendezvous PATH: where rank 0 publishes the communicator id
   double rendezvous_timeout = 300;
@@ -224,7 +225,7 @@ auto out_of_memory_names(const std::function<std::string()>& where, const std::s
 }
 
 int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
-  const ProgressLog log(!o.quiet);  // --quiet (bisect's children): no progress lines either
+  const ProgressLog log(!o.quiet);
   refuse_out_directory(o.out);
   const MlaConfig cfg = o.run.load_config();
   RunSpec spec = o.run.to_spec();
@@ -346,7 +347,7 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   log.step("run done (" + std::to_string(spec.layers) + " layer(s), setup " +
            fmt_seconds(std::chrono::duration<double>(t1 - t0).count()) + ", stages " +
            fmt_seconds(std::chrono::duration<double>(t2 - t1).count()) + ")");
-  if (o.quiet) return 0;
+  if (o.no_table) return 0;
   std::cout << "model " << cfg.name << "  engine " << engine->name() << ":" << engine->options() << "  mode "
             << mode_name(spec.mode) << "  attention " << form_name(spec.form) << "  tokens " << inputs.batch.tokens()
             << "  tp " << spec.tp << "  layers " << spec.layers << "  seed " << spec.seed << "\n"
@@ -388,7 +389,8 @@ void setup_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--watchdog", o->watchdog, "Exit 3 when a stage makes no progress for this many seconds, closing "
                                              "the dump with the rank and stage that hung (0: off)")
       ->check(finite_number(0, false, "seconds (0: off)"));
-  cmd->add_flag("--quiet", o->quiet, "Do not print the probe table");
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
+  cmd->add_flag("--no-table", o->no_table, "Do not print the probe table (the dump holds every record)");
   cmd->add_option("--rank", o->rank,
                   "One process per tensor-parallel rank: this process's rank, a number (0..tp-1) or 'auto' (from the "
                   "launcher: MLA_RANK/MLA_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_RANK/PMI_SIZE, srun's "

@@ -11,6 +11,7 @@
 
 #include "harness/model/errors.h"
 #include "harness/model/stage_graph.h"
+#include "reference/stages.h"
 
 namespace mla {
 
@@ -20,8 +21,8 @@ constexpr double kFloat = 4.0;
 
 const char* kLowerWeights = "--layers (or --layer-range), or a smaller model";
 const char* kLowerActivations = "--tokens or --batch";
-const char* kLowerScores = "--tokens (the scores grow with its square) or --context; OMP_NUM_THREADS (one score "
-                           "matrix per thread)";
+const char* kLowerScores = "--context or --tokens (a score block is 64 query rows by every key); OMP_NUM_THREADS "
+                           "(one block per thread)";
 const char* kLowerCache = "--context, --batch or --layers";
 const char* kLowerProbes = "--probe-level, --full-probes or --layers";
 
@@ -95,22 +96,23 @@ void probe_floats(const MlaConfig& c, const RunSpec& s, const ProbePlan& plan, d
   }
 }
 
-// Transient floats of one rank's attention stage (the reference: a [n, Tk] score matrix per head in flight,
-// one per thread, and the copies the stage makes), the largest over the sequences.
+// Transient floats of one rank's attention stage (the reference: a [min(n, 64), Tk] score block per head in
+// flight, one per thread, and the copies the stage makes), the largest over the sequences.
 double attention_floats(const Shapes& x, AttentionForm form, int threads) {
   const double th = std::max(1.0, std::min<double>(threads, x.Nl));
   double worst = 0;
   for (size_t b = 0; b < x.ctx.size(); ++b) {
     const double n = x.news[b], ctx = x.ctx[b];
+    const double rows_in_flight = std::min<double>(n, ref::kAttendRowBlock);  // query rows of one score block
     double f = 0;
     if (form == AttentionForm::AttentionForm_mha) {
-      f = th * n * n + 2 * n * x.Nl * x.D + n * x.Nl * x.V;  // self: scores, rows of Q and K, v
+      f = th * rows_in_flight * n + 2 * n * x.Nl * x.D + n * x.Nl * x.V;  // self: scores, rows of Q and K, v
       if (ctx > 0)
-        f = std::max(f, th * n * ctx + ctx * x.Nl * (x.P + x.V) + ctx * x.Nl * x.D + 3 * ctx * (x.L + x.R) +
+        f = std::max(f, th * rows_in_flight * (ctx + n) + ctx * x.Nl * (x.P + x.V) + ctx * x.Nl * x.D + 3 * ctx * (x.L + x.R) +
                             2 * n * x.Nl * x.D);
     } else {
       const double rows = ctx + n;
-      f = th * n * rows + rows * (2 * x.L + x.R) + n * x.Nl * (x.L + x.R);
+      f = th * rows_in_flight * rows + rows * (2 * x.L + x.R) + n * x.Nl * (x.L + x.R);
     }
     worst = std::max(worst, f);
   }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "reference/stages.h"
@@ -49,6 +50,7 @@ TEST(ReferenceNaN, ANaNIndexScoreIsSelected) {
 #include "harness/model/config.h"
 #include "harness/model/weights.h"
 #include "harness/weights/loader.h"
+#include "harness/weights/quantize.h"
 
 namespace mla {
 namespace {
@@ -64,6 +66,32 @@ TEST(WeightsNaN, NonFiniteWeightsAreNamedWithWhere) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0], "layer 3 q_a_proj holds 1 NaN and 0 Inf values (the first at row 5, column 17)");
   EXPECT_NE(lines[1].find("kv_a_layernorm holds 0 NaN and 1 Inf"), std::string::npos) << lines[1];
+}
+
+// Block scales that are NaN or Inf are named with their block (fp8's F32 scale_inv, nvfp4's E4M3 NaN pattern,
+// mxfp4's E8M0 NaN, a non-finite global scale); finite ones say nothing.
+TEST(WeightsNaN, NonFiniteBlockScalesAreNamedWithTheirBlock) {
+  Tensor t({64, 96});
+  for (int64_t i = 0; i < t.numel(); ++i) t.data[i] = std::sin(0.37f * static_cast<float>(i));
+  PackedWeight fp8 = quantize(t, WeightFormat::WeightFormat_fp8, "t", 32);  // scale grid [2, 3]
+  EXPECT_FALSE(nonfinite_scales(fp8).has_value());
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(fp8.scales.data() + 4 * 4, &inf, 4);  // block row 1, column 1
+  EXPECT_EQ(nonfinite_scales(fp8).value_or(""),
+            "1 of 6 block scales are NaN or Inf (the first: block row 1, block column 1)");
+  PackedWeight nv = quantize(t, WeightFormat::WeightFormat_nvfp4, "t");  // scales [64, 6]
+  EXPECT_FALSE(nonfinite_scales(nv).has_value());
+  nv.scales[2 * 6 + 5] = 0x7F;
+  nv.scales[3 * 6] = 0xFF;
+  EXPECT_EQ(nonfinite_scales(nv).value_or(""),
+            "2 of 384 block scales are NaN or Inf (the first: block row 2, block column 5)");
+  nv.global_scale = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(nonfinite_scales(nv).value_or(""), "its global scale is NaN");
+  PackedWeight mx = quantize(t, WeightFormat::WeightFormat_mxfp4, "t");  // scales [64, 3]
+  EXPECT_FALSE(nonfinite_scales(mx).has_value());
+  mx.scales[7] = 0xFF;
+  EXPECT_EQ(nonfinite_scales(mx).value_or(""),
+            "1 of 192 block scales are NaN or Inf (the first: block row 2, block column 1)");
 }
 
 }  // namespace

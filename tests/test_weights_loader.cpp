@@ -340,4 +340,51 @@ TEST(WeightsCli, InspectDescribesWeightFiles) {
   EXPECT_NE(j.out.find("unsupported GGUF version 9"), std::string::npos) << j.out;
 }
 
+// A glm-dsa GGUF (llama.cpp's names, the indexer under blk.N.indexer.*) holding hf_glm_dsa's layer 0: the same config
+// (DSA constants included) and the same weights, indexer included, bit for bit.
+TEST(WeightsLoader, GlmDsaGgufGivesTheSameLayerAsItsSafetensors) {
+  MLA_REQUIRE_WEIGHT_FIXTURES();
+  const std::string gguf = fx.at("models/gguf_glm_dsa.gguf").string(), hf = fx.at("models/hf_glm_dsa").string();
+  const MlaConfig g = checkpoint_config(gguf), h = checkpoint_config(hf);
+  expect_mini_config(g);
+  EXPECT_EQ(g.model_type, "glm_moe_dsa");
+  EXPECT_TRUE(g.has_dsa());
+  EXPECT_EQ(g.index_topk, h.index_topk);
+  EXPECT_EQ(g.index_n_heads, h.index_n_heads);
+  EXPECT_EQ(g.index_head_dim, h.index_head_dim);
+  EXPECT_EQ(g.index_rope_style, h.index_rope_style);
+  WeightSpec wg, wh;
+  wg.source = gguf;
+  wh.source = hf;
+  const auto a = load_weights(wg, h, spec_of(1), 0).layers.at(0);
+  const auto b = load_weights(wh, h, spec_of(1), 0).layers.at(0);
+  for (const char* f : {"input_norm", "q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj",
+                        "o_proj"})
+    EXPECT_TRUE(bit_equal(field(a, f).data, field(b, f).data, std::string("glm-dsa gguf ") + f));
+  ASSERT_FALSE(a.idx_wq_b.empty());
+  EXPECT_EQ(a.idx_wq_b.shape, b.idx_wq_b.shape);
+  EXPECT_TRUE(bit_equal(a.idx_wq_b.data, b.idx_wq_b.data, "indexer.wq_b"));
+  EXPECT_TRUE(bit_equal(a.idx_wk.data, b.idx_wk.data, "indexer.wk"));
+  EXPECT_TRUE(bit_equal(a.idx_k_norm.data, b.idx_k_norm.data, "indexer.k_norm"));
+  EXPECT_TRUE(bit_equal(a.idx_k_norm_bias.data, b.idx_k_norm_bias.data, "indexer.k_norm.bias"));
+  EXPECT_TRUE(bit_equal(a.idx_weights_proj.data, b.idx_weights_proj.data, "indexer.weights_proj"));
+  // A run on the GGUF alone (its own metadata for the config) reaches the indexer.
+  const std::string out = scratch("glm_dsa_gguf") / "run.h5";
+  const Cli r = mla_bisect("run --weights '" + gguf + "' --tokens 12 --out '" + out + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("idx_scores"), std::string::npos) << r.out;
+  // A DSA config over a GGUF layer without indexer tensors (a deepseek2 file) names the missing tensor.
+  WeightSpec dense;
+  dense.source = fx.at("models/gguf_split.gguf").string();
+  MlaConfig dsa = checkpoint_config(dense.source);
+  dsa.index_topk = h.index_topk;
+  dsa.index_n_heads = h.index_n_heads;
+  dsa.index_head_dim = h.index_head_dim;
+  dsa.index_shared.clear();
+  ASSERT_TRUE(dsa.has_dsa());
+  const std::string e = error_of([&] { load_weights(dense, dsa, spec_of(1), 0); });
+  EXPECT_NE(e.find("has DSA (index_topk 8) but layer 0 has no tensor 'blk.0.indexer.attn_q_b.weight'"),
+            std::string::npos) << e;
+}
+
 }  // namespace

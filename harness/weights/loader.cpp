@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -401,6 +402,30 @@ LayerSource gguf_layer(const GgufFile& g, int layer, const MlaConfig& cfg, bool 
                      "attn_v_b.weight nor the older " + b + "attn_kv_b.weight");
   }
   linear(b + "attn_output.weight", "o_proj");
+  if (cfg.has_dsa()) {  // the indexer: llama.cpp's names (blk.N.indexer.attn_q_b, attn_k, k_norm, proj)
+    const bool shared = layer < static_cast<int>(cfg.index_shared.size()) && cfg.index_shared[layer];
+    if (shared) return s;  // no indexer of its own (the Runner refuses to run it)
+    if (!g.find(b + "indexer.attn_q_b.weight"))
+      throw UsageError(g.path() + ": the model config '" + cfg.name + "' has DSA (index_topk " +
+                       std::to_string(cfg.index_topk) + ") but layer " + std::to_string(layer) + " has no tensor '" +
+                       b + "indexer.attn_q_b.weight'");
+    for (const auto& [name, field] : {std::pair{"attn_q_b", "indexer.wq_b"}, std::pair{"attn_k", "indexer.wk"},
+                                      std::pair{"proj", "indexer.weights_proj"}}) {
+      const auto& t = gguf_tensor(g, b + "indexer." + name + ".weight");
+      if (t.ne.size() != 2) throw UsageError(gguf_where(g, t) + ": a linear weight must be 2-D");
+      check_shape(cfg, field, gguf_where(g, t), t.shape());
+      s.indexer[field] = dequantize(gguf_packed(g, t));
+    }
+    for (const auto& [name, field] : {std::pair{"k_norm.weight", "indexer.k_norm"},
+                                      std::pair{"k_norm.bias", "indexer.k_norm_bias"}}) {
+      const auto& t = gguf_tensor(g, b + "indexer." + name);
+      check_shape(cfg, field, gguf_where(g, t), t.shape());
+      const PackedWeight pw = gguf_packed(g, t);
+      Tensor out({t.numel});
+      dequantize_ggml_row(t.type, pw.data.data(), out.ptr(), t.numel);
+      s.indexer[field] = std::move(out);
+    }
+  }
   return s;
 }
 
@@ -546,6 +571,8 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
       formats.add(pw.format);
       touched = touched || bugs.touches(pw.format);
       w.*(p.member) = dequantize(pw, bugs);
+      if (auto bad = nonfinite_scales(pw))
+        std::cerr << "warning: " << ws.source << ": layer " << layer << " " << p.field << ": " << *bad << "\n";
       if (keep_packed) kept[p.field] = std::move(pw);
     }
     for (auto& [field, t] : src.norms) {
@@ -637,6 +664,44 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
     for (const auto& line : nonfinite_weights(out.layers[l], out.first_layer + static_cast<int>(l)))
       std::cerr << "warning: " << ws.source << ": " << line << "\n";
   return out;
+}
+
+std::optional<std::string> nonfinite_scales(const PackedWeight& w) {
+  if (!std::isfinite(w.global_scale))
+    return "its global scale is " + std::string(std::isnan(w.global_scale) ? "NaN" : "Inf");
+  int64_t per_row = 0;  // scales per row of the grid
+  std::function<bool(size_t)> bad;
+  switch (w.format) {
+    case WeightFormat::WeightFormat_fp8:
+      per_row = (w.cols + w.block_cols - 1) / std::max<int64_t>(w.block_cols, 1);
+      bad = [&](size_t i) {
+        float f;
+        std::memcpy(&f, w.scales.data() + 4 * i, 4);
+        return !std::isfinite(f);
+      };
+      break;
+    case WeightFormat::WeightFormat_nvfp4:
+    case WeightFormat::WeightFormat_nvfp4_ct:
+      per_row = w.cols / 16;
+      bad = [&](size_t i) { return (w.scales[i] & 0x7F) == 0x7F; };  // E4M3: the NaN pattern (no Inf)
+      break;
+    case WeightFormat::WeightFormat_mxfp4:
+      per_row = w.cols / 32;
+      bad = [&](size_t i) { return w.scales[i] == 0xFF; };  // E8M0: NaN
+      break;
+    default:
+      return std::nullopt;  // GGUF blocks: their scales sit inside the blocks; the dequantized values say where
+  }
+  const size_t n = w.format == WeightFormat::WeightFormat_fp8 ? w.scales.size() / 4 : w.scales.size();
+  int64_t count = 0, first = -1;
+  for (size_t i = 0; i < n; ++i)
+    if (bad(i)) {
+      ++count;
+      if (first < 0) first = static_cast<int64_t>(i);
+    }
+  if (count == 0 || per_row <= 0) return std::nullopt;
+  return std::to_string(count) + " of " + std::to_string(n) + " block scales are NaN or Inf (the first: block row " +
+         std::to_string(first / per_row) + ", block column " + std::to_string(first % per_row) + ")";
 }
 
 std::vector<std::string> nonfinite_weights(const LayerWeights& w, int layer) {

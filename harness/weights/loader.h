@@ -4,6 +4,7 @@
 // The quantized-weight injections (docs/bugs.md) are planted here, as wrong dequantization.
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ LayerRange parse_layer_range(const std::string& text);
 // One line per weight of `w` that holds NaN or Inf: how many, and where the first sits ("layer 3 q_a_proj holds 2 NaN
 // and 0 Inf values (the first at row 5, column 17)"); empty when every value is finite.
 std::vector<std::string> nonfinite_weights(const LayerWeights& w, int layer);
+// The block scales of a stored weight that are NaN or Inf (fp8 F32 scale_inv, nvfp4 E4M3, mxfp4 E8M0, the global
+// scale): "3 of 64 block scales are NaN or Inf (the first: block row 0, block column 2)"; nullopt when none is, or
+// for formats whose scales sit inside their blocks (GGUF: the dequantized values say where).
+std::optional<std::string> nonfinite_scales(const PackedWeight& w);
 
 struct LoadedWeights {
   std::vector<LayerWeights> layers;  // FP32 [out, in], global; what the reference computes with

@@ -351,6 +351,63 @@ def hf_glm_dsa(name="hf_glm_dsa", wq_b_rows=None):
     save_file(tensors, out(d, "model.safetensors"))
     if wq_b_rows is None:
         record_model(name, d, expected_layers)
+        gguf_glm_dsa(tensors)
+
+
+def gguf_glm_dsa(hf):
+    """The same layer 0 as hf_glm_dsa's (values and indexer) as llama.cpp's glm-dsa GGUF writes it: BF16 tensors
+    under blk.0.*, kv_b split into attn_k_b / attn_v_b, the indexer under blk.0.indexer.{attn_q_b,attn_k,k_norm,proj};
+    the indexer's constants in glm-dsa.attention.indexer.*. One layer (a shared layer has no GGUF spelling)."""
+    m = MINI
+    H, N, Lq, L, P, R, V = m["hidden"], m["heads"], m["q_lora"], m["kv_lora"], m["nope"], m["rope"], m["v"]
+    w = gguf.GGUFWriter(out("models/gguf_glm_dsa.gguf"), "glm-dsa")
+    w.add_block_count(1)
+    w.add_embedding_length(H)
+    w.add_head_count(N)
+    w.add_head_count_kv(1)
+    w.add_uint32("glm-dsa.attention.q_lora_rank", Lq)
+    w.add_uint32("glm-dsa.attention.kv_lora_rank", L)
+    w.add_rope_dimension_count(R)
+    w.add_key_length(L + R)
+    w.add_value_length(L)
+    w.add_uint32("glm-dsa.attention.key_length_mla", P + R)
+    w.add_uint32("glm-dsa.attention.value_length_mla", V)
+    w.add_float32("glm-dsa.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_string("glm-dsa.rope.scaling.type", "yarn")
+    w.add_float32("glm-dsa.rope.scaling.factor", 4.0)
+    w.add_uint32("glm-dsa.rope.scaling.original_context_length", 64)
+    w.add_float32("glm-dsa.rope.scaling.yarn_log_multiplier", 0.1)
+    w.add_uint32("glm-dsa.attention.indexer.top_k", DSA["index_topk"])
+    w.add_uint32("glm-dsa.attention.indexer.head_count", DSA["index_n_heads"])
+    w.add_uint32("glm-dsa.attention.indexer.key_length", DSA["index_head_dim"])
+    a = "model.layers.0."
+
+    def put(name, arr):
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype == ml_dtypes.bfloat16:
+            w.add_tensor(name, arr.view(np.uint16), raw_dtype=QT.BF16)
+        else:
+            w.add_tensor(name, arr.astype(np.float32))
+
+    put("blk.0.attn_norm.weight", hf[a + "input_layernorm.weight"])
+    put("blk.0.attn_q_a_norm.weight", hf[a + "self_attn.q_a_layernorm.weight"])
+    put("blk.0.attn_kv_a_norm.weight", hf[a + "self_attn.kv_a_layernorm.weight"])
+    for gname, hname in [("attn_q_a", "q_a_proj"), ("attn_q_b", "q_b_proj"), ("attn_kv_a_mqa", "kv_a_proj_with_mqa"),
+                         ("attn_output", "o_proj")]:
+        put(f"blk.0.{gname}.weight", hf[a + f"self_attn.{hname}.weight"])
+    kv = hf[a + "self_attn.kv_b_proj.weight"].reshape(N, P + V, L)
+    put("blk.0.attn_k_b.weight", kv[:, :P, :].transpose(0, 2, 1))  # [N, L, P] as convert_hf_to_gguf.py
+    put("blk.0.attn_v_b.weight", kv[:, P:, :])                      # [N, V, L]
+    for gname, hname in [("attn_q_b.weight", "wq_b.weight"), ("attn_k.weight", "wk.weight"),
+                         ("k_norm.weight", "k_norm.weight"), ("k_norm.bias", "k_norm.bias"),
+                         ("proj.weight", "weights_proj.weight")]:
+        put(f"blk.0.indexer.{gname}", hf[a + f"self_attn.indexer.{hname}"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    MANIFEST["models"]["gguf_glm_dsa"] = {"path": "models/gguf_glm_dsa.gguf", "same_as": "hf_glm_dsa", "layers": 1}
 
 
 def gguf_model(name, types, split_kv_b):

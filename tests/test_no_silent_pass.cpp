@@ -9,6 +9,7 @@
 //   subcommand names the nearest; inspect of a GGUF without MLA layers fails.
 // - replay: a capture stopped before its first probe is a stop (exit 3); --weights synthetic takes the capture's model.
 // - golden check says when no manifest checks the golden's sha256; run --quiet keeps the probe table.
+// - bisect keeps the divergent stage's full tensors beside the dumps; explore shows their values.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -268,6 +269,32 @@ TEST(NoSilentPass, RunQuietKeepsTheProbeTable) {
   const auto n = mla::test::run_cli("run --quiet --no-table --model tiny --tokens 4 --out " + out, {.timeout_s = 0});
   EXPECT_EQ(n.exit_code, 0) << n.err;
   EXPECT_EQ(n.out.find("kv_c_norm"), std::string::npos) << n.out;
+}
+
+// After a bisect at sketch level, the workdir keeps the full tensors of the divergent stage (its inputs and outputs)
+// beside the dumps; explore of the workdir's pair shows their values (worst, slice). Kept tensors of another run are
+// not used.
+TEST(NoSilentPass, BisectKeepsTheDivergentStagesFullTensorsForExplore) {
+  const std::string dir = tmpdir("keep_full"), other = tmpdir("keep_full_other");
+  const auto b = sh("bisect --model tiny --tokens 16 --inject rope-neox --workdir " + dir);
+  ASSERT_EQ(b.exit_code, 1) << b.out;
+  EXPECT_CONTAINS(b.out, "full tensors of stage rope (inputs and outputs)");
+  for (const char* f : {"/candidate.full.h5", "/reference.full.h5"})
+    EXPECT_TRUE(std::filesystem::exists(dir + f)) << f;
+  const std::string bin = std::string("'") + MLA_BINARY + "'";
+  const auto ex = mla::test::run_shell(bin + " explore --quiet " + dir + "/candidate.h5 " + dir +
+                                       "/reference.h5 2>&1 <<'EOF'\nworst\nslice\nquit\nEOF\n");
+  EXPECT_CONTAINS(ex.out, "full tensors from " + dir + "/candidate.full.h5");
+  EXPECT_CONTAINS(ex.out, "worst 10 elements of layer 0 q_pe_rope");
+  EXPECT_CONTAINS(ex.out, "slice of layer 0 q_pe_rope at token");
+  EXPECT_EQ(ex.out.find("run both sides again"), std::string::npos) << ex.out;
+  // Another run's dumps with these kept tensors beside them: not used, and said.
+  ASSERT_EQ(sh("bisect --model tiny --tokens 16 --seed 3 --inject rope-neox --workdir " + other).exit_code, 1);
+  std::filesystem::copy_file(dir + "/candidate.full.h5", other + "/candidate.full.h5",
+                             std::filesystem::copy_options::overwrite_existing);
+  const auto ex2 = mla::test::run_shell(bin + " explore --quiet " + other + "/candidate.h5 " + other +
+                                        "/reference.h5 2>&1 <<'EOF'\nquit\nEOF\n");
+  EXPECT_CONTAINS(ex2.out, other + "/candidate.full.h5 not used: made for another run");
 }
 
 }  // namespace

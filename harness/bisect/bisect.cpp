@@ -9,6 +9,7 @@
 #include <future>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "harness/bisect/child.h"
@@ -20,6 +21,7 @@
 #include "harness/run/calibration_cache.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
+#include "probes/full_sidecar.h"
 #include "probes/collect.h"
 
 namespace mla {
@@ -66,7 +68,8 @@ BisectReport run_bisect(const BisectOptions& opt) {
   std::filesystem::create_directories(opt.workdir);
   rep.reference_dump = (std::filesystem::path(opt.workdir) / "reference.h5").string();
   rep.candidate_dump = (std::filesystem::path(opt.workdir) / "candidate.h5").string();
-  for (auto& p : {rep.reference_dump, rep.candidate_dump}) {
+  for (auto& p : {rep.reference_dump, rep.candidate_dump, full_sidecar_path(rep.reference_dump),
+                  full_sidecar_path(rep.candidate_dump)}) {
     std::error_code ec;
     if (std::filesystem::exists(p + ".journal", ec)) std::filesystem::rename(p + ".journal", p + ".previous.journal", ec);
     if (std::filesystem::exists(p, ec)) std::filesystem::rename(p, p + ".previous", ec);
@@ -210,6 +213,20 @@ BisectReport run_bisect(const BisectOptions& opt) {
     }
   }
 
+  // The full tensors of the divergent stage (its inputs and outputs) stay in the workdir beside the dumps, for
+  // explore's worst, slice and channels (taken where they equal the dumps' records, checksum for checksum).
+  if (stage) {
+    std::set<std::string> names(stage->inputs.begin(), stage->inputs.end());
+    names.insert(stage->outputs.begin(), stage->outputs.end());
+    try {
+      write_full_sidecar(cand, cand_full, first.layer, names);
+      write_full_sidecar(ref, ref_full_dump, first.layer, names);
+    } catch (const std::exception& e) {
+      std::cerr << "warning: the full tensors of stage " << first.stage << " were not kept in " << opt.workdir << ": "
+                << e.what() << "\n";
+    }
+  }
+
   auto iso_engine = make_candidate();
   const Dump iso = run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full_dump, first.layer, stage,
                                   cand_pw, false, true);
@@ -315,6 +332,14 @@ void print_bisect(std::ostream& os, const BisectReport& r) {
     print_compare(os, r.compare, true);
   }
   os << "\ndumps: " << r.reference_dump << " " << r.candidate_dump << "   (" << fmt_num(r.seconds, 3) << " s)\n";
+  if (r.first) {
+    std::error_code ec;
+    const std::string cs = full_sidecar_path(r.candidate_dump), rs = full_sidecar_path(r.reference_dump);
+    if (std::filesystem::exists(cs, ec) && std::filesystem::exists(rs, ec))
+      os << "full tensors of stage " << r.first->stage << " (inputs and outputs): " << rs << " " << cs
+         << "\n  mla-bisect explore " << r.candidate_dump << " " << r.reference_dump
+         << "   reads them: worst, slice and channels show values there\n";
+  }
 }
 
 nlohmann::json bisect_to_json(const BisectReport& r) {

@@ -19,6 +19,7 @@
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 #include "harness/run/tolerance_for.h"
+#include "probes/full_sidecar.h"
 
 namespace mla::cli {
 
@@ -213,6 +214,21 @@ int run_explore(const ExploreCmdOptions& o) {
   Dump a = read_dump(o.a);
   log.step("reading " + o.b);
   Dump b = read_dump(o.b);
+  // Full tensors bisect kept beside the dumps (FILE.full.h5): taken where they equal the dumps' records.
+  for (Dump* d : {&a, &b}) {
+    const SidecarMerge m = merge_full_sidecar(*d);
+    if (m.path.empty()) continue;
+    if (!m.ignored.empty()) {
+      std::cout << "note: " << m.path << " not used: " << m.ignored << "\n";
+      continue;
+    }
+    if (!m.taken.empty()) {
+      std::string list;
+      for (const auto& t : m.taken) list += (list.empty() ? "" : ", ") + t;
+      std::cout << "full tensors from " << m.path << " (kept by bisect, equal to the dump's records): " << list << "\n";
+    }
+    for (const auto& r : m.refused) std::cout << "note: " << m.path << ": not used for " << r << "\n";
+  }
   require_every_rank(a, "explore");
   require_every_rank(b, "explore");
   require_comparable(a, b);  // before calibration: dumps of different shapes are refused, exit 2

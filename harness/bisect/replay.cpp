@@ -469,6 +469,12 @@ BisectReport run_replay(const ReplayOptions& opt) {
                                 (cfg.has_dsa() ? ", DSA" : ", dense (no DSA indexer)") + ")");
     std::cerr << "warning: " << opt.capture << ": " << rep.compare.notes.back() << "\n";
   }
+  // The capture's records sit at layers 0.. of the dump; the report speaks of the checkpoint's layers.
+  const auto to_checkpoint_layers = [layer](BisectReport& r) {
+    for (auto& p : r.compare.results) p.layer += layer;
+    if (r.first) r.first->layer += layer;
+    if (r.weight_cause) r.weight_cause->layer += layer;
+  };
   if (!cap.complete()) {
     rep.exit_code = ExitCode_engine;
     rep.crash = "the capture stopped early; it says: " + cap.status;
@@ -476,6 +482,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     rep.headline = "capture STOPPED early";
     if (rep.compare.first_divergence >= 0) rep.first = rep.compare.results[rep.compare.first_divergence];
     rep.seconds = progress.seconds();
+    to_checkpoint_layers(rep);
     return rep;
   }
   if (rep.compare.first_divergence < 0) {
@@ -483,6 +490,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     rep.headline = "no divergence: the " + std::to_string(captured.only.size()) +
                    " captured probes are within their calibrated tolerances";
     rep.seconds = progress.seconds();
+    to_checkpoint_layers(rep);
     return rep;
   }
   rep.exit_code = ExitCode_divergence;
@@ -513,7 +521,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
   rep.drill = drill_down(first, first.m, first.tol);
   rep.diagnosis = diagnose(first, first.m, first.tol, inputs.batch, rep.compare);
   hyp::explain(rep.diagnosis, rep.hypotheses);
-  rep.headline = "first divergence: layer " + std::to_string(first.layer) + " " + first.name + " (stage " + first.stage +
+  rep.headline = "first divergence: layer " + std::to_string(layer + first.layer) + " " + first.name + " (stage " + first.stage +
                  ")";
   if (!found.nonfinite.empty() && (first.m.nan_a > 0 || first.m.inf_a > 0 || first.m.nan_b > 0 || first.m.inf_b > 0)) {
     // Non-finite values the layer was given are no stage's doing: the diagnosis names the input.
@@ -523,6 +531,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     rep.headline += ": the captured input holds NaN/Inf";
   }
   rep.seconds = progress.seconds();
+  to_checkpoint_layers(rep);
   return rep;
 }
 

@@ -225,7 +225,7 @@ void q6_k(const float* x, uint8_t* b) {
 
 // ---- GGUF FP4 blocks ----
 
-constexpr int8_t kKvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+constexpr int8_t kGgufKvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 void gguf_mxfp4(const float* x, uint8_t* b) {
   float amax = 0;
@@ -237,9 +237,9 @@ void gguf_mxfp4(const float* x, uint8_t* b) {
   uint8_t q[32];
   for (int j = 0; j < 32; ++j) {
     int best = 0;
-    float err = std::fabs(d * kKvalues[0] - x[j]);
+    float err = std::fabs(d * kGgufKvalues[0] - x[j]);
     for (int k = 1; k < 16; ++k) {
-      const float ek = std::fabs(d * static_cast<float>(kKvalues[k]) - x[j]);
+      const float ek = std::fabs(d * static_cast<float>(kGgufKvalues[k]) - x[j]);
       if (ek < err) err = ek, best = k;
     }
     q[j] = static_cast<uint8_t>(best);

@@ -86,7 +86,7 @@ TEST(ReplayCli, PlantedRopeBugIsFoundAndIsolatedOnTheCapturesOwnInputs) {
   const CliResult r = mla("replay '" + cap.buggy.string() + "' --weights '" + cap.ckpt.string() +
                           "' --layer 1 --json '" + json.string() + "'");
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("first divergence: layer 0 q_pe_rope (stage rope)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first divergence: layer 1 q_pe_rope (stage rope)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("introduced by stage rope: on the candidate's own inputs"), std::string::npos) << r.out;
   const auto j = nlohmann::json::parse(test::slurp(json));
   EXPECT_EQ(j["first_divergence"]["probe"], "q_pe_rope");
@@ -100,7 +100,7 @@ TEST(ReplayCli, DownstreamProbeAloneIsFoundButNotIsolated) {
   });
   const CliResult r = mla("replay '" + path.string() + "' --weights '" + cap.ckpt.string() + "' --layer 1");
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("first divergence: layer 0 attn_out"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first divergence: layer 1 attn_out"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not isolated: the capture lacks the full tensors"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not captured (not compared): layer0/h, layer0/x"), std::string::npos) << r.out;
 }

@@ -152,14 +152,14 @@ ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std:
 
 void print_replay_scan(std::ostream& os, const ReplayScan& scan) {
   os << "== mla-bisect: " << scan.headline << " ==\n\n";
-  os << "layer  verdict        worst/tol  worst probe   first divergent   isolation / diagnosis\n";
+  os << "layer  verdict        worst/tol  worst probe   first divergent            isolation / diagnosis\n";
   for (const auto& l : scan.layers) {
     std::ostringstream ratio;
     if (l.worst_probe.empty()) ratio << "-";
     else if (!std::isfinite(l.worst_ratio)) ratio << "non-finite";
     else ratio << std::setprecision(3) << l.worst_ratio << "x";
     os << std::left << std::setw(7) << l.layer << std::setw(15) << verdict_word(l) << std::setw(11) << ratio.str()
-       << std::setw(14) << (l.worst_probe.empty() ? "-" : l.worst_probe) << std::setw(18)
+       << std::setw(14) << (l.worst_probe.empty() ? "-" : l.worst_probe) << std::setw(27)
        << (l.rep.first ? l.rep.first->name + " (" + l.rep.first->stage + ")" : std::string("-")) << std::right;
     if (!l.error.empty()) os << l.error;
     else if (l.rep.first) {
@@ -171,6 +171,11 @@ void print_replay_scan(std::ostream& os, const ReplayScan& scan) {
   }
   os << "\n(worst/tol: the largest rel_l2 over the layer's captured probes divided by that probe's tolerance; "
         "each layer replayed on its own captured inputs)\n";
+  for (const auto& l : scan.layers)
+    if (l.layer == scan.first_layer && l.rep.isolation.rfind("not isolated", 0) == 0)
+      os << "next: capture layer " << l.layer << " with its probes in full (mla_bisect.hf.capture_layer(model, "
+         << l.layer << ", PATH), or capture_model(..., layers=[" << l.layer
+         << "], probe_level=\"full\")) and replay it: the stage is then isolated and its causes tested\n";
   if (scan.first_layer >= 0) {
     for (const auto& l : scan.layers)
       if (l.layer == scan.first_layer) {

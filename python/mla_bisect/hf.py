@@ -53,10 +53,11 @@ class _Captured:
 class LayerCapture:
     """The handle `capture_layer` yields: `captured` tells whether the layer ran and was written."""
 
-    def __init__(self, path, layer_index, step):
+    def __init__(self, path, layer_index, step, probe_level="full"):
         self.path = path
         self.layer_index = layer_index
         self.step = step
+        self.probe_level = probe_level
         self.captured = False
         self.probes: list[str] = []
         self.calls = 0
@@ -137,6 +138,7 @@ def capture_layer(
     engine: str = "hf-transformers",
     engine_options: str = "",
     device: str | None = None,
+    probe_level: str = "full",
 ):
     """Records layer `layer_index`'s MLA attention of `model` into the dump `path` while the block runs.
 
@@ -152,6 +154,8 @@ def capture_layer(
     they are (a call without one: every token of [B, S] is real). Positions are the call's position_ids, starting
     anywhere. A step the adapter cannot record is warned about and its reason written to `path` (status
     "stopped: ..."; `error` on the handle); the model's forward is never interrupted by the capture.
+    probe_level: "full" (every probe's tensor: replay can isolate each stage and test causes), "sketch" or "stats"
+    (statistics only: small files; the layer's input stays in full in /inputs either way).
     """
     attn_name, attn = _find_attention(model, layer_index)
     layer = _find_decoder_layer(model, attn)
@@ -162,7 +166,7 @@ def capture_layer(
         )
     modeling = sys.modules[type(attn).__module__]
     config = _config_dict(getattr(attn, "config", None) or model.config)
-    handle = LayerCapture(path, layer_index, step)
+    handle = LayerCapture(path, layer_index, step, probe_level)
     state = {"recording": False, "in_indexer": False, "cap": None}
     hooks = []
     patches = []  # (namespace, name, previous value or _MISSING)
@@ -508,6 +512,7 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
         engine_dtype=dtype,
         device=device or str(ref.device),
         layer_index=handle.layer_index,
+        probe_level=handle.probe_level,
     ) as rec:
         rec.inputs(
             **{kind: probes[kind]},
@@ -650,3 +655,11 @@ def _page_rows(cache, block_table, rows):
         for p0 in range(0, r.shape[0], page):
             n = min(page, r.shape[0] - p0)
             cache[0, block_table[i, p0 // page], :n] = r[p0:p0 + n]
+
+
+def capture_model(model, path, layers=None, **kwargs):
+    """Records every MLA layer of `model` (or `layers`) in one forward: PATH.layer<L>.h5 per layer, each a
+    single-layer capture; `mla-bisect replay PATH --weights CKPT` replays them all. See mla_bisect.hf_model."""
+    from .hf_model import capture_model as _capture_model
+
+    return _capture_model(model, path, layers=layers, **kwargs)

@@ -124,8 +124,9 @@ void setup_compare(CLI::App& app, int& exit_code) {
       "reference's stage graph expects must be matched: exit 0 all matched and within tolerance, 1 a divergence or a "
       "missing probe, 2 unreadable or incomparable dumps (different model dims, mode, tokens, batch, context or probe "
       "shapes) or no probe matched, 3 a dump that stopped early");
-  cmd->add_option("candidate", o->a, "Candidate dump (.h5); or --candidate");
-  cmd->add_option("reference", o->b, "Reference dump (.h5); or --reference");
+  // Positional names apart from the options' (CLI11 2.2+ refuses a positional named like a long option).
+  cmd->add_option("candidate_dump", o->a, "Candidate dump (.h5); or --candidate");
+  cmd->add_option("reference_dump", o->b, "Reference dump (.h5); or --reference");
   cmd->add_option("--candidate", o->named_a,
                   "Candidate dump, named (with --reference): the pair is compared as given, even where its provenance "
                   "looks reversed (a less precise reference, or a capture as the reference)");

@@ -4,6 +4,7 @@
  * the C++ loop's order (products of two floats are exact in double, so contraction into FMA changes no bit). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LANES 32
@@ -83,6 +84,41 @@ void mla_seq_stats(const float* data, int64_t n, double* out, int64_t* counts) {
   counts[1] = inf;
 }
 
+/* sketch[r * 32 + k] = sum over c in column order of data[r, c] * coeff[c, k], rows r0..r1. The columns go in blocks
+ * whose coefficients (SKETCH_BLOCK x 32 doubles) stay in cache while every row adds its part to its 32 running sums
+ * (each sum still in column order: the same bits as one pass per row). */
+#define SKETCH_BLOCK 128
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
+__attribute__((target_clones("avx2", "default")))  /* 4 lanes a vector where the CPU has AVX2 */
+#endif
+static void sketch_rows(const float* data, int64_t C, int64_t r0, int64_t r1, const double* coeff, float* sketch) {
+  double one[LANES];
+  double* sums = r1 > r0 ? (double*)malloc((size_t)(r1 - r0) * LANES * sizeof(double)) : NULL;
+  const int64_t step = sums ? r1 - r0 : 1; /* rows that go through the blocks together */
+  if (!sums) sums = one;
+  for (int64_t a = r0; a < r1; a += step) {
+    const int64_t b = a + step;
+    for (int64_t i = 0; i < step * LANES; ++i) sums[i] = 0;
+    for (int64_t c0 = 0; c0 < C; c0 += SKETCH_BLOCK) {
+      const int64_t c1 = C - c0 < SKETCH_BLOCK ? C : c0 + SKETCH_BLOCK;
+      for (int64_t r = a; r < b; ++r) {
+        const float* row = data + r * C;
+        double acc[LANES];
+        memcpy(acc, sums + (r - a) * LANES, sizeof acc);
+        for (int64_t c = c0; c < c1; ++c) {
+          const double v = row[c];
+          const double* cf = coeff + c * LANES;
+          for (int k = 0; k < LANES; ++k) acc[k] += v * cf[k];
+        }
+        memcpy(sums + (r - a) * LANES, acc, sizeof acc);
+      }
+    }
+    for (int64_t r = a; r < b; ++r)
+      for (int k = 0; k < LANES; ++k) sketch[r * LANES + k] = (float)sums[(r - a) * LANES + k];
+  }
+  if (sums != one) free(sums);
+}
+
 /* Rows r0..r1 of the [T, C] view: their checksum terms summed mod 2^64 (returned), token_l2[r], head_l2[r * heads + h]
  * (heads > 0, C a multiple of heads) and sketch[r * 32 + k] (coeff non-null). dtype: 0 fp32, 1 bf16, 2 fp16, 3 the
  * 8-bit patterns given in bits8 (same layout as data). */
@@ -127,16 +163,7 @@ uint64_t mla_rows(const float* data, int64_t C, int64_t r0, int64_t r1, int dtyp
       for (int64_t c = 0; c < C; ++c) s += (double)row[c] * row[c];
     }
     token_l2[r] = (float)sqrt(s);
-    if (coeff) {
-      double acc[LANES];
-      for (int k = 0; k < LANES; ++k) acc[k] = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const double v = row[c];
-        const double* cf = coeff + c * LANES;
-        for (int k = 0; k < LANES; ++k) acc[k] += v * cf[k];
-      }
-      for (int k = 0; k < LANES; ++k) sketch[r * LANES + k] = (float)acc[k];
-    }
   }
+  if (coeff) sketch_rows(data, C, r0, r1, coeff, sketch);
   return total;
 }

@@ -14,6 +14,7 @@
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
+#include "probes/dump.h"
 
 namespace mla {
 
@@ -40,9 +41,17 @@ std::map<int, std::string> layer_capture_files(const std::string& path) {
   return out;
 }
 
+bool is_layer_capture_set(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec) || fs::exists(path + ".journal", ec) || fs::exists(rank_dump_path(path, 0), ec) ||
+      fs::exists(rank_dump_path(path, 0) + ".journal", ec))
+    return false;
+  return !layer_capture_files(path).empty();
+}
+
 namespace {
 
-void measure_worst(LayerReplay& l) {
+void scan_measure_worst(LayerReplay& l) {
   for (const auto& r : l.rep.compare.results) {
     if (r.weight || r.verdict == Verdict::Verdict_missing || r.tol.rel_l2 <= 0) continue;
     const double ratio = std::isfinite(r.m.rel_l2) ? r.m.rel_l2 / r.tol.rel_l2 : HUGE_VAL;
@@ -53,7 +62,7 @@ void measure_worst(LayerReplay& l) {
   }
 }
 
-std::string layer_list(const std::vector<int>& v) {
+std::string scan_layer_list(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size();) {
     size_t j = i;
@@ -64,14 +73,14 @@ std::string layer_list(const std::vector<int>& v) {
   return s;
 }
 
-std::string cause_text(const BisectReport& rep) {
+std::string scan_cause_text(const BisectReport& rep) {
   if (!rep.first) return "";
   const Diagnosis& d = rep.diagnosis;
   if (d.pattern.empty()) return "";
   return (d.confidence == "confirmed" ? "" : "(" + diagnosis_label(d) + ") ") + d.pattern;
 }
 
-std::string verdict_word(const LayerReplay& l) {
+std::string scan_verdict_word(const LayerReplay& l) {
   switch (l.exit_code) {
     case 0: return "agrees";
     case 1: return "DIVERGES";
@@ -108,7 +117,7 @@ ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std:
     try {
       l.rep = run_replay(o);
       l.exit_code = l.rep.exit_code;
-      measure_worst(l);
+      scan_measure_worst(l);
     } catch (const EngineError& e) {
       l.exit_code = ExitCode_engine;
       l.error = e.what();
@@ -132,17 +141,17 @@ ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std:
     scan.headline = "layer " + std::to_string(f.layer) + "'s MLA diverges on its own captured inputs" +
                     (f.rep.first ? ": first divergent probe " + f.rep.first->name + " (stage " + f.rep.first->stage + ")"
                                  : std::string()) +
-                    (diverge.size() > 1 ? "; layers " + layer_list(diverge) + " diverge" : std::string()) +
-                    (agree.empty() ? std::string() : "; layers " + layer_list(agree) + " agree");
+                    (diverge.size() > 1 ? "; layers " + scan_layer_list(diverge) + " diverge" : std::string()) +
+                    (agree.empty() ? std::string() : "; layers " + scan_layer_list(agree) + " agree");
   } else if (!stopped.empty() || !failed.empty()) {
     scan.exit_code = !stopped.empty() ? ExitCode_engine : ExitCode_usage;
     scan.headline = std::to_string(agree.size()) + " of " + n + " captured layers agree with the reference on their own " +
-                    "inputs" + (stopped.empty() ? "" : "; layers " + layer_list(stopped) + " stopped early") +
-                    (failed.empty() ? "" : "; layers " + layer_list(failed) + " could not be replayed") +
+                    "inputs" + (stopped.empty() ? "" : "; layers " + scan_layer_list(stopped) + " stopped early") +
+                    (failed.empty() ? "" : "; layers " + scan_layer_list(failed) + " could not be replayed") +
                     ": no verdict on those";
   } else {
     scan.exit_code = ExitCode_ok;
-    scan.headline = "every MLA layer agrees with the reference on its own inputs (layers " + layer_list(agree) +
+    scan.headline = "every MLA layer agrees with the reference on its own inputs (layers " + scan_layer_list(agree) +
                     "): if the model's output is wrong, the error enters outside MLA attention (MLP/MoE, embeddings, "
                     "sampling), or in a layer not captured";
   }
@@ -158,13 +167,13 @@ void print_replay_scan(std::ostream& os, const ReplayScan& scan) {
     if (l.worst_probe.empty()) ratio << "-";
     else if (!std::isfinite(l.worst_ratio)) ratio << "non-finite";
     else ratio << std::setprecision(3) << l.worst_ratio << "x";
-    os << std::left << std::setw(7) << l.layer << std::setw(15) << verdict_word(l) << std::setw(11) << ratio.str()
+    os << std::left << std::setw(7) << l.layer << std::setw(15) << scan_verdict_word(l) << std::setw(11) << ratio.str()
        << std::setw(14) << (l.worst_probe.empty() ? "-" : l.worst_probe) << std::setw(27)
        << (l.rep.first ? l.rep.first->name + " (" + l.rep.first->stage + ")" : std::string("-")) << std::right;
     if (!l.error.empty()) os << l.error;
     else if (l.rep.first) {
       os << (l.rep.isolation.empty() ? "" : l.rep.isolation);
-      const std::string c = cause_text(l.rep);
+      const std::string c = scan_cause_text(l.rep);
       if (!c.empty()) os << (l.rep.isolation.empty() ? "" : "; ") << c;
     }
     os << "\n";
@@ -196,7 +205,7 @@ nlohmann::json replay_scan_to_json(const ReplayScan& scan) {
   j["seconds"] = scan.seconds;
   j["layers"] = nlohmann::json::array();
   for (const auto& l : scan.layers) {
-    nlohmann::json e = {{"layer", l.layer}, {"file", l.file}, {"exit_code", l.exit_code}, {"verdict", verdict_word(l)}};
+    nlohmann::json e = {{"layer", l.layer}, {"file", l.file}, {"exit_code", l.exit_code}, {"verdict", scan_verdict_word(l)}};
     if (!l.error.empty()) e["error"] = l.error;
     if (!l.worst_probe.empty()) {
       e["worst_probe"] = l.worst_probe;
@@ -259,11 +268,11 @@ std::string replay_scan_to_html(const ReplayScan& scan) {
   h << "<table><tr><th>layer</th><th>verdict</th><th>worst/tol</th><th>worst probe</th><th>first divergent</th>"
        "<th>isolation / diagnosis</th></tr>";
   for (const auto& l : scan.layers) {
-    h << "<tr><td>" << l.layer << "</td><td" << (l.exit_code == 1 ? " class=\"bad\"" : "") << ">" << verdict_word(l)
+    h << "<tr><td>" << l.layer << "</td><td" << (l.exit_code == 1 ? " class=\"bad\"" : "") << ">" << scan_verdict_word(l)
       << "</td><td>" << (l.worst_probe.empty() ? "-" : std::to_string(l.worst_ratio)) << "</td><td>"
       << xml_escape(l.worst_probe) << "</td><td>"
       << (l.rep.first ? xml_escape(l.rep.first->name + " (" + l.rep.first->stage + ")") : "-") << "</td><td>"
-      << xml_escape(!l.error.empty() ? l.error : l.rep.isolation + (cause_text(l.rep).empty() ? "" : "; " + cause_text(l.rep)))
+      << xml_escape(!l.error.empty() ? l.error : l.rep.isolation + (scan_cause_text(l.rep).empty() ? "" : "; " + scan_cause_text(l.rep)))
       << "</td></tr>";
   }
   h << "</table>";

@@ -21,6 +21,9 @@ namespace mla {
 // The per-layer captures of FILE.h5, by checkpoint layer: FILE.layer<L>.h5 (or its journal, or a per-rank set
 // FILE.layer<L>.rank0.h5 ...). Empty when there is none.
 std::map<int, std::string> layer_capture_files(const std::string& path);
+// Whether FILE.h5 names a whole-model capture: FILE.h5 is no dump (no file, journal or rank set) and
+// FILE.layer<L>.h5 files sit beside it.
+bool is_layer_capture_set(const std::string& path);
 
 struct LayerReplay {
   int layer = 0;

@@ -4,7 +4,9 @@
 #include <iostream>
 
 #include "harness/bisect/causes.h"
+#include "harness/bisect/replay_layers.h"
 #include "harness/cli/commands.h"
+#include "harness/compare/layer_sets.h"
 #include "harness/cli/run_options.h"
 #include "harness/engine/engine.h"
 #include "harness/model/errors.h"
@@ -71,8 +73,22 @@ int run_compare(const CompareCmdOptions& o) {
   if (!named && (o.a.empty() || o.b.empty()))
     throw UsageError("compare: two dumps are needed: compare CANDIDATE.h5 REFERENCE.h5, or --candidate FILE "
                      "--reference FILE");
-  const Dump a = read_dump(named ? o.named_a : o.a);
-  const Dump b = read_dump(named ? o.named_b : o.b);
+  const std::string path_a = named ? o.named_a : o.a, path_b = named ? o.named_b : o.b;
+  // Two whole-model captures (FILE.layer<L>.h5 sets): where the error enters, layer by layer.
+  const bool set_a = is_layer_capture_set(path_a), set_b = is_layer_capture_set(path_b);
+  if (set_a != set_b)
+    throw UsageError("compare: " + (set_a ? path_a : path_b) + " is a whole-model capture (FILE.layer<L>.h5) and " +
+                     (set_a ? path_b : path_a) + " is not: compare two whole-model captures, or two dumps");
+  if (set_a) {
+    const LayerSetComparison c =
+        compare_layer_sets(path_a, layer_capture_files(path_a), path_b, layer_capture_files(path_b), o.k);
+    if (o.brief) std::cout << c.headline << "\n";
+    else print_layer_sets(std::cout, c);
+    if (!o.json.empty()) write_text_file(o.json, layer_sets_to_json(c).dump(2));
+    return c.exit_code;
+  }
+  const Dump a = read_dump(path_a);
+  const Dump b = read_dump(path_b);
   // Positional dumps whose provenance says they are the other way round: no verdict on them.
   if (!named) {
     const std::string why = looks_reversed(a, b);

@@ -28,16 +28,6 @@ struct ReplayCmdOptions {
   bool brief = false, quiet = false;
 };
 
-// A whole-model capture: FILE.h5 is not itself a dump, and FILE.layer<L>.h5 files sit beside it.
-bool is_layer_set(const std::string& capture) {
-  std::error_code ec;
-  if (std::filesystem::exists(capture, ec) || std::filesystem::exists(capture + ".journal", ec) ||
-      std::filesystem::exists(rank_dump_path(capture, 0), ec) ||
-      std::filesystem::exists(rank_dump_path(capture, 0) + ".journal", ec))
-    return false;
-  return !layer_capture_files(capture).empty();
-}
-
 int run_replay_scan_cmd(const ReplayCmdOptions& o, ReplayOptions r) {
   if (o.layer >= 0)
     throw UsageError("--layer " + std::to_string(o.layer) + ": " + o.capture + " is a whole-model capture (" +
@@ -68,7 +58,7 @@ int run_replay_cmd(const ReplayCmdOptions& o) {
   r.k = o.k;
   r.overrides = parse_tol_overrides(o.tol);
   r.progress = !o.quiet;
-  if (is_layer_set(o.capture)) return run_replay_scan_cmd(o, r);
+  if (is_layer_capture_set(o.capture)) return run_replay_scan_cmd(o, r);
   if (!o.layers.empty())
     throw UsageError("--layers " + o.layers + ": " + o.capture + " is a single-layer capture (--layers narrows a "
                      "whole-model capture, FILE.layer<L>.h5)");

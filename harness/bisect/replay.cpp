@@ -384,7 +384,9 @@ BisectReport run_replay(const ReplayOptions& opt) {
 
   step("reference (fp32) on the captured inputs");
   ReferenceEngine ref_engine(std::map<std::string, std::string>{});
-  Dump ref = run_in_process(ref_engine, cfg, spec, weights, inputs);
+  // Weight records (a checksum and sketch of every weight) only where the capture holds weights to compare them with.
+  const bool compare_weights = !cap.weights.empty();
+  Dump ref = run_in_process(ref_engine, cfg, spec, weights, inputs, nullptr, -1, nullptr, {}, compare_weights);
   ref.path = opt.reference_out.empty() ? "reference (in memory)" : opt.reference_out;
   ref.meta = reference_meta(cfg, spec, opt, layer);
   ref.has_inputs = true;
@@ -441,7 +443,7 @@ BisectReport run_replay(const ReplayOptions& opt) {
     step("reference (fp32) on the capture's selection (its top-k swapped near-tied keys)");
     fed = std::make_shared<SelectionFed>();
     ReferenceEngine fed_engine(std::map<std::string, std::string>{});
-    Dump again = run_in_process(fed_engine, cfg, spec, weights, inputs, nullptr, -1, nullptr, {}, true, false,
+    Dump again = run_in_process(fed_engine, cfg, spec, weights, inputs, nullptr, -1, nullptr, {}, compare_weights, false,
                                 selection_feed(cap, inputs, tol, fed));
     again.path = ref.path;
     again.meta = ref.meta;

@@ -124,3 +124,58 @@ class Recorder:
             return self._writer.__exit__(exc_type, exc, tb)
         self._closed = True
         return False
+
+
+class ModelRecorder:
+    """Records several layers of one forward, one Recorder per layer, into the whole-model capture PATH
+    (PATH.layer<L>.h5, per rank PATH.layer<L>.rank<R>.h5 with process_rank): what `mla-bisect replay PATH` replays
+    layer by layer and `mla-bisect compare` compares with another system's.
+
+        rec = ModelRecorder("cap.h5", hf_config, tp=8, process_rank=rank, engine="vllm", launch_id=step_id)
+        # in the hook of layer L (every layer, every rank):
+        rec.layer(L).inputs(h=hidden_states, positions=positions)
+        rec.layer(L).probe("q_c", q_c)
+        ...
+        rec.close()        # or: with ModelRecorder(...) as rec:
+
+    Keyword arguments are the Recorder's (mode, tp, engine, engine_dtype, process_rank, launch_id, ...), the same
+    for every layer. A layer's file is written when close() is called, or earlier by rec.close_layer(L)."""
+
+    def __init__(self, path, config, **recorder_options):
+        import os
+
+        self.path = os.fspath(path)
+        if os.path.exists(self.path):
+            raise ValueError(f"ModelRecorder: {self.path} exists; a whole-model capture is the set "
+                             f"{self.layer_path(0)} ... beside a PATH that is not a file: choose another PATH")
+        self.config = config
+        self.options = recorder_options
+        self._layers = {}
+
+    def layer_path(self, layer):
+        stem = self.path[:-3] if self.path.endswith(".h5") else self.path
+        return f"{stem}.layer{int(layer)}.h5"
+
+    def layer(self, layer):
+        """The Recorder of checkpoint layer `layer` (made on first use)."""
+        layer = int(layer)
+        if layer not in self._layers:
+            self._layers[layer] = Recorder(self.layer_path(layer), self.config, layer_index=layer, **self.options)
+        return self._layers[layer]
+
+    def close_layer(self, layer):
+        rec = self._layers.get(int(layer))
+        if rec is not None:
+            rec.close()
+
+    def close(self):
+        for rec in self._layers.values():
+            rec.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        for rec in self._layers.values():
+            rec.__exit__(exc_type, exc, tb)
+        return False

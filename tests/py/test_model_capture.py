@@ -217,3 +217,33 @@ def test_two_whole_model_captures_say_where_the_error_enters(bug, checkpoints, t
         assert data["first_layer"] == 2, describe(proc)
         assert "layer 2's attention output differs" in data["headline"], describe(proc)
         assert "layer 2's MLA" in data["headline"]
+
+
+def test_recorder_tp2_every_layer(checkpoints, tmp_path):
+    """A tensor-parallel engine's hooks: each of 2 ranks records its heads of every layer through ModelRecorder
+    (PATH.layer<L>.rank<R>.h5), here from an HF whole-model capture at full level split by heads; replay reads the
+    set layer by layer, each layer's rank files as one capture. Expected: every layer agrees, exit 0."""
+    from mla_bisect.capture import ModelRecorder
+    from mla_bisect.dump import read_dump
+
+    weights = ckpt(checkpoints, "deepseek_v3")
+    capture_all(load(weights, torch.float32), tmp_path / "whole.h5", probe_level="full")
+    tp = 2
+    for r in range(tp):
+        with ModelRecorder(tmp_path / "split.h5", weights, tp=tp, process_rank=r, launch_id="split-test",
+                           engine="split", engine_dtype="fp32") as rec:
+            for layer in range(LAYERS):
+                d = read_dump(layer_path(tmp_path / "whole.h5", layer))
+                rec.layer(layer).inputs(h=d.inputs.x, positions=d.inputs.positions, seq_lens=d.inputs.seq_lens)
+                for (_, name), p in d.probes.items():
+                    data = p.ranks[0].data
+                    if p.contract == "heads":
+                        n = data.shape[1] // tp
+                        rec.layer(layer).probe(name, data[:, r * n:(r + 1) * n], rank=r)
+                    elif p.contract == "replicated":
+                        rec.layer(layer).probe(name, data, rank=r)
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("split."))
+    assert names == sorted(f"split.layer{l}.rank{r}.h5" for l in range(LAYERS) for r in range(tp))
+    proc, data = replay(tmp_path / "split.h5", weights, tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert [l["verdict"] for l in data["layers"]] == ["agrees"] * LAYERS

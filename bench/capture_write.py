@@ -7,7 +7,7 @@ interleaved. Prints the median of each:
     capture      the forward inside capture_layer
     write        the time spent writing the capture (mla_bisect.hf._write: tensors to records, the journal, the
                  HDF5 file, the fsyncs), measured around the call itself
-    ratio        write / forward
+    ratio        write / forward (and the same of the fastest run of each: the least disturbed on a shared machine)
 
 Default dims are DeepSeek-V3's attention (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, rope 64, nope 128,
 v 128), T 512 tokens; the rest of the model is as small as the config allows.
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.append(os.path.join(HERE, "..", "python"))  # after PYTHONPATH: another checkout's package can be timed
 
 V3 = dict(hidden=7168, heads=128, q_lora=1536, kv_lora=512, rope=64, nope=128, v=128)
 
@@ -129,10 +129,12 @@ def main(argv=None):
         size = os.path.getsize(os.path.join(d, "capture.h5"))
     f, c, w = (statistics.median(v) for v in (fwd, cap, wr))
     where = "C extension" if hashing._ext() is not None else "numpy"
+    import mla_bisect
     print(f"T {a.tokens}, dims {dims}, {a.threads} threads, records in {where}, {size / 1e6:.0f} MB file, "
-          f"median of {a.repeat}:")
+          f"median of {a.repeat} ({os.path.dirname(mla_bisect.__file__)}):")
     print(f"  forward {f:.3f} s  capture {c:.3f} s  write {w:.3f} s  ratio {w / f:.2f}x  "
           f"(capture - forward {c - f:.3f} s)")
+    print(f"  fastest: forward {min(fwd):.3f} s  write {min(wr):.3f} s  ratio {min(wr) / min(fwd):.2f}x")
     print("  forward runs: " + " ".join(f"{v:.3f}" for v in fwd))
     print("  write runs:   " + " ".join(f"{v:.3f}" for v in wr))
     if prof is not None:

@@ -23,13 +23,17 @@ whole tensor. A tensor may carry leading axes that multiply to T ([B, S, N, P] f
 Crash safety. The writer uses the C++ journal (probes/journal.h, mla_bisect.journal): at construction it writes
 FILE.h5.journal (a header record with the run's metadata, fsynced, flock held while the writer lives) and removes
 an older FILE.h5; inputs() swaps in a header carrying the inputs (a new journal renamed over the old one); every
-probe is one CRC'd record appended with a single write(2), which the kernel keeps when the process is killed;
-close() appends a finish record, folds the journal into FILE.h5 (written to FILE.h5.tmp.PID, fsynced, renamed into
-place) and removes the journal. A capture killed at any point therefore leaves either the finished FILE.h5 or a
+probe is one CRC'd record appended with writev(2) straight from the record's buffers (the tensor's float32 data is
+not copied), which the kernel keeps when the process is killed: a probe is durable against a crash once probe()
+returns. close() appends a finish record, fsyncs the journal, writes FILE.h5 (to FILE.h5.tmp.PID, fsynced,
+renamed into place) from the records it wrote, the data kept in memory (up to HOLD_BYTES; past it read back from
+the journal), and removes the journal. A capture killed at any point therefore leaves either the finished FILE.h5 or a
 journal that `mla-bisect inspect FILE.h5` (and every other C++ command) folds into FILE.h5, with status "stopped:
 after layer L probe P rank R" naming the last probe committed; read_dump folds it in memory the same way (it never
-writes; recover_dump writes FILE.h5 as the C++ reader does). A journal whose writer is alive reads as it stands,
-status "running: ...". Leaving a `with DumpWriter(...)` block by an exception closes the dump with status
+writes; recover_dump writes FILE.h5 as the C++ reader does). A writer killed before its header reached the journal
+leaves its header in FILE.h5.journal.tmp.PID (folded as the journal, "stopped: before the first probe"), or nothing
+but an empty journal or temporary file: that reads as "stopped: before the run wrote its header (...)", nothing else
+known, and is not folded. A journal whose writer is alive reads as it stands, status "running: ...". Leaving a `with DumpWriter(...)` block by an exception closes the dump with status
 "stopped: after ... (the exception)".
 
 Ranks. One process recording every rank (process_rank=None): probe(..., rank=r) for r in 0..tp-1; the dump format
@@ -834,16 +838,18 @@ class DumpWriter:
                 status = f"stopped: probes recorded without their lower ranks: {waiting}"
         j = self._journal
         j.append(jr.FINISH, jr.encode_finish(status))
-        # The journal is fsynced (as the C++ writer does before its HDF5 file) on the helper thread while the HDF5
-        # file is written; the file is renamed into place only once the journal is on disk.
-        synced = jr.helper().submit(j.sync)
-        try:
-            jmap = mmap.mmap(j.fd, j.size, prot=mmap.PROT_READ) if self._spilled else None
-            d = self._written_dump(status, jmap)
-            write_h5(d, self.path, before_rename=synced.result)
-            del d
-        finally:
-            synced.result()
+        # The journal on disk first (as the C++ writer does before its HDF5 file; its writeback started as the records
+        # were appended); then, where the file is written from memory alone, its cached pages are let go, so that
+        # the HDF5 file's pages reuse them.
+        j.sync()
+        jmap = None
+        if self._spilled:
+            jmap = mmap.mmap(j.fd, j.size, prot=mmap.PROT_READ)
+        else:
+            jr.drop_cache(j.fd)
+        d = self._written_dump(status, jmap)
+        write_h5(d, self.path)
+        del d
         j.remove()
         self._closed = True
 
@@ -1007,10 +1013,10 @@ def _json_text(v) -> str:
     return "null" if v is None else json.dumps(v, separators=(",", ":"), default=str)
 
 
-def write_h5(d: Dump, path: str, before_rename=None) -> None:
+def write_h5(d: Dump, path: str) -> None:
     """Writes `d` as FILE.h5 atomically (a temp file in the same directory, fsync, rename), in the C++ writer's
-    layout and attribute types (probes/dump_write.cpp write_file). before_rename: called after the fsync, before
-    the rename (an exception from it leaves no file)."""
+    layout and attribute types (probes/dump_write.cpp write_file). The file's writeback starts as its data is
+    written, so that the fsync finds little left to do."""
     h5py = _h5py()
     tmp = f"{path}.tmp.{os.getpid()}"
     a = d.attrs
@@ -1052,6 +1058,11 @@ def write_h5(d: Dump, path: str, before_rename=None) -> None:
                     g.create_dataset("kv_cache", data=np.asarray(i.kv_cache, dtype=np.float32))
                 if i.index_cache is not None:
                     g.create_dataset("index_cache", data=np.asarray(i.index_cache, dtype=np.float32))
+            try:  # the file descriptor of HDF5's default (sec2) driver: its writeback starts as datasets are written
+                fd = f.id.get_vfd_handle()
+            except Exception:  # noqa: BLE001 - another driver: the fsync below does it all
+                fd = -1
+            unsynced = 0
             for p in d.probes.values():
                 lg = f.require_group(f"layer{p.layer}")
                 g = lg.create_group(p.name)
@@ -1078,13 +1089,15 @@ def write_h5(d: Dump, path: str, before_rename=None) -> None:
                             rg.create_dataset(k, data=np.asarray(v, dtype=np.float32))
                     if rec.data is not None and np.size(rec.data):
                         rg.create_dataset("data", data=np.asarray(rec.data, dtype=np.float32))
+                        unsynced += rec.data.nbytes
+                        if fd >= 0 and unsynced >= (1 << 22):
+                            jr.start_writeback(fd)
+                            unsynced = 0
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        if before_rename is not None:
-            before_rename()
         os.rename(tmp, path)
         jr.sync_dir(path)
     except BaseException:

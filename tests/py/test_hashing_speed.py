@@ -265,6 +265,44 @@ def report(tokens=512):
             f"writing {cap - fwd:.2f} s ({(cap - fwd) / fwd:.2f}x the forward), of it compute_record {rec:.2f} s")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Guard: a capture's writing against the forward it captures, at a smaller shape than the benchmark's
+# ---------------------------------------------------------------------------------------------------------------
+
+GUARD_TOKENS = 512
+GUARD_DIMS = dict(hidden=2048, heads=32, q_lora=512, kv_lora=256, rope=64, nope=128, v=128)
+GUARD_RATIO = 3.0  # writing / forward, the fastest of 5 each
+
+
+def _capture_bench():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "capture_write.py")
+    spec = importlib.util.spec_from_file_location("capture_write", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(os.environ.get("MLA_NO_TIMING", "") not in ("", "0"), reason="timing test: MLA_NO_TIMING is set")
+def test_capture_writing_stays_within_a_bound_of_the_forward(tmp_path):
+    """bench/capture_write.py at hidden 2048, 32 heads, q_lora 512, kv_lora 256, T 512 (bf16, 2 torch threads): the
+    time capture_layer spends writing (records, journal, HDF5 file, fsyncs) is at most GUARD_RATIO times the
+    forward's, the fastest of 5 interleaved runs of each (the least disturbed on a shared machine). Writing the
+    capture a second time over (a copy of every tensor's bytes, a CRC pass, or the HDF5 file read back from the
+    journal) breaks it; the records in numpy (no C extension) are not held to it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if hashing._ext() is None:
+        pytest.skip("the C extension did not build here: the numpy records are not held to the bound")
+    cw = _capture_bench()
+    model, x = cw.build(GUARD_TOKENS, GUARD_DIMS, threads=2)
+    forward, _, write = cw.measure(model, x, str(tmp_path), repeat=5)
+    ratio = min(write) / min(forward)
+    assert ratio <= GUARD_RATIO, (f"writing a capture took {min(write):.3f} s against a forward of "
+                                  f"{min(forward):.3f} s: {ratio:.2f}x (bound {GUARD_RATIO}x; runs: write "
+                                  f"{[round(v, 3) for v in write]}, forward {[round(v, 3) for v in forward]})")
+
+
 @pytest.mark.skipif(not os.environ.get("MLA_HASH_BENCH"), reason="benchmark: set MLA_HASH_BENCH=1 (or run the file)")
 def test_benchmark_writing_vs_forward(capsys):
     pytest.importorskip("torch")

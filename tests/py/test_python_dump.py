@@ -594,14 +594,14 @@ def test_close_writes_what_the_journal_folds_to(cpp_read, work, monkeypatch, hol
     folded = {}
     write_h5 = dm.write_h5
 
-    def spy(d, path, before_rename=None):
+    def spy(d, path):
         jp = path + ".journal"
         fd = os.open(jp, os.O_RDONLY)
         try:
             folded[path] = dm._fold(jr.scan_fd(fd), path, jp, "finish", finish_status=d.status, copy=True)
         finally:
             os.close(fd)
-        return write_h5(d, path, before_rename)
+        return write_h5(d, path)
 
     monkeypatch.setattr(dm, "write_h5", spy)
     for case in ("layers2_tp2", "dsa_decode_tp2", "bf16_decode"):

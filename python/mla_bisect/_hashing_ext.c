@@ -84,86 +84,88 @@ void mla_seq_stats(const float* data, int64_t n, double* out, int64_t* counts) {
   counts[1] = inf;
 }
 
-/* sketch[r * 32 + k] = sum over c in column order of data[r, c] * coeff[c, k], rows r0..r1. The columns go in blocks
- * whose coefficients (SKETCH_BLOCK x 32 doubles) stay in cache while every row adds its part to its 32 running sums
- * (each sum still in column order: the same bits as one pass per row). */
-#define SKETCH_BLOCK 128
+/* Rows r0..r1 of the [T, C] view: their checksum terms summed mod 2^64 (returned), token_l2[r], head_l2[r * heads + h]
+ * (heads > 0, C a multiple of heads) and sketch[r * 32 + k] (coeff non-null). dtype: 0 fp32, 1 bf16, 2 fp16, 3 the
+ * 8-bit patterns given in bits8 (same layout as data).
+ * One pass over each element does all of it: the columns go in blocks whose sketch coefficients (BLOCK x 32 doubles)
+ * stay in cache while every row of the range takes its part of the block, its running sums kept from block to block.
+ * Every double sum still runs over the columns in order (the row's squares, its head's squares, each sketch lane),
+ * so the bits are those of one loop per row and quantity; the checksum is a sum mod 2^64, in any order. */
+#define BLOCK 128
+
+typedef struct {
+  double s, sh;           /* the row's sum of squares; the current head's */
+  uint64_t h, power;      /* checksum terms so far; A^(c >> 3) of the next column */
+  double acc[LANES];      /* sketch lanes */
+} RowState;
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 __attribute__((target_clones("avx2", "default")))  /* 4 lanes a vector where the CPU has AVX2 */
 #endif
-static void sketch_rows(const float* data, int64_t C, int64_t r0, int64_t r1, const double* coeff, float* sketch) {
-  double one[LANES];
-  double* sums = r1 > r0 ? (double*)malloc((size_t)(r1 - r0) * LANES * sizeof(double)) : NULL;
-  const int64_t step = sums ? r1 - r0 : 1; /* rows that go through the blocks together */
-  if (!sums) sums = one;
-  for (int64_t a = r0; a < r1; a += step) {
-    const int64_t b = a + step;
-    for (int64_t i = 0; i < step * LANES; ++i) sums[i] = 0;
-    for (int64_t c0 = 0; c0 < C; c0 += SKETCH_BLOCK) {
-      const int64_t c1 = C - c0 < SKETCH_BLOCK ? C : c0 + SKETCH_BLOCK;
-      for (int64_t r = a; r < b; ++r) {
-        const float* row = data + r * C;
-        double acc[LANES];
-        memcpy(acc, sums + (r - a) * LANES, sizeof acc);
-        for (int64_t c = c0; c < c1; ++c) {
-          const double v = row[c];
-          const double* cf = coeff + c * LANES;
-          for (int k = 0; k < LANES; ++k) acc[k] += v * cf[k];
-        }
-        memcpy(sums + (r - a) * LANES, acc, sizeof acc);
+static void row_part(const float* row, const uint8_t* b8, int dtype, int64_t c0, int64_t c1, uint64_t row_hash,
+                     int64_t X, float* head_out, const double* coeff, RowState* st) {
+  double s = st->s, sh = st->sh;
+  uint64_t h = st->h, power = st->power;
+  double acc[LANES];
+  memcpy(acc, st->acc, sizeof acc);
+  int64_t c = c0;
+  while (c < c1) {
+    /* up to the end of the block or of the current head, whichever comes first */
+    const int64_t end = X > 0 && (c / X + 1) * X < c1 ? (c / X + 1) * X : c1;
+    for (; c < end; ++c) {
+      const float f = row[c];
+      const uint64_t bits = dtype == 3 ? b8[c] : dtype == 1 ? bf16_bits(f) : dtype == 2 ? fp16_bits(f) : f2u(f);
+      h += (row_hash * power + STEP * ((uint64_t)c & 7ull)) * (2ull * bits + 1ull);
+      if ((c & 7) == 7) power *= BASE;
+      const double d = f;
+      s += d * d;
+      sh += d * d;
+      if (coeff) {
+        const double* cf = coeff + c * LANES;
+        for (int k = 0; k < LANES; ++k) acc[k] += d * cf[k];
       }
     }
-    for (int64_t r = a; r < b; ++r)
-      for (int k = 0; k < LANES; ++k) sketch[r * LANES + k] = (float)sums[(r - a) * LANES + k];
+    if (X > 0 && c % X == 0) {
+      head_out[c / X - 1] = (float)sqrt(sh);
+      sh = 0;
+    }
   }
-  if (sums != one) free(sums);
+  st->s = s;
+  st->sh = sh;
+  st->h = h;
+  st->power = power;
+  memcpy(st->acc, acc, sizeof acc);
 }
 
-/* Rows r0..r1 of the [T, C] view: their checksum terms summed mod 2^64 (returned), token_l2[r], head_l2[r * heads + h]
- * (heads > 0, C a multiple of heads) and sketch[r * 32 + k] (coeff non-null). dtype: 0 fp32, 1 bf16, 2 fp16, 3 the
- * 8-bit patterns given in bits8 (same layout as data). */
 uint64_t mla_rows(const float* data, int64_t C, int64_t r0, int64_t r1, int dtype, const uint8_t* bits8,
                   int64_t heads, const double* coeff, float* token_l2, float* head_l2, float* sketch) {
   uint64_t total = 0;
   const int64_t X = heads > 0 ? C / heads : 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* row = data + r * C;
-    /* checksum: H(row) * A^(c >> 3) + step * (c & 7), times (2 bits + 1) */
-    const uint64_t row_hash = splitmix64((uint64_t)r) | 1ull;
-    uint64_t power = 1, h = 0;
-    if (dtype == 3) {
-      const uint8_t* b = bits8 + r * C;
-      for (int64_t c = 0; c < C; ++c) {
-        h += (row_hash * power + STEP * ((uint64_t)c & 7ull)) * (2ull * b[c] + 1ull);
-        if ((c & 7) == 7) power *= BASE;
-      }
-    } else {
-      for (int64_t c = 0; c < C; ++c) {
-        const uint32_t bits = dtype == 1 ? bf16_bits(row[c]) : dtype == 2 ? fp16_bits(row[c]) : f2u(row[c]);
-        h += (row_hash * power + STEP * ((uint64_t)c & 7ull)) * (2ull * (uint64_t)bits + 1ull);
-        if ((c & 7) == 7) power *= BASE;
-      }
+  RowState one;
+  RowState* states = r1 > r0 ? (RowState*)malloc((size_t)(r1 - r0) * sizeof(RowState)) : NULL;
+  const int64_t step = states ? r1 - r0 : 1; /* rows that go through the blocks together */
+  if (!states) states = &one;
+  for (int64_t a = r0; a < r1; a += step) {
+    const int64_t b = a + step;
+    for (int64_t r = a; r < b; ++r) {
+      RowState* st = states + (r - a);
+      memset(st, 0, sizeof *st);
+      st->power = 1;
     }
-    total += h;
-    /* token and head L2: squares summed in column order, one chain per row and one per head */
-    double s = 0;
-    if (heads > 0) {
-      for (int64_t hd = 0; hd < heads; ++hd) {
-        const float* p = row + hd * X;
-        double sh = 0;
-        for (int64_t c = 0; c < X; ++c) {
-          const double d = p[c];
-          sh += d * d;
-          s += d * d;
-        }
-        head_l2[r * heads + hd] = (float)sqrt(sh);
-      }
-      for (int64_t c = heads * X; c < C; ++c) s += (double)row[c] * row[c];
-    } else {
-      for (int64_t c = 0; c < C; ++c) s += (double)row[c] * row[c];
+    for (int64_t c0 = 0; c0 < C; c0 += BLOCK) {
+      const int64_t c1 = C - c0 < BLOCK ? C : c0 + BLOCK;
+      for (int64_t r = a; r < b; ++r)
+        row_part(data + r * C, dtype == 3 ? bits8 + r * C : NULL, dtype, c0, c1, splitmix64((uint64_t)r) | 1ull,
+                 X, heads > 0 ? head_l2 + r * heads : NULL, coeff, states + (r - a));
     }
-    token_l2[r] = (float)sqrt(s);
+    for (int64_t r = a; r < b; ++r) {
+      const RowState* st = states + (r - a);
+      total += st->h;
+      token_l2[r] = (float)sqrt(st->s);
+      if (coeff)
+        for (int k = 0; k < LANES; ++k) sketch[r * LANES + k] = (float)st->acc[k];
+    }
   }
-  if (coeff) sketch_rows(data, C, r0, r1, coeff, sketch);
+  if (states != &one) free(states);
   return total;
 }

@@ -56,7 +56,6 @@ journal folded by the C++ reader keeps it, as run_options.layer_index too.
 """
 import hashlib
 import json
-import mmap
 import os
 import secrets
 import shlex
@@ -786,9 +785,9 @@ class DumpWriter:
                                level=rec["level"], token_l2=tl if tl is not None and tl.size else None,
                                head_l2=rows(rec["head_l2"]), sketch=rows(rec["sketch"]), data=data)
 
-    def _written_dump(self, status: str, journal_map) -> Dump:
+    def _written_dump(self, status: str) -> Dump:
         """The Dump the journal holds (what _fold makes of it in mode finish), from what the writer kept: data
-        not held in memory is read from `journal_map` (the journal mapped)."""
+        not held in memory is a _JournalData, read from the journal as the HDF5 file is written."""
         meta = json.loads(self._header_meta)
         attrs = _attrs_from_meta(meta)
         inputs = None
@@ -805,9 +804,7 @@ class DumpWriter:
                 spilled = self._spilled.get((key[0], key[1], r))
                 if spilled is not None:
                     off, shape = spilled
-                    n = int(np.prod(shape))
-                    data = np.frombuffer(journal_map, dtype="<f4", count=n,
-                                         offset=self._journal.header_end + off).reshape(shape)
+                    data = _JournalData(self._journal.fd, self._journal.header_end + off, shape)
                     rec = Record(**{**rec.__dict__, "data": data})
                 q.ranks[r] = rec
             probes[key] = q
@@ -842,12 +839,9 @@ class DumpWriter:
         # were appended); then, where the file is written from memory alone, its cached pages are let go, so that
         # the HDF5 file's pages reuse them.
         j.sync()
-        jmap = None
-        if self._spilled:
-            jmap = mmap.mmap(j.fd, j.size, prot=mmap.PROT_READ)
-        else:
+        if not self._spilled:
             jr.drop_cache(j.fd)
-        d = self._written_dump(status, jmap)
+        d = self._written_dump(status)
         write_h5(d, self.path)
         del d
         j.remove()
@@ -881,6 +875,37 @@ class DumpWriter:
 # ---------------------------------------------------------------------------------------------------------------
 # Folding a journal
 # ---------------------------------------------------------------------------------------------------------------
+
+class _JournalData:
+    """A record's float32 data left in the journal (at byte `offset` of the file open at `fd`): write_h5 reads it
+    into a buffer it reuses from record to record, then lets the journal's cached pages of it go (they are on the
+    disk: close() fsynced the journal), so that the HDF5 file's pages reuse them."""
+
+    def __init__(self, fd: int, offset: int, shape: Tuple[int, ...]):
+        self.fd, self.offset, self.shape = fd, offset, tuple(shape)
+        self.size = int(np.prod(self.shape))
+
+    def read(self, scratch: List[np.ndarray]) -> np.ndarray:
+        if scratch[0].size < self.size:
+            scratch[0] = np.empty(self.size, dtype=np.float32)
+        out = scratch[0][:self.size]
+        view, off = memoryview(out).cast("B"), self.offset
+        while view:
+            n = os.preadv(self.fd, [view], off)
+            if n <= 0:
+                raise DumpError(f"the dump journal ends at byte {off}, inside the record data at byte {self.offset}")
+            view, off = view[n:], off + n
+        return out.reshape(self.shape) if _LITTLE else out.byteswap().reshape(self.shape)
+
+    def done(self) -> None:
+        try:
+            os.posix_fadvise(self.fd, self.offset, 4 * self.size, os.POSIX_FADV_DONTNEED)
+        except (AttributeError, OSError):
+            pass
+
+
+_LITTLE = sys.byteorder == "little"
+
 
 def _record_from(rec: dict) -> Record:
     tl = rec["token_l2"]
@@ -1063,6 +1088,7 @@ def write_h5(d: Dump, path: str) -> None:
             except Exception:  # noqa: BLE001 - another driver: the fsync below does it all
                 fd = -1
             unsynced = 0
+            scratch = [np.empty(0, dtype=np.float32)]
             for p in d.probes.values():
                 lg = f.require_group(f"layer{p.layer}")
                 g = lg.create_group(p.name)
@@ -1087,7 +1113,12 @@ def write_h5(d: Dump, path: str) -> None:
                         v = getattr(rec, k)
                         if v is not None and np.size(v):
                             rg.create_dataset(k, data=np.asarray(v, dtype=np.float32))
-                    if rec.data is not None and np.size(rec.data):
+                    if isinstance(rec.data, _JournalData):
+                        if rec.data.size:
+                            rg.create_dataset("data", data=rec.data.read(scratch))
+                            rec.data.done()
+                            unsynced += 4 * rec.data.size
+                    elif rec.data is not None and np.size(rec.data):
                         rg.create_dataset("data", data=np.asarray(rec.data, dtype=np.float32))
                         unsynced += rec.data.nbytes
                         if fd >= 0 and unsynced >= (1 << 22):

@@ -270,8 +270,8 @@ def report(tokens=512):
 # ---------------------------------------------------------------------------------------------------------------
 
 GUARD_TOKENS = 512
-GUARD_DIMS = dict(hidden=2048, heads=32, q_lora=512, kv_lora=256, rope=64, nope=128, v=128)
-GUARD_RATIO = 3.0  # writing / forward, the fastest of 5 each
+GUARD_DIMS = dict(hidden=4096, heads=64, q_lora=1024, kv_lora=512, rope=64, nope=128, v=128)
+GUARD_RATIO = 3.5  # writing / forward, medians of 5 runs each
 
 
 def _capture_bench():
@@ -285,22 +285,24 @@ def _capture_bench():
 
 @pytest.mark.skipif(os.environ.get("MLA_NO_TIMING", "") not in ("", "0"), reason="timing test: MLA_NO_TIMING is set")
 def test_capture_writing_stays_within_a_bound_of_the_forward(tmp_path):
-    """bench/capture_write.py at hidden 2048, 32 heads, q_lora 512, kv_lora 256, T 512 (bf16, 2 torch threads): the
-    time capture_layer spends writing (records, journal, HDF5 file, fsyncs) is at most GUARD_RATIO times the
-    forward's, the fastest of 5 interleaved runs of each (the least disturbed on a shared machine). Writing the
-    capture a second time over (a copy of every tensor's bytes, a CRC pass, or the HDF5 file read back from the
-    journal) breaks it; the records in numpy (no C extension) are not held to it."""
+    """bench/capture_write.py at hidden 4096, 64 heads, q_lora 1024, kv_lora 512, T 512 (bf16, 2 torch threads,
+    ~140 MB of float32 data): the time capture_layer spends writing (records, journal, HDF5 file, fsyncs) is at
+    most GUARD_RATIO times the forward's, medians of 5 interleaved runs. On the 2-core build machine the writing
+    measures ~2x the forward; a writer that copies each record's bytes on the way to the journal and reads the
+    journal back to write the HDF5 file measured 5x. The records in numpy (no C extension) are not held to it.
+    MLA_NO_TIMING=1 skips it."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     if hashing._ext() is None:
         pytest.skip("the C extension did not build here: the numpy records are not held to the bound")
+    import statistics
     cw = _capture_bench()
     model, x = cw.build(GUARD_TOKENS, GUARD_DIMS, threads=2)
     forward, _, write = cw.measure(model, x, str(tmp_path), repeat=5)
-    ratio = min(write) / min(forward)
-    assert ratio <= GUARD_RATIO, (f"writing a capture took {min(write):.3f} s against a forward of "
-                                  f"{min(forward):.3f} s: {ratio:.2f}x (bound {GUARD_RATIO}x; runs: write "
-                                  f"{[round(v, 3) for v in write]}, forward {[round(v, 3) for v in forward]})")
+    ratio = statistics.median(write) / statistics.median(forward)
+    assert ratio <= GUARD_RATIO, (f"writing a capture took {statistics.median(write):.3f} s against a forward of "
+                                  f"{statistics.median(forward):.3f} s: {ratio:.2f}x (bound {GUARD_RATIO}x; runs: "
+                                  f"write {[round(v, 3) for v in write]}, forward {[round(v, 3) for v in forward]})")
 
 
 @pytest.mark.skipif(not os.environ.get("MLA_HASH_BENCH"), reason="benchmark: set MLA_HASH_BENCH=1 (or run the file)")

@@ -26,15 +26,16 @@ an older FILE.h5; inputs() swaps in a header carrying the inputs (a new journal 
 probe is one CRC'd record appended with writev(2) straight from the record's buffers (the tensor's float32 data is
 not copied), which the kernel keeps when the process is killed: a probe is durable against a crash once probe()
 returns. close() appends a finish record, fsyncs the journal, writes FILE.h5 (to FILE.h5.tmp.PID, fsynced,
-renamed into place) from the records it wrote, the data kept in memory (up to HOLD_BYTES; past it read back from
-the journal), and removes the journal. A capture killed at any point therefore leaves either the finished FILE.h5 or a
-journal that `mla-bisect inspect FILE.h5` (and every other C++ command) folds into FILE.h5, with status "stopped:
-after layer L probe P rank R" naming the last probe committed; read_dump folds it in memory the same way (it never
-writes; recover_dump writes FILE.h5 as the C++ reader does). A writer killed before its header reached the journal
-leaves its header in FILE.h5.journal.tmp.PID (folded as the journal, "stopped: before the first probe"), or nothing
-but an empty journal or temporary file: that reads as "stopped: before the run wrote its header (...)", nothing else
-known, and is not folded. A journal whose writer is alive reads as it stands, status "running: ...". Leaving a `with DumpWriter(...)` block by an exception closes the dump with status
-"stopped: after ... (the exception)".
+renamed into place) from the records it wrote, the data kept in memory (up to HOLD_BYTES for all open writers of
+the process together; past it read back from the journal), and removes the journal. A capture killed at any
+point therefore leaves either the finished FILE.h5 or a journal that `mla-bisect inspect FILE.h5` (and every other
+C++ command) folds into FILE.h5, with status "stopped: after layer L probe P rank R" naming the last probe
+committed; read_dump folds it in memory the same way (it never writes; recover_dump writes FILE.h5 as the C++
+reader does). A writer killed before its header reached the journal leaves its header in FILE.h5.journal.tmp.PID
+(folded as the journal, "stopped: before the first probe"), or nothing but an empty journal or temporary file: that
+reads as "stopped: before the run wrote its header (...)", nothing else known, and is not folded. A journal whose
+writer is alive reads as it stands, status "running: ...". Leaving a `with DumpWriter(...)` block by an exception
+closes the dump with status "stopped: after ... (the exception)".
 
 Ranks. One process recording every rank (process_rank=None): probe(..., rank=r) for r in 0..tp-1; the dump format
 keeps a probe's ranks in rank order, so a rank recorded before the lower ranks of the same probe waits in memory
@@ -77,9 +78,24 @@ FORMAT = "mla-bisect-dump"
 SCHEMA_VERSION = 1  # what this writer writes (no /weights)
 READ_SCHEMA_VERSIONS = (1, 2)  # 2: version 1 plus the optional /weights group (C++ runs that record weights)
 ENGINE_DTYPES = ("fp32", "bf16", "fp16")
-# Bytes of recorded data a DumpWriter keeps in memory until close() writes the HDF5 file from it; data past this is
-# read back from the journal instead.
+# Bytes of recorded data the open DumpWriters of this process keep in memory, all together, until their close()
+# writes the HDF5 file from it; data past this is read back from the journal instead.
 HOLD_BYTES = 2 << 30
+_held = [0]  # bytes held now, by every open writer
+_held_lock = threading.Lock()
+
+
+def _hold(nbytes: int) -> bool:
+    with _held_lock:
+        if _held[0] + nbytes > HOLD_BYTES:
+            return False
+        _held[0] += nbytes
+        return True
+
+
+def _unhold(nbytes: int) -> None:
+    with _held_lock:
+        _held[0] -= nbytes
 
 
 class DumpError(ValueError):
@@ -464,8 +480,8 @@ class DumpWriter:
         self._stage_of_rank: Dict[int, Tuple[int, str]] = {}
         self.last_probe = ""
         # What the journal holds, kept for close() (the fold of the journal, without reading it back): the probes
-        # by (layer, name) in commit order, each rank's record with its data held in memory (up to HOLD_BYTES in
-        # all) or else its place in the journal; each rank's last stage marker.
+        # by (layer, name) in commit order, each rank's record with its data held in memory (while the process's
+        # open writers hold less than HOLD_BYTES) or else its place in the journal; each rank's last stage marker.
         self._written: Dict[Tuple[int, str], Probe] = {}
         self._spilled: Dict[Tuple[int, str, int], Tuple[int, Tuple[int, ...]]] = {}
         self._held_bytes = 0
@@ -760,6 +776,7 @@ class DumpWriter:
         old = p.ranks.get(rank)
         if old is not None and old.data is not None:
             self._held_bytes -= old.data.nbytes
+            _unhold(old.data.nbytes)
         self._spilled.pop((key[0], key[1], rank), None)
         T = p.shape[0] if p.shape else 0
 
@@ -773,11 +790,11 @@ class DumpWriter:
         data = rec["data"]
         if data is not None:
             data = np.asarray(data, dtype=np.float32)
-            if self._held_bytes + data.nbytes > HOLD_BYTES:
+            if _hold(data.nbytes):
+                self._held_bytes += data.nbytes
+            else:
                 self._spilled[(key[0], key[1], rank)] = (data_end - data.nbytes, tuple(data.shape))
                 data = None
-            else:
-                self._held_bytes += data.nbytes
         tl = vec(rec["token_l2"])
         p.ranks[rank] = Record(shape=tuple(int(d) for d in rec["shape"]), dtype=rec["dtype"], l2=float(rec["l2"]),
                                absmax=float(rec["absmax"]), mean=float(rec["mean"]), std=float(rec["std"]),
@@ -844,8 +861,16 @@ class DumpWriter:
         d = self._written_dump(status)
         write_h5(d, self.path)
         del d
+        self._let_go()
         j.remove()
         self._closed = True
+
+    def _let_go(self) -> None:
+        """The records kept for close() dropped, their data's share of HOLD_BYTES given back."""
+        self._written, self._spilled = {}, {}
+        if getattr(self, "_held_bytes", 0):
+            _unhold(self._held_bytes)
+            self._held_bytes = 0
 
     def __del__(self):
         # Dropped without close(): the journal stays for recovery (it reads as stopped once its lock is released).
@@ -853,6 +878,7 @@ class DumpWriter:
         if j is not None and not getattr(self, "_closed", True):
             j.close()
             self._closed = True
+        self._let_go()
 
     def __enter__(self):
         return self

@@ -622,7 +622,9 @@ def test_close_writes_what_the_journal_folds_to(cpp_read, work, monkeypatch, hol
             for r in sorted(p.ranks, reverse=True):  # the higher rank first: it waits for the lower one
                 w.probe(name, p.ranks[r].data, rank=r, layer=layer, dtype=p.ranks[r].dtype)
         assert bool(w._spilled) == (hold != "all") and (w._held_bytes > 0) == (hold != "none")
+        held, mine = dm._held[0], w._held_bytes
         w.close()
+        assert dm._held[0] == held - mine and w._held_bytes == 0 and not w._written  # the memory given back
         assert path in folded and not os.path.exists(path + ".journal")
         fold_path = str(work / f"fold_{case}_{hold}.journal.h5")
         write_h5(folded.pop(path), fold_path)
@@ -631,6 +633,29 @@ def test_close_writes_what_the_journal_folds_to(cpp_read, work, monkeypatch, hol
         want.path = got.path
         _same_dump(got, want, f"{case} hold {hold}")
         cli("compare", path, fold_path, "--tolerance", "exact", "--brief", check=0)
+
+
+def test_writers_open_together_share_the_memory_budget(work, monkeypatch):
+    """HOLD_BYTES bounds the data every open writer of the process keeps in memory together (a whole-model capture
+    keeps a writer a layer open): past it records are read back from the journal at close; a closed writer gives
+    its share back."""
+    import mla_bisect.dump as dm
+    monkeypatch.setattr(dm, "HOLD_BYTES", dm._held[0] + 3000)
+    x = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)  # 2048 bytes
+    paths = [str(work / f"budget{i}.h5") for i in range(3)]
+    a = DumpWriter(paths[0], config=NO_Q_LORA, tokens=16, engine_dtype="fp32")
+    b = DumpWriter(paths[1], config=NO_Q_LORA, tokens=16, engine_dtype="fp32")
+    a.probe("x", x)
+    b.probe("x", x + 1)
+    assert a._held_bytes == 2048 and b._held_bytes == 0 and b._spilled
+    a.close()
+    c = DumpWriter(paths[2], config=NO_Q_LORA, tokens=16, engine_dtype="fp32")
+    c.probe("x", x + 2)
+    assert c._held_bytes == 2048
+    b.close()
+    c.close()
+    for i, p in enumerate(paths):
+        assert np.array_equal(read_dump(p).probes[(0, "x")].ranks[0].data, x + i)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -475,21 +475,23 @@ def abandoned_temps(path: str) -> list:
 
 
 _CRC_ASIDE = 1 << 20  # payload bytes from which append() computes the CRC beside the write
-_helper_pool = []
+_helper_pool = {}  # pid -> executor: a forked child makes its own (the parent's thread is not in it)
 _helper_lock = threading.Lock()
 
 
 def helper():
     """The writers' helper thread (an executor of one): a large record's CRC-32 beside its write."""
-    if not _helper_pool:
+    pid = os.getpid()
+    pool = _helper_pool.get(pid)
+    if pool is None:
         with _helper_lock:
-            if not _helper_pool:
+            pool = _helper_pool.get(pid)
+            if pool is None:
                 import concurrent.futures
-                _helper_pool.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mla-journal"))
-    return _helper_pool[0]
-
-
-_writeback = []
+                _helper_pool.clear()
+                pool = _helper_pool[pid] = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="mla-journal")
+    return pool
 
 
 def start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:

@@ -494,6 +494,9 @@ def helper():
     return pool
 
 
+_writeback = []  # sync_file_range, or None where there is none (looked up on first use)
+
+
 def start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
     """Starts writing the file's dirty pages in [offset, offset + nbytes) (nbytes 0: to the end) to the disk, without
     waiting for them (Linux sync_file_range, SYNC_FILE_RANGE_WRITE), so that a later fsync finds the work done. It

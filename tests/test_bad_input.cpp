@@ -105,17 +105,17 @@ TEST(BadInput, RunsTooLargeForTheMachineAreRefusedBeforeWork) {
   const std::string wide = dir.path("wide_config.json");
   spit(wide, tiny_config("", 16000000));  // hidden_size 16M: tens of GiB of weights
   run_cases({
-      {"run --model tiny --tokens 200000", 2, {"host memory", "attention scores", "--tokens"}, kLimit4G},
-      {"run --model tiny --attention absorbed --tokens 60000", 2, {"attention scores"}, kLimit4G},
+      {"run --model deepseek-v3 --tokens 200000", 2, {"host memory", "attention scores", "--tokens"}, kLimit4G},
+      {"run --model deepseek-v3 --attention absorbed --tokens 60000", 2, {"attention scores"}, kLimit4G},
       {"run --model deepseek-v3 --mode chunked --context 100000", 2, {"host memory", "--context"}, kLimit4G},
       {"run --model tiny --mode decode --context 50000000", 2, {"kv cache", "--context"}, kLimit4G},
       {"run --model deepseek-v3 --layers 1000", 2, {"weights", "--layers"}, kLimit4G},
       {"run --model '" + wide + "' --tokens 4", 2, {"weights"}, kLimit4G},
       {"run --model tiny --tokens 4096 --batch 2000", 2, {"--tokens"}, ""},  // 8M tokens: refused by its own cap
-      {"bisect --model tiny --tokens 200000", 2, {"host memory"}, kLimit4G},
-      {"zoo --model tiny --tokens 200000", 2, {"host memory"}, kLimit4G},
-      {"bench --model tiny --tokens 200000", 2, {"host memory"}, kLimit4G},
-      {"golden make " + dir.path("g.h5") + " --model tiny --tokens 200000", 2, {"host memory"}, kLimit4G},
+      {"bisect --model deepseek-v3 --tokens 200000", 2, {"host memory"}, kLimit4G},
+      {"zoo --model deepseek-v3 --tokens 200000", 2, {"host memory"}, kLimit4G},
+      {"bench --model deepseek-v3 --tokens 200000", 2, {"host memory"}, kLimit4G},
+      {"golden make " + dir.path("g.h5") + " --model deepseek-v3 --tokens 200000", 2, {"host memory"}, kLimit4G},
   });
   EXPECT_FALSE(std::filesystem::exists(dir.path("g.h5")));
 }

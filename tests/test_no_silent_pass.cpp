@@ -297,4 +297,23 @@ TEST(NoSilentPass, BisectKeepsTheDivergentStagesFullTensorsForExplore) {
   EXPECT_CONTAINS(ex2.out, other + "/candidate.full.h5 not used: made for another run");
 }
 
+// A config.json whose quantization_config cannot be read is refused naming the field, with --model as with --weights.
+TEST(NoSilentPass, AMalformedQuantizationConfigIsRefused) {
+  const std::string dir = tmpdir("qcfg");
+  mla::test::spit(dir + "/config.json",
+                  R"({"model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 8, "q_lora_rank": 48,
+                      "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+                      "quantization_config": {"quant_method": "fp8", "weight_block_size": "bogus"}})");
+  const auto r = sh("run --model " + dir + "/config.json --tokens 4 --no-table");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_CONTAINS(r.out, "quantization_config.weight_block_size must be two positive integers");
+  mla::test::spit(dir + "/config.json",
+                  R"({"model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 8, "q_lora_rank": 48,
+                      "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+                      "quantization_config": "fp8"})");
+  const auto s = sh("run --model " + dir + "/config.json --tokens 4 --no-table");
+  EXPECT_EQ(s.exit_code, 2) << s.out;
+  EXPECT_CONTAINS(s.out, "quantization_config must be an object");
+}
+
 }  // namespace

@@ -17,6 +17,9 @@
 
 namespace mla {
 
+void check_quantization_config(const std::string& text, const std::string& where);
+
+
 namespace fs = std::filesystem;
 
 bool is_checkpoint_path(const std::string& path) { return is_gguf_path(path) || is_safetensors_path(path); }
@@ -195,8 +198,35 @@ MlaConfig checkpoint_config(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   MlaConfig c = parse_hf_config(ss.str(), cp);
+  check_quantization_config(ss.str(), cp);
   warn_unknown_config_fields(ss.str(), cp);
   return c;
+}
+
+// config.json's quantization_config, when present, must be readable: an object whose quant_method is a string and
+// whose weight_block_size is two positive integers (what the loader reads); a malformed one is refused naming it.
+void check_quantization_config(const std::string& text, const std::string& where) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    return;  // parse_hf_config has said what is wrong with the JSON
+  }
+  if (!j.is_object() || !j.contains("quantization_config") || j["quantization_config"].is_null()) return;
+  const auto& q = j["quantization_config"];
+  if (!q.is_object())
+    throw UsageError(where + ": quantization_config must be an object, got " + q.dump());
+  if (q.contains("quant_method") && !q["quant_method"].is_string())
+    throw UsageError(where + ": quantization_config.quant_method must be a string, got " + q["quant_method"].dump());
+  if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
+    const auto& b = q["weight_block_size"];
+    const auto ok = [](const nlohmann::json& v) {
+      return v.is_number_unsigned() && v.get<uint64_t>() > 0 && v.get<uint64_t>() <= (1u << 20);
+    };
+    if (!b.is_array() || b.size() != 2 || !ok(b[0]) || !ok(b[1]))
+      throw UsageError(where + ": quantization_config.weight_block_size must be two positive integers, got " +
+                       b.dump());
+  }
 }
 
 MlaConfig load_model_config(const std::string& spec) {
@@ -215,6 +245,7 @@ MlaConfig load_model_config(const std::string& spec) {
   std::stringstream ss;
   ss << in.rdbuf();
   MlaConfig c = parse_hf_config(ss.str(), path.string());
+  check_quantization_config(ss.str(), path.string());
   warn_unknown_config_fields(ss.str(), path.string());
   return c;
 }

@@ -112,7 +112,8 @@ struct DumpReadOptions {
 // Reads a dump. If a journal is beside it (the writer died), folds it first: every intact record is kept,
 // the status says where the run stopped. If the writer is still alive (it holds the journal's lock), the
 // journal is read as it stands, nothing is written, and the status says "running: ...". (Where FILE.h5 cannot
-// be written, e.g. a read-only directory, the fold is returned from memory and the journal stays.) Throws UsageError
+// be written, e.g. a read-only directory, the fold is written to a temporary directory and read back from there,
+// checked as any dump, and the journal stays.) Throws UsageError
 // with the path and what is wrong for a missing, truncated, corrupt or foreign file, or for one that
 // docs/dump-format.md calls invalid (naming the object inside the file: "d.h5:/layer0/q_c/rank0: ..."). A record
 // with its tensor ('data') may leave out its statistics, maps and sketch: they are computed from the tensor.

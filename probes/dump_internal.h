@@ -14,6 +14,8 @@ namespace mla::dump_detail {
 inline constexpr const char* kFormat = "mla-bisect-dump";
 // 2 = 1 plus the optional /weights group. A dump without weights is written as 1, so a reader of 1 still reads it.
 inline constexpr int kSchemaVersion = 2;
+// Tensor-parallel ranks a dump may hold (the root's tp, a journal header's).
+inline constexpr int kMaxTp = 4096;
 
 inline std::string utc_now() {
   const std::time_t t = std::time(nullptr);
@@ -50,8 +52,15 @@ enum class JournalState {
 };
 
 // Folds FILE.h5.journal into FILE.h5 unless its writer is alive; then, with `snapshot`, reads it as it stands.
-// Where FILE.h5 cannot be written (a read-only directory), `snapshot` gets the fold and the journal stays.
+// Where FILE.h5 cannot be written (a read-only directory), `snapshot` gets the fold (checked for consistent sizes
+// only: read_dump checks it in a temporary copy) and the journal stays.
 JournalState fold_journal(const std::string& path, Dump* snapshot);  // dump_journal.cpp
+
+// What write_dump_h5 needs of a Dump before it writes anything: every tensor's values fill its shape, the inputs'
+// per-sequence vectors and block table agree with the sequence count, every layer's cache has one shape, and a
+// record's token_l2, head_l2 and sketch hold its rows. UsageError naming `where` otherwise. A folded journal is
+// checked so (dump_write.cpp).
+void check_consistent(const Dump& d, const std::string& where);
 
 // One file (FILE.h5, its journal folded first), as read_dump reads it when it is not a set of ranks.
 Dump read_one(const std::string& path, const DumpReadOptions& opts);  // dump_read.cpp

@@ -63,11 +63,14 @@ Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::stri
 
   // A one-rank dump (one process per rank) holds its rank's records at index 0; other ranks are not its business.
   const int own = d.meta.process_rank;
+  if (d.meta.tp < 1 || d.meta.tp > kMaxTp)
+    throw UsageError(jpath + ": the journal's header says tp " + std::to_string(d.meta.tp) + " (1 to " +
+                     std::to_string(kMaxTp) + ")");
   if (own >= d.meta.tp)
     throw UsageError(jpath + ": the journal's header says rank " + std::to_string(own) + " of tp " +
                      std::to_string(d.meta.tp));
   std::map<std::pair<int, std::string>, size_t> index, weight_index;
-  std::vector<std::string> last_stage(std::max(d.meta.tp, 1), own >= 0 ? "" : "not started");
+  std::vector<std::string> last_stage(d.meta.tp, own >= 0 ? "" : "not started");
   if (own >= 0) last_stage[own] = "not started";
   std::string last_probe, finished_status, problem = sc.problem;
   bool finished = false;
@@ -109,7 +112,9 @@ Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::stri
         }
         case journal::RecordType::RecordType_stage: {
           const auto e = journal::decode_stage(r.payload);
-          if (e.rank >= static_cast<int>(last_stage.size())) last_stage.resize(e.rank + 1, "not started");
+          if (e.rank >= d.meta.tp)
+            throw journal::FormatError("a stage marker of rank " + std::to_string(e.rank) + " at tp " +
+                                       std::to_string(d.meta.tp));
           last_stage[e.rank] = "layer " + std::to_string(e.layer) + " stage " + e.stage;
           break;
         }
@@ -150,6 +155,9 @@ Dump fold(const journal::Scan& sc, const std::string& dump_path, const std::stri
     case FoldMode::FoldMode_recover: d.status = finished ? finished_status : "stopped: " + where + note; break;
     case FoldMode::FoldMode_live: d.status = "running: " + where; break;
   }
+  // Records whose sizes disagree (a foreign or damaged writer under good CRCs) make no dump: refused here, before
+  // anything is written or handed on.
+  check_consistent(d, jpath);
   return d;
 }
 
@@ -175,7 +183,8 @@ void remove_stale_temps(const std::string& path) {
 namespace dump_detail {
 
 // Folds FILE.h5.journal into FILE.h5 unless its writer is alive; then, with `snapshot`, reads it as it stands.
-// Where FILE.h5 cannot be written (a read-only directory), `snapshot` gets the fold and the journal stays.
+// Where FILE.h5 cannot be written (a read-only directory), `snapshot` gets the fold (checked for consistent sizes
+// only: read_dump checks it in a temporary copy) and the journal stays.
 JournalState fold_journal(const std::string& path, Dump* snapshot) {
   const std::string jpath = journal::journal_path(path);
   Fd fd(::open(jpath.c_str(), O_RDONLY | O_CLOEXEC));

@@ -253,6 +253,8 @@ void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const Run
   b.context_lens = g.read<int32_t>("context_lens", {B});
   std::vector<int64_t> bs;
   b.block_table = g.read<int32_t>("block_table", {B, -1}, &bs);
+  if (bs[1] > std::numeric_limits<int>::max())
+    throw UsageError(w + "/block_table: " + std::to_string(bs[1]) + " columns (a sequence's pages are an int)");
   b.max_blocks = static_cast<int>(bs[1]);
   const int64_t nb = g.attr_int("num_blocks");
   if (nb <= 0 || nb > (int64_t{1} << 30))
@@ -270,8 +272,9 @@ void read_inputs(const h5::Group& root, Dump& d, const MlaConfig* cfg, const Run
     if (pages > b.max_blocks)
       throw UsageError(w + "/block_table: sequence " + std::to_string(s) + " needs " + std::to_string(pages) +
                        " pages, the table has " + std::to_string(b.max_blocks) + " columns");
-    for (int i = 0; i < b.new_lens[s]; ++i) b.token_seq.push_back(static_cast<int>(s));
     total += b.new_lens[s];
+    if (total <= T)  // else refused below, before a token map longer than x is made
+      for (int i = 0; i < b.new_lens[s]; ++i) b.token_seq.push_back(static_cast<int>(s));
   }
   if (total != T)
     throw UsageError(w + ": seq_lens add up to " + std::to_string(total) + " tokens, x has " + std::to_string(T));
@@ -454,7 +457,7 @@ ProbeRecord read_rank(const h5::Group& rg, const DumpProbe& p, int rank, const P
   rec.nan = count("nan", computed.nan);
   rec.inf = count("inf", computed.inf);
   const int64_t numel = shape_numel(local);
-  if (rec.nan < 0 || rec.inf < 0 || rec.nan + rec.inf > numel)
+  if (rec.nan < 0 || rec.inf < 0 || rec.nan > numel || rec.inf > numel - rec.nan)
     throw UsageError(w + ": nan " + std::to_string(rec.nan) + " and inf " + std::to_string(rec.inf) +
                      " do not fit the rank's " + std::to_string(numel) + " values");
   rec.checksum = rg.has_attr("checksum") ? rg.attr_uint("checksum") : computed.checksum;
@@ -496,8 +499,12 @@ DumpProbe read_probe(const h5::Group& g, int layer, const std::string& name, con
   if (order < 0 || order > 1000) throw UsageError(w + ": order " + std::to_string(order) + " is out of range");
   p.order = static_cast<int>(order);
   if (p.shape.empty()) throw UsageError(w + ": empty shape");
-  for (int64_t s : p.shape)
-    if (s <= 0 || s > (int64_t{1} << 40)) throw UsageError(w + ": shape " + shape_string(p.shape) + " is not valid");
+  int64_t values = 1;  // below 2^62, as a dataset's
+  for (int64_t s : p.shape) {
+    if (s <= 0 || s > (int64_t{1} << 40) || values > (int64_t{1} << 62) / s)
+      throw UsageError(w + ": shape " + shape_string(p.shape) + " is not valid");
+    values *= s;
+  }
   if (heads_axis < -1 || heads_axis >= static_cast<int64_t>(p.shape.size()))
     throw UsageError(w + ": heads_axis " + std::to_string(heads_axis) + " outside shape " + shape_string(p.shape));
   p.heads_axis = static_cast<int>(heads_axis);
@@ -616,7 +623,7 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
   m.model = json_attr(f, "model");
   m.run_options = json_attr(f, "run_options");
   const int64_t tp = f.attr_int_or("tp", 1);
-  if (tp < 1 || tp > 4096) throw UsageError(path + ": tp " + std::to_string(tp) + " is out of range");
+  if (tp < 1 || tp > kMaxTp) throw UsageError(path + ": tp " + std::to_string(tp) + " is out of range");
   m.tp = static_cast<int>(tp);
   m.mode = f.attr_string_or("mode", "");
   if (!m.mode.empty() && m.mode != "prefill" && m.mode != "decode" && m.mode != "chunked")
@@ -750,13 +757,42 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
 
 namespace dump_detail {
 
+namespace {
+// A fold that could not be written beside its journal (a read-only directory, or records HDF5 refuses to store):
+// written to a temporary directory instead and read back from there, so it is checked as every dump is. The
+// journal stays where it is.
+Dump read_unwritten_fold(const Dump& fold, const std::string& path, const DumpReadOptions& opts) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string dir = (fs::temp_directory_path(ec) / "mla-bisect-fold.XXXXXX").string();
+  if (ec || !::mkdtemp(dir.data()))
+    throw UsageError(path + ": cannot be written beside its journal, nor a temporary copy checked: " +
+                     std::strerror(errno));
+  const std::string copy = (fs::path(dir) / fs::path(path).filename()).string();
+  try {
+    write_dump_h5(fold, copy);
+    Dump d = read_h5(copy, opts);
+    d.path = path;
+    fs::remove_all(dir, ec);
+    return d;
+  } catch (const UsageError& e) {
+    fs::remove_all(dir, ec);
+    throw UsageError(path + ": its journal " + journal::journal_path(path) + " does not fold into a valid dump (" +
+                     e.what() + ")");
+  } catch (...) {
+    fs::remove_all(dir, ec);
+    throw;
+  }
+}
+}  // namespace
+
 // One file (FILE.h5, its journal folded first), as read_dump reads it when it is not a set of ranks.
 Dump read_one(const std::string& path, const DumpReadOptions& opts) {
   try {
     Dump live;
     const JournalState js = fold_journal(path, &live);
-    if (js == JournalState::JournalState_live || js == JournalState::JournalState_unwritable ||
-        js == JournalState::JournalState_headerless) {
+    if (js == JournalState::JournalState_unwritable) return read_unwritten_fold(live, path, opts);
+    if (js == JournalState::JournalState_live || js == JournalState::JournalState_headerless) {
       if (!opts.inputs) {
         live.has_inputs = false;
         live.inputs = {};

@@ -43,30 +43,17 @@ void write_inputs(h5::Group& root, const Inputs& in) {
   g.write<int32_t>("context_lens", {B}, b.context_lens);
   g.write<int32_t>("block_table", {B, b.max_blocks}, b.block_table);
   g.set_attr("num_blocks", static_cast<int64_t>(b.num_blocks));
-  if (!in.kv_cache.empty()) {
-    // [layers, blocks, 64, L+R]: one dataset so h5py slices it per layer.
-    const auto& s0 = in.kv_cache.front().shape;
-    std::vector<int64_t> shape = {static_cast<int64_t>(in.kv_cache.size())};
+  // [layers, blocks, 64, L+R] and DSA's [layers, blocks, 64, Di]: one dataset each so h5py slices it per layer
+  // (check_consistent: every layer's cache has the first one's shape).
+  for (const auto* caches : {&in.kv_cache, &in.index_cache}) {
+    if (caches->empty()) continue;
+    const auto& s0 = caches->front().shape;
+    std::vector<int64_t> shape = {static_cast<int64_t>(caches->size())};
     shape.insert(shape.end(), s0.begin(), s0.end());
     std::vector<float> all;
-    all.reserve(static_cast<size_t>(shape_numel(shape)));
-    for (const auto& c : in.kv_cache) {
-      if (c.shape != s0) throw UsageError("dump inputs: kv caches of different shapes per layer");
-      all.insert(all.end(), c.data.begin(), c.data.end());
-    }
-    g.write<float>("kv_cache", shape, all);
-  }
-  if (!in.index_cache.empty()) {  // DSA: [layers, blocks, 64, Di]
-    const auto& s0 = in.index_cache.front().shape;
-    std::vector<int64_t> shape = {static_cast<int64_t>(in.index_cache.size())};
-    shape.insert(shape.end(), s0.begin(), s0.end());
-    std::vector<float> all;
-    all.reserve(static_cast<size_t>(shape_numel(shape)));
-    for (const auto& c : in.index_cache) {
-      if (c.shape != s0) throw UsageError("dump inputs: index caches of different shapes per layer");
-      all.insert(all.end(), c.data.begin(), c.data.end());
-    }
-    g.write<float>("index_cache", shape, all);
+    all.reserve(caches->size() * caches->front().data.size());
+    for (const auto& c : *caches) all.insert(all.end(), c.data.begin(), c.data.end());
+    g.write<float>(caches == &in.kv_cache ? "kv_cache" : "index_cache", shape, all);
   }
 }
 
@@ -94,24 +81,11 @@ void write_probe(h5::Group& layer, const DumpProbe& p, const Dump& d) {
     rg.set_attr("level", probe_level_name(rec.level));
     rg.set_attr("shape", rec.shape);
     rg.set_attr("dtype", rec.dtype);
-    const auto check = [&](const std::vector<float>& v, int64_t cols, const char* what) {
-      if (T <= 0 || static_cast<int64_t>(v.size()) != T * cols)
-        throw UsageError(rg.where() + ": " + what + " holds " + std::to_string(v.size()) + " values, expected " +
-                         std::to_string(T) + " x " + std::to_string(cols));
-    };
-    if (!rec.token_l2.empty()) {
-      check(rec.token_l2, 1, "token_l2");
-      rg.write<float>("token_l2", {T}, rec.token_l2);
-    }
-    if (!rec.head_l2.empty()) {
-      const int64_t heads = T > 0 ? static_cast<int64_t>(rec.head_l2.size()) / T : 0;
-      check(rec.head_l2, heads, "head_l2");
-      rg.write<float>("head_l2", {T, heads}, rec.head_l2);
-    }
-    if (!rec.sketch.empty()) {
-      check(rec.sketch, kSketchDim, "sketch");
-      rg.write<float>("sketch", {T, kSketchDim}, rec.sketch);
-    }
+    // check_consistent: each map holds T rows.
+    if (!rec.token_l2.empty()) rg.write<float>("token_l2", {T}, rec.token_l2);
+    if (!rec.head_l2.empty())
+      rg.write<float>("head_l2", {T, static_cast<int64_t>(rec.head_l2.size()) / T}, rec.head_l2);
+    if (!rec.sketch.empty()) rg.write<float>("sketch", {T, kSketchDim}, rec.sketch);
     if (!rec.data.empty()) rg.write<float>("data", rec.data.shape, rec.data.data);
   }
 }
@@ -141,7 +115,8 @@ void write_file(h5::File& f, const Dump& d) {
     f.set_attr("launch_id", m.launch_id);
   }
   f.set_attr("status", d.status);
-  f.set_attr("last_stage", json(d.last_stage).dump());
+  // Stage names from a journal are its bytes: any that are not UTF-8 are written with U+FFFD in their place.
+  f.set_attr("last_stage", json(d.last_stage).dump(-1, ' ', false, json::error_handler_t::replace));
   if (d.has_inputs) write_inputs(f, d.inputs);
   std::map<int, h5::Group> layers;
   for (const auto& p : d.probes) {
@@ -162,7 +137,79 @@ void write_file(h5::File& f, const Dump& d) {
 
 }  // namespace
 
+namespace dump_detail {
+
+namespace {
+// A tensor's extents are non-negative and multiply to the values it holds (the product formed only up to them; no
+// extents: one value). `optional`: an empty tensor (no extents, no values) stands for none and is not written.
+void check_tensor(const Tensor& t, const std::string& where, const std::string& what, bool optional) {
+  if (optional && t.empty()) return;
+  int64_t n = 1;
+  bool zero = false;
+  for (int64_t d : t.shape) {
+    if (d < 0) throw UsageError(where + ": " + what + " has a negative extent in shape " + shape_string(t.shape));
+    zero = zero || d == 0;
+  }
+  for (int64_t d : t.shape) {
+    if (zero || n > t.numel() / d) {
+      n = zero ? 0 : -1;
+      break;
+    }
+    n *= d;
+  }
+  if (n != t.numel())
+    throw UsageError(where + ": " + what + " of shape " + shape_string(t.shape) + " holds " +
+                     std::to_string(t.numel()) + " values");
+}
+}  // namespace
+
+void check_consistent(const Dump& d, const std::string& where) {
+  if (d.has_inputs) {
+    const Inputs& in = d.inputs;
+    const Batch& b = in.batch;
+    const int64_t B = b.num_seqs();
+    check_tensor(in.x, where, "inputs x", false);
+    if (static_cast<int64_t>(b.context_lens.size()) != B)
+      throw UsageError(where + ": inputs hold " + std::to_string(B) + " sequence lengths and " +
+                       std::to_string(b.context_lens.size()) + " context lengths");
+    if (b.max_blocks < 0 || static_cast<int64_t>(b.block_table.size()) != B * b.max_blocks)
+      throw UsageError(where + ": inputs' block table holds " + std::to_string(b.block_table.size()) +
+                       " entries, not " + std::to_string(B) + " sequences x " + std::to_string(b.max_blocks) +
+                       " columns");
+    for (const auto* caches : {&in.kv_cache, &in.index_cache}) {
+      const char* what = caches == &in.kv_cache ? "inputs kv_cache" : "inputs index_cache";
+      for (const auto& c : *caches) {
+        check_tensor(c, where, what, false);
+        if (c.shape != caches->front().shape)
+          throw UsageError(where + ": " + what + " of different shapes per layer (" + shape_string(c.shape) +
+                           " and " + shape_string(caches->front().shape) + ")");
+      }
+    }
+  }
+  for (const auto* list : {&d.probes, &d.weights})
+    for (const auto& p : *list)
+      for (const auto& rec : p.ranks) {
+        const std::string w = where + ": layer " + std::to_string(p.layer) + " " + p.name;
+        check_tensor(rec.data, w, "data", true);
+        // The maps' rows: the tokens, or a weight's rows (write_probe's T).
+        const int64_t T = !rec.shape.empty() ? rec.shape[0] : p.shape.empty() ? 0 : p.shape[0];
+        const auto rows = [&](const std::vector<float>& v, int64_t cols, const char* what) {
+          const int64_t n = static_cast<int64_t>(v.size());
+          if (v.empty()) return;
+          if (T <= 0 || cols <= 0 || n % cols != 0 || n / cols != T)
+            throw UsageError(w + ": " + what + " holds " + std::to_string(n) + " values, expected " +
+                             std::to_string(T) + " x " + std::to_string(cols));
+        };
+        rows(rec.token_l2, 1, "token_l2");
+        rows(rec.head_l2, T > 0 ? static_cast<int64_t>(rec.head_l2.size()) / T : 0, "head_l2");
+        rows(rec.sketch, kSketchDim, "sketch");
+      }
+}
+
+}  // namespace dump_detail
+
 void write_dump_h5(const Dump& dump, const std::string& path) {
+  check_consistent(dump, path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
     {

@@ -272,10 +272,32 @@ std::vector<int64_t> Dataset::shape() const {
   if (nd < 0) fail("cannot read the shape of dataset", "");
   std::vector<hsize_t> dims(nd);
   if (nd > 0) H5Sget_simple_extent_dims(s.get(), dims.data(), nullptr);
+  for (hsize_t d : dims)
+    if (d >= kMaxExtent)
+      throw UsageError(where_ + ": an extent of " + std::to_string(d) + " (a dataset's extents are below 2^62)");
   return std::vector<int64_t>(dims.begin(), dims.end());
 }
 
-void Dataset::read_raw(Type t, void* out, int64_t n) const {
+int64_t Dataset::elements(const std::vector<int64_t>& shape) const {
+  // Extents below 2^62 each (shape()), their product formed only while it stays so.
+  constexpr int64_t kMax = static_cast<int64_t>(kMaxExtent);
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (d == 0) return 0;
+  for (int64_t d : shape) {
+    if (n > kMax / d) throw UsageError(where_ + ": its extents multiply past 2^62 elements");
+    n *= d;
+  }
+  return n;
+}
+
+namespace {
+// At most this many bytes are read back from one byte that a filter stores (deflate's limit is 1032:1): the bound
+// where HDF5 is too old to count a dataset's chunks.
+[[maybe_unused]] constexpr uint64_t kMaxFilterRatio = 1100;
+}  // namespace
+
+void Dataset::check_readable(Type t, int64_t n) const {
   Id type(H5Dget_type(id()), H5Tclose);
   if (!type) fail("cannot read the type of dataset", "");
   if (!numeric_class(type.get())) fail("dataset does not hold numbers", "");
@@ -285,8 +307,62 @@ void Dataset::read_raw(Type t, void* out, int64_t n) const {
   const int64_t have = s ? space_points(s.get()) : -1;
   if (have != n)
     throw UsageError(where_ + ": dataset has " + std::to_string(have) + " elements, expected " + std::to_string(n));
+  if (n == 0) return;
+  // The values must be in the file: HDF5 would hand back fill values for storage never written (a file of kilobytes
+  // declaring terabytes), and would read another file's bytes for external storage or a virtual dataset.
+  Id dcpl(H5Dget_create_plist(id()), H5Pclose);
+  if (!dcpl) fail("cannot read the storage of dataset", "");
+  const int external = H5Pget_external_count(dcpl.get());
+  if (external != 0)
+    throw UsageError(where_ + ": its values are stored in another file (external storage), which is not read");
+  const uint64_t bytes_each = H5Tget_size(type.get());
+  const uint64_t stored = H5Dget_storage_size(id());
+  const auto missing = [&](const std::string& what) {
+    throw UsageError(where_ + ": declares " + std::to_string(n) + " elements, but " + what +
+                     " (the file does not hold the dataset's values)");
+  };
+  switch (H5Pget_layout(dcpl.get())) {
+    case H5D_COMPACT: return;  // in the object header itself
+    case H5D_CONTIGUOUS:
+      if (bytes_each == 0 || stored / bytes_each < static_cast<uint64_t>(n))
+        missing("stores " + std::to_string(stored) + " bytes of them");
+      return;
+    case H5D_CHUNKED: {
+      const int rank = H5Sget_simple_extent_ndims(s.get());
+      std::vector<hsize_t> dims(std::max(rank, 0)), chunk(std::max(rank, 0));
+      if (rank <= 0 || H5Sget_simple_extent_dims(s.get(), dims.data(), nullptr) < 0 ||
+          H5Pget_chunk(dcpl.get(), rank, chunk.data()) != rank)
+        fail("cannot read the chunks of dataset", "");
+#if H5_VERSION_GE(1, 10, 5)
+      uint64_t chunks = 1;  // at most n: every chunk holds at least one element
+      for (int i = 0; i < rank; ++i) {
+        if (chunk[i] == 0) fail("cannot read the chunks of dataset", "");
+        chunks *= (dims[i] + chunk[i] - 1) / chunk[i];
+      }
+      hsize_t written = 0;
+      if (H5Dget_num_chunks(id(), s.get(), &written) < 0) fail("cannot count the chunks of dataset", "");
+      if (written != chunks)
+        missing("stores " + std::to_string(written) + " of its " + std::to_string(chunks) + " chunks");
+#else
+      if (stored == 0 || stored * kMaxFilterRatio / std::max<uint64_t>(bytes_each, 1) < static_cast<uint64_t>(n))
+        missing("stores " + std::to_string(stored) + " bytes of them");
+#endif
+      return;
+    }
+    default:
+      throw UsageError(where_ + ": a virtual dataset (its values mapped from other datasets or files), which is not "
+                       "read");
+  }
+}
+
+void Dataset::read_checked(Type t, void* out, int64_t n) const {
   if (n > 0 && H5Dread(id(), mem_type(t), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
     fail("cannot read dataset (file truncated or corrupt?)", "");
+}
+
+void Dataset::read_raw(Type t, void* out, int64_t n) const {
+  check_readable(t, n);
+  read_checked(t, out, n);
 }
 
 template <class T> void Dataset::read(T* out, int64_t n) const { read_raw(type_of<T>(), out, n); }
@@ -457,10 +533,11 @@ std::vector<T> Group::read(const std::string& name, const std::vector<int64_t>& 
       throw UsageError(d.where() + ": shape " + got + ", expected " + want);
     }
   }
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
+  // Everything checked before the values are allocated: sizes come from the file.
+  const int64_t n = d.elements(s);
+  d.check_readable(type_of<T>(), n);
   std::vector<T> v(static_cast<size_t>(n));
-  d.read(v.data(), n);
+  d.read_checked(type_of<T>(), v.data(), n);
   if (shape) *shape = s;
   return v;
 }

@@ -81,15 +81,23 @@ class Object {
   std::string where_;
 };
 
+// Extents of a dataset (and their product) are below this; larger ones are refused.
+inline constexpr uint64_t kMaxExtent = uint64_t{1} << 62;
+
 class Dataset : public Object {
  public:
-  std::vector<int64_t> shape() const;
+  std::vector<int64_t> shape() const;  // UsageError for an extent of 2^62 or more
   // Reads the whole dataset converted to T (an integer T refuses a float dataset); n must equal the element count.
+  // Refused before anything is read: values the file does not hold (contiguous storage never written, chunks
+  // missing: HDF5 would make up fill values), external storage and virtual datasets (values from other files).
   template <class T> void read(T* out, int64_t n) const;
 
  private:
   friend class Group;
   Dataset(Id id, std::string where) : Object(std::move(id), std::move(where)) {}
+  int64_t elements(const std::vector<int64_t>& shape) const;  // UsageError past 2^62
+  void check_readable(Type t, int64_t n) const;
+  void read_checked(Type t, void* out, int64_t n) const;
   void read_raw(Type t, void* out, int64_t n) const;
 };
 

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -113,9 +115,18 @@ class In {
     t.shape = vec<int64_t>();
     t.data = vec<float>();
     if (!(t.shape.empty() && t.data.empty())) {
-      int64_t n = 1;
+      // The extents' product must be the values stored; it is formed only up to them (extents are any int64).
+      bool zero = false;
       for (int64_t d : t.shape) {
         if (d < 0) throw FormatError("negative extent in a tensor shape");
+        zero = zero || d == 0;
+      }
+      int64_t n = zero ? 0 : 1;
+      for (int64_t d : t.shape) {
+        if (zero || n > t.numel() / d) {
+          n = zero ? 0 : -1;
+          break;
+        }
         n *= d;
       }
       if (n != t.numel()) throw FormatError("tensor of shape " + shape_string(t.shape) + " holds " +
@@ -185,6 +196,27 @@ std::string encode_header(const Header& h) {
   return o.take();
 }
 
+namespace {
+// A header's integer: a JSON integer within T's range (nlohmann would convert 1e20 to an int: undefined behaviour).
+template <class T> T header_integer(const nlohmann::json& j, const char* key, std::optional<T> fallback = {}) {
+  const auto it = j.find(key);
+  if (it == j.end() && fallback) return *fallback;
+  if (it == j.end()) throw FormatError(std::string("header metadata: no '") + key + "'");
+  using L = std::numeric_limits<T>;
+  bool fits = false;  // a uint64 takes a negative integer's 64 bits
+  if (it->is_number_unsigned()) {
+    fits = it->get<uint64_t>() <= static_cast<uint64_t>(L::max());
+  } else if (it->is_number_integer()) {
+    const int64_t v = it->get<int64_t>();
+    fits = v >= 0 ? static_cast<uint64_t>(v) <= static_cast<uint64_t>(L::max())
+                  : !L::is_signed || v >= static_cast<int64_t>(L::min());
+  }
+  if (!fits)
+    throw FormatError(std::string("header metadata: '") + key + "' is " + it->dump() + ", not an integer in range");
+  return it->is_number_unsigned() ? static_cast<T>(it->get<uint64_t>()) : static_cast<T>(it->get<int64_t>());
+}
+}  // namespace
+
 Header decode_header(const std::string& payload) {
   In in(payload);
   if (in.str() != kHeaderMagic) throw FormatError("not an mla-bisect journal (bad header magic)");
@@ -203,14 +235,14 @@ Header decode_header(const std::string& payload) {
     m.device = j.at("device").get<std::string>();
     m.model = j.at("model");
     m.run_options = j.at("run_options");
-    m.tp = j.at("tp").get<int>();
+    m.tp = header_integer<int>(j, "tp");
     m.mode = j.at("mode").get<std::string>();
-    m.seed = j.at("seed").get<uint64_t>();
+    m.seed = header_integer<uint64_t>(j, "seed");
     m.inject = j.at("inject").get<std::string>();
     m.probe_level = j.at("probe_level").get<std::string>();
     m.command = j.at("command").get<std::string>();
-    m.process_rank = j.value("process_rank", -1);  // absent in journals of one process per run
-    m.processes = j.value("processes", 0);
+    m.process_rank = header_integer<int>(j, "process_rank", -1);  // absent in journals of one process per run
+    m.processes = header_integer<int>(j, "processes", 0);
     m.launch_id = j.value("launch_id", std::string());
     h.created_utc = j.at("created_utc").get<std::string>();
     h.tool_version = j.at("tool_version").get<std::string>();

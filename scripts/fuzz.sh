@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the untrusted-input parsers: the safetensors header, GGUF, and HF config.json (tests/fuzz). Builds the
+# Fuzzes the untrusted-input parsers: the safetensors header, GGUF, HF config.json, and the dump reader (dump: valid
+# HDF5 dumps edited through HDF5 as the input says, their journals and rank sets; tests/fuzz). Builds the
 # libFuzzer targets with clang, ASan and UBSan into build-fuzz/ (scripts/setup.sh installs Debian's clang,
 # libclang-rt-dev and libomp-dev when they are missing) and runs each for a bounded time, starting from the seed
 # corpora in tests/fuzz/corpus/. scripts/test.sh runs it after the tests (CI: 45 s per target).
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET="${1:-${MLA_FUZZ_SECONDS:-60}}"
-TARGETS=(safetensors gguf config)
+TARGETS=(safetensors gguf config dump)
 BUILD="${MLA_FUZZ_BUILD:-build-fuzz}"
 
 say() { echo "fuzz: $*"; }
@@ -90,7 +91,7 @@ for t in "${TARGETS[@]}"; do
     echo "fuzz: last lines of $BUILD/fuzz_$t.log:" >&2
     tail -n 40 "$BUILD/fuzz_$t.log" >&2
   else
-    say "fuzz_$t: $(grep -E '^stat::number_of_executed_units' "$BUILD/fuzz_$t.log" | awk '{print $2}') runs, no finding"
+    say "fuzz_$t: $(grep -aE '^stat::number_of_executed_units' "$BUILD/fuzz_$t.log" | awk '{print $2}') runs, no finding"
   fi
 done
 exit "$status"

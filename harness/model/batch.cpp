@@ -2,6 +2,7 @@
 #include "harness/model/batch.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -63,21 +64,53 @@ nlohmann::json run_spec_to_json(const RunSpec& spec) {
   return j;
 }
 
+namespace {
+// A JSON integer within T's range; nlohmann would convert 1e20 or 2.5 to an int without a word (1e20: undefined
+// behaviour). A uint64 takes a negative integer's 64 bits (seeds written as signed).
+template <class T> T integer_value(const nlohmann::json& v, const char* key) {
+  using L = std::numeric_limits<T>;
+  const auto bad = [&] {
+    return UsageError(std::string("run options: '") + key + "' must be an integer from " + std::to_string(L::min()) +
+                      " to " + std::to_string(L::max()) + ", got " + v.dump());
+  };
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(L::max())) throw bad();
+    return static_cast<T>(u);
+  }
+  if (!v.is_number_integer()) throw bad();
+  const int64_t i = v.get<int64_t>();
+  if constexpr (L::is_signed) {
+    if (i < static_cast<int64_t>(L::min()) || i > static_cast<int64_t>(L::max())) throw bad();
+  }
+  return static_cast<T>(i);
+}
+
+template <class T> T integer_field(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  return it == j.end() ? fallback : integer_value<T>(*it, key);
+}
+}  // namespace
+
 RunSpec run_spec_from_json(const nlohmann::json& j) {
   RunSpec s;
   if (!j.is_object()) throw UsageError("run options are not a JSON object: " + j.dump());
   try {
     if (j.contains("mode")) s.mode = parse_mode(j.at("mode").get<std::string>());
     s.form = j.contains("form") ? parse_form(j.at("form").get<std::string>()) : default_form(s.mode);
-    s.tp = j.value("tp", s.tp);
-    s.layers = j.value("layers", s.layers);
-    s.tokens = j.value("tokens", s.tokens);
-    s.batch = j.value("batch", s.batch);
-    s.context = j.value("context", s.context);
-    s.seed = j.value("seed", s.seed);
-    s.position_offset = j.value("position_offset", s.position_offset);
+    s.tp = integer_field(j, "tp", s.tp);
+    s.layers = integer_field(j, "layers", s.layers);
+    s.tokens = integer_field(j, "tokens", s.tokens);
+    s.batch = integer_field(j, "batch", s.batch);
+    if (const auto it = j.find("context"); it != j.end()) {
+      if (!it->is_array()) throw UsageError("run options: 'context' must be an array of integers, got " + it->dump());
+      s.context.clear();
+      for (const auto& c : *it) s.context.push_back(integer_value<int>(c, "context"));
+    }
+    s.seed = integer_field(j, "seed", s.seed);
+    s.position_offset = integer_field(j, "position_offset", s.position_offset);
     s.input_norm = j.value("input_norm", s.input_norm);
-    s.keys = j.value("keys", s.keys);
+    s.keys = integer_field(j, "keys", s.keys);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(std::string("run options: ") + e.what());
   }

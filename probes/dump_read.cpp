@@ -378,6 +378,39 @@ bool parse_rank_name(const std::string& c, int* rank) {
   return true;
 }
 
+// The norms a record stores are of one tensor: l2 is the root of the sum of the squared token_l2 (its rows), and
+// each token's head_l2 add up the same way to its token_l2. Written by any writer from one tensor they agree to
+// rounding (float rows, double sums); a record that disagrees by more than 1e-3 was edited or written from two
+// tensors, and a compare that reads l2 in one place and token_l2 in another would judge two different things.
+// Skipped where a non-finite value makes the norms non-finite.
+void check_norms_agree(const std::string& w, const ProbeRecord& rec) {
+  constexpr double kRel = 1e-3;
+  const auto agree = [&](double a, double b) {
+    return std::abs(a - b) <= kRel * std::max(a, b) + 1e-30;
+  };
+  if (rec.nan != 0 || rec.inf != 0 || !std::isfinite(rec.l2)) return;
+  double sum = 0;
+  for (float v : rec.token_l2) {
+    if (!std::isfinite(v)) return;
+    sum += static_cast<double>(v) * v;
+  }
+  if (!agree(rec.l2, std::sqrt(sum)))
+    throw UsageError(w + ": l2 " + std::to_string(rec.l2) + " disagrees with its token_l2, whose rows make " +
+                     std::to_string(std::sqrt(sum)) + " (the record's norms are not of one tensor: edited, or "
+                     "written from two)");
+  if (rec.head_l2.empty() || rec.token_l2.empty()) return;
+  const size_t T = rec.token_l2.size(), H = rec.head_l2.size() / T;
+  for (size_t t = 0; t < T; ++t) {
+    double s = 0;
+    for (size_t h = 0; h < H; ++h) s += static_cast<double>(rec.head_l2[t * H + h]) * rec.head_l2[t * H + h];
+    if (!std::isfinite(s)) return;
+    if (!agree(rec.token_l2[t], std::sqrt(s)))
+      throw UsageError(w + ": token " + std::to_string(t) + "'s token_l2 " + std::to_string(rec.token_l2[t]) +
+                       " disagrees with its head_l2, which make " + std::to_string(std::sqrt(s)) +
+                       " (the record's norms are not of one tensor: edited, or written from two)");
+  }
+}
+
 // One rank's record. Without `data` the statistics and token_l2 are required; with it, any of them missing is
 // computed from it as the C++ writer computes them (compute_probe_record).
 ProbeRecord read_rank(const h5::Group& rg, const DumpProbe& p, int rank, const ProbeContext& ctx) {
@@ -463,6 +496,7 @@ ProbeRecord read_rank(const h5::Group& rg, const DumpProbe& p, int rank, const P
   rec.checksum = rg.has_attr("checksum") ? rg.attr_uint("checksum") : computed.checksum;
   if (!has_data && rec.token_l2.empty())
     throw UsageError(w + ": missing dataset 'token_l2' (required when the record has no 'data')");
+  if (rg.has_attr("l2") && !rec.token_l2.empty()) check_norms_agree(w, rec);
   if (rec.token_l2.empty()) rec.token_l2 = computed.token_l2;
   if (rec.head_l2.empty()) rec.head_l2 = computed.head_l2;
   if (rec.sketch.empty()) rec.sketch = computed.sketch;

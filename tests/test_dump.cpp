@@ -750,7 +750,8 @@ TEST(DumpCorrupt, ForeignAndMalformedFilesNameTheProblem) {
     p.set_attr("shape", std::vector<int64_t>{4, 8, 16});
     p.set_attr("heads_axis", 1);
     auto r0 = p.create_group("rank0");
-    for (const char* a : {"l2", "absmax", "mean", "std"}) r0.set_attr(a, 1.0);
+    for (const char* a : {"absmax", "mean", "std"}) r0.set_attr(a, 1.0);
+    r0.set_attr("l2", 2.0);  // four rows of norm 1
     r0.set_attr("nan", 0);
     r0.set_attr("inf", 0);
     r0.set_attr("level", "sketch");
@@ -780,6 +781,35 @@ TEST(DumpCorrupt, ForeignAndMalformedFilesNameTheProblem) {
   expect_error(dir.path("heads.h5"), "7 heads do not divide over tp 2");
   probe_file("strdata.h5", [](h5::Group&, h5::Group& r) { r.set_attr("l2", "large"); });
   expect_error(dir.path("strdata.h5"), "not a number");
+  // Norms not of one tensor: l2 against its rows, a row against its heads.
+  probe_file("l2_edited.h5", [](h5::Group&, h5::Group& r) {
+    r.write<float>("sketch", {4, 32}, std::vector<float>(128));
+    r.set_attr("l2", 2.5);
+  });
+  expect_error(dir.path("l2_edited.h5"), "l2 2.500000 disagrees with its token_l2, whose rows make 2.000000");
+  probe_file("l2_rounded.h5", [](h5::Group&, h5::Group& r) {
+    r.write<float>("sketch", {4, 32}, std::vector<float>(128));
+    r.set_attr("l2", 2.0004);  // float rows summed in another order: within 1e-3
+  });
+  EXPECT_EQ(usage_error_of(dir.path("l2_rounded.h5")), "");
+  probe_file("head_l2_edited.h5", [](h5::Group&, h5::Group& r) {
+    r.write<float>("sketch", {4, 32}, std::vector<float>(128));
+    std::vector<float> heads(16, 0.5f);  // 4 heads of 0.5 per token: norm 1, as token_l2 says
+    heads[2 * 4 + 1] = 0.9f;             // token 2's head 1 edited
+    r.write<float>("head_l2", {4, 4}, heads);
+  });
+  expect_error(dir.path("head_l2_edited.h5"), "token 2's token_l2 1.000000 disagrees with its head_l2");
+  probe_file("head_l2_ok.h5", [](h5::Group&, h5::Group& r) {
+    r.write<float>("sketch", {4, 32}, std::vector<float>(128));
+    r.write<float>("head_l2", {4, 4}, std::vector<float>(16, 0.5f));
+  });
+  EXPECT_EQ(usage_error_of(dir.path("head_l2_ok.h5")), "");
+  probe_file("nan_rows.h5", [](h5::Group&, h5::Group& r) {  // a record with NaN: its norms are not compared
+    r.write<float>("sketch", {4, 32}, std::vector<float>(128));
+    r.set_attr("nan", 3);
+    r.set_attr("l2", 3.0);
+  });
+  EXPECT_EQ(usage_error_of(dir.path("nan_rows.h5")), "");
   {
     auto f = h5::File::create(dir.path("inputs.h5"));
     f.set_attr("format", "mla-bisect-dump");

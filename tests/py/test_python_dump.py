@@ -799,3 +799,24 @@ def test_weights_group_holds_the_checkpoint_shards(work):
     d = read_dump(out)
     assert sorted(n for (_, n) in d.weights) == sorted(k.split(".")[-2] for k in t)
     assert d.weights[(0, "q_b_proj")].contract == "rows" and d.weights[(0, "o_proj")].contract == "columns"
+
+
+def test_a_weight_record_with_its_l2_alone_edited_is_refused(work, tmp_path):
+    """A weight record's l2 changed by 10% while its rows (token_l2) are left: the record's norms are no longer of
+    one tensor. compare and inspect refuse it (exit 2, naming the record) instead of passing on the rows."""
+    d = tmp_path
+    a, b = str(d / "a.h5"), str(d / "b.h5")
+    for out in (a, b):
+        cli("run", "--model", "tiny", "--tokens", "4", "--quiet", "--no-table", "--out", out, check=0)
+    assert cli("compare", "--brief", a, b).returncode == 0
+    with h5py.File(b, "r+") as f:
+        g = f["weights/layer0/q_a_proj/rank0"]
+        assert "data" not in g and "token_l2" in g, "the default weight record is rows and stats, no tensor"
+        rows = np.sqrt(np.sum(g["token_l2"][...].astype(np.float64) ** 2))
+        assert abs(g.attrs["l2"] - rows) <= 1e-4 * rows, "the writer's l2 and rows agree"
+        g.attrs["l2"] = g.attrs["l2"] * 1.1
+    for cmd in (["compare", "--brief", a, b], ["inspect", b]):
+        r = cli(*cmd)
+        assert r.returncode == 2, f"{cmd}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+        msg = r.stdout + r.stderr
+        assert "/weights/layer0/q_a_proj/rank0: l2" in msg and "disagrees with its token_l2" in msg, msg

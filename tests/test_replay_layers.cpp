@@ -1,7 +1,8 @@
 // End-to-end (label cpu): replay of a whole-model capture, FILE.layer<L>.h5 beside FILE.h5 (one single-layer
 // capture per layer, here per rank too: `run --tp 2 --rank R --layer-range L:L+1` writes FILE.layer<L>.rank<R>.h5).
 // Each layer is replayed on its own inputs; the first diverging layer is named; --layers narrows; a stopped layer
-// gives no verdict on it; JSON, JUnit and HTML carry the per-layer table.
+// gives no verdict on it; layers side by side report as one after another; JSON, JUnit and HTML carry the per-layer
+// table.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -77,6 +78,41 @@ TEST(ReplayLayers, TheFirstDivergingLayerIsNamedAndOthersAgree) {
   const auto one = sh("replay " + d + "/cap.layer2.h5 --weights synthetic --quiet --brief");
   EXPECT_EQ(one.exit_code, 1) << one.out;
   EXPECT_CONTAINS(one.out, "first divergence: layer 2 attn_out");
+}
+
+// Layers replayed side by side (--jobs 3, the cores shared among them) give the report of one after another, in
+// layer order, whatever order they finish in; --jobs belongs to a whole-model capture.
+TEST(ReplayLayers, LayersSideBySideGiveTheSameReport) {
+  const std::string d = dir_of("jobs");
+  for (int l = 0; l < 4; ++l) capture_layer(d, l, l == 1 ? "softmax-scale" : l == 3 ? "rope-neox" : "");
+  const auto one = sh("replay " + d + "/cap.h5 --weights synthetic --quiet --jobs 1 --json " + d + "/one.json");
+  const auto par = sh("replay " + d + "/cap.h5 --weights synthetic --jobs 3 --json " + d + "/par.json");
+  EXPECT_EQ(one.exit_code, 1) << one.out;
+  EXPECT_EQ(par.exit_code, 1) << par.out;
+  EXPECT_CONTAINS(par.out, "4 layers, 3 at once with ");
+  EXPECT_CONTAINS(par.out, "(--jobs 3)");
+  EXPECT_CONTAINS(par.out, "layer 1's MLA diverges on its own captured inputs: first divergent probe attn_out");
+  EXPECT_CONTAINS(par.out, "layers 1, 3 diverge");
+  const auto a = read_json(d + "/one.json"), b = read_json(d + "/par.json");
+  EXPECT_EQ(a["first_layer"], 1);
+  EXPECT_EQ(b["first_layer"], 1);
+  ASSERT_EQ(a["layers"].size(), 4u);
+  ASSERT_EQ(b["layers"].size(), 4u);
+  for (int l = 0; l < 4; ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    EXPECT_EQ(b["layers"][l]["layer"], l);
+    EXPECT_EQ(a["layers"][l]["verdict"], b["layers"][l]["verdict"]);
+    EXPECT_EQ(a["layers"][l]["verdict"], l == 1 || l == 3 ? "DIVERGES" : "agrees");
+    if (l == 1 || l == 3) {
+      const auto& fa = a["layers"][l]["report"]["first_divergence"];
+      ASSERT_TRUE(fa.is_object() && fa.contains("probe")) << fa.dump();
+      EXPECT_EQ(fa["probe"], b["layers"][l]["report"]["first_divergence"]["probe"]);
+      EXPECT_EQ(fa["probe"], l == 1 ? "attn_out" : "q_pe_rope");
+    }
+  }
+  const auto single = sh("replay " + d + "/cap.layer0.h5 --weights synthetic --jobs 2");
+  EXPECT_EQ(single.exit_code, 2) << single.out;
+  EXPECT_CONTAINS(single.out, "is a single-layer capture (--jobs");
 }
 
 TEST(ReplayLayers, AStoppedLayerGivesNoVerdictOnIt) {

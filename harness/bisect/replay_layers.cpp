@@ -6,15 +6,23 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <mutex>
 #include <regex>
 #include <sstream>
+#include <thread>
+
+#include <omp.h>
+
+#include <Eigen/Core>
 
 #include "harness/bisect/bisect_html.h"
 #include "harness/compare/diagnose.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
+#include "harness/run/memory_estimate.h"
 #include "probes/dump.h"
+#include "reference/cpu_threads.h"
 
 namespace mla {
 
@@ -91,8 +99,58 @@ std::string scan_verdict_word(const LayerReplay& l) {
 
 }  // namespace
 
+namespace {
+
+// The memory one layer's replay holds at its peak, from the first layer's capture: the reference run's estimate (its
+// weights, activations, scores, cache and probes) and again half of it for the calibration run and the capture's
+// records beside it. 0 when the capture cannot be read (that layer then reports why).
+double layer_replay_bytes(const std::string& file, int threads) {
+  try {
+    DumpReadOptions ro;
+    ro.data = false;
+    const Dump d = read_dump(file, ro);
+    const MlaConfig cfg = d.config();
+    const RunSpec spec = d.spec();
+    MemoryEstimateInput in;
+    in.cfg = &cfg;
+    in.spec = &spec;
+    in.threads = threads;
+    return 1.5 * estimate_host_memory(in).total();
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+ScanPlan plan_replay_scan(int jobs, size_t layers, const std::string& first_file) {
+  ScanPlan plan;
+  const int cores = std::max(1, ref::set_eigen_threads());
+  // A layer's replay has serial parts (reading the capture and the checkpoint's tensors, calibration set-up,
+  // comparison) beside its parallel GEMMs and attention: one layer per core, the cores shared among the layers
+  // running, keeps every core busy through them.
+  plan.workers = jobs > 0 ? jobs : cores;
+  plan.why = jobs > 0 ? "--jobs " + std::to_string(jobs) : std::to_string(cores) + " cores";
+  if (plan.workers > static_cast<int>(layers)) plan.workers = static_cast<int>(layers);
+  plan.workers = std::max(plan.workers, 1);
+  if (plan.workers > 1) {
+    const double each = layer_replay_bytes(first_file, std::max(1, cores / plan.workers));
+    const MemoryAvailable have = available_host_memory();
+    if (each > 0 && have.bytes > 0) {
+      const int by_memory = std::max(1, static_cast<int>(0.8 * have.bytes / each));
+      if (by_memory < plan.workers) {
+        plan.workers = by_memory;
+        plan.why = format_bytes(have.bytes) + " available (" + have.source + "), about " + format_bytes(each) +
+                   " a layer";
+      }
+    }
+  }
+  plan.threads = std::max(1, cores / plan.workers);
+  return plan;
+}
+
 ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std::string>& files,
-                             const std::optional<std::pair<int, int>>& only) {
+                             const std::optional<std::pair<int, int>>& only, int jobs) {
   const ProgressLog progress(base.progress);
   ReplayScan scan;
   scan.capture = base.capture;
@@ -102,11 +160,19 @@ ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std:
   if (todo.empty())
     throw UsageError(base.capture + ": no captured layer in " +
                      (only ? std::to_string(only->first) + ":" + std::to_string(only->second) : std::string("the set")));
-  for (size_t i = 0; i < todo.size(); ++i) {
+  const ScanPlan plan = plan_replay_scan(jobs, todo.size(), todo.front().second);
+  scan.workers = plan.workers;
+  if (plan.workers > 1)
+    progress.step(std::to_string(todo.size()) + " layers, " + std::to_string(plan.workers) + " at once with " +
+                  std::to_string(plan.threads) + (plan.threads == 1 ? " thread" : " threads") + " each (" + plan.why + ")");
+
+  std::vector<LayerReplay> done(todo.size());
+  std::mutex mu;  // the next layer to take, the progress lines, an unexpected error
+  size_t next = 0, finished = 0;
+  std::exception_ptr unexpected;
+  const auto replay_one = [&](size_t i) {
     const auto& [layer, file] = todo[i];
-    progress.step("layer " + std::to_string(layer) + " (" + std::to_string(i + 1) + " of " +
-                  std::to_string(todo.size()) + "): replaying " + file);
-    LayerReplay l;
+    LayerReplay& l = done[i];
     l.layer = layer;
     l.file = file;
     ReplayOptions o = base;
@@ -114,6 +180,7 @@ ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std:
     o.layer = layer;
     o.progress = false;
     if (!base.reference_out.empty()) o.reference_out = base.reference_out + ".layer" + std::to_string(layer) + ".h5";
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       l.rep = run_replay(o);
       l.exit_code = l.rep.exit_code;
@@ -125,8 +192,53 @@ ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std:
       l.exit_code = ExitCode_usage;
       l.error = e.what();
     }
-    scan.layers.push_back(std::move(l));
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard lock(mu);
+    ++finished;
+    if (plan.workers > 1) {
+      std::ostringstream line;
+      line << "layer " << layer << " done (" << finished << " of " << todo.size() << ", " << std::fixed
+           << std::setprecision(1) << sec << " s): "
+           << (l.exit_code == 0 ? "agrees" : l.exit_code == 1 ? "diverges" : l.exit_code == 3 ? "stopped"
+                                                                                                  : "not replayed");
+      progress.step(line.str());
+    }
+  };
+  if (plan.workers == 1) {
+    for (size_t i = 0; i < todo.size(); ++i) {
+      progress.step("layer " + std::to_string(todo[i].first) + " (" + std::to_string(i + 1) + " of " +
+                    std::to_string(todo.size()) + "): replaying " + todo[i].second);
+      replay_one(i);
+    }
+  } else {
+    // Eigen's thread count is one setting for the process: every layer's GEMMs take the same share of the cores
+    // while they run side by side (and OpenMP's per thread, for the reference's own parallel loops).
+    const int eigen_threads = Eigen::nbThreads();
+    Eigen::setNbThreads(plan.threads);
+    std::vector<std::thread> pool;
+    for (int w = 0; w < plan.workers; ++w)
+      pool.emplace_back([&] {
+        omp_set_num_threads(plan.threads);
+        for (;;) {
+          size_t i;
+          {
+            std::lock_guard lock(mu);
+            if (next >= todo.size() || unexpected) return;
+            i = next++;
+          }
+          try {
+            replay_one(i);
+          } catch (...) {
+            std::lock_guard lock(mu);
+            if (!unexpected) unexpected = std::current_exception();
+          }
+        }
+      });
+    for (auto& t : pool) t.join();
+    Eigen::setNbThreads(eigen_threads);
+    if (unexpected) std::rethrow_exception(unexpected);
   }
+  scan.layers = std::move(done);
 
   std::vector<int> agree, diverge, stopped, failed;
   for (const auto& l : scan.layers) {

@@ -42,12 +42,24 @@ struct ReplayScan {
   std::string headline;
   int exit_code = 0;
   double seconds = 0;
+  int workers = 1;                  // layers replayed at once
 };
 
-// Replays files (layer -> capture) in layer order; `only` (A:B) narrows them. `base` gives the weights, tolerances
-// and progress; its capture and layer are set per file.
+// How a scan runs: `workers` layers at once, each reference with `threads` threads. jobs > 0 asks for that many;
+// 0 chooses one per core. Either is bounded by the layers and by the host memory (0.8 of
+// what is available over an estimate of one layer's replay from the first capture); `why` names the bound.
+struct ScanPlan {
+  int workers = 1;
+  int threads = 1;
+  std::string why;
+};
+ScanPlan plan_replay_scan(int jobs, size_t layers, const std::string& first_file);
+
+// Replays files (layer -> capture), several at once as plan_replay_scan(jobs) says; the report is in layer order
+// whatever order they finish in. `only` (A:B) narrows them. `base` gives the weights, tolerances and progress; its
+// capture and layer are set per file.
 ReplayScan run_replay_layers(const ReplayOptions& base, const std::map<int, std::string>& files,
-                             const std::optional<std::pair<int, int>>& only);
+                             const std::optional<std::pair<int, int>>& only, int jobs = 0);
 
 void print_replay_scan(std::ostream& os, const ReplayScan& scan);
 nlohmann::json replay_scan_to_json(const ReplayScan& scan);

@@ -23,6 +23,7 @@ namespace {
 struct ReplayCmdOptions {
   std::string capture, weights, reference_out, json, junit, html, layers;
   int layer = -1;
+  int jobs = 0;
   double k = 4.0;
   std::vector<std::string> tol;
   bool brief = false, quiet = false;
@@ -37,7 +38,7 @@ int run_replay_scan_cmd(const ReplayCmdOptions& o, ReplayOptions r) {
     const LayerRange lr = parse_layer_range(o.layers);
     only = std::make_pair(lr.begin, lr.end);
   }
-  const ReplayScan scan = run_replay_layers(r, layer_capture_files(o.capture), only);
+  const ReplayScan scan = run_replay_layers(r, layer_capture_files(o.capture), only, o.jobs);
   if (o.brief) {
     std::cout << scan.headline << "\n";
   } else {
@@ -59,6 +60,9 @@ int run_replay_cmd(const ReplayCmdOptions& o) {
   r.overrides = parse_tol_overrides(o.tol);
   r.progress = !o.quiet;
   if (is_layer_capture_set(o.capture)) return run_replay_scan_cmd(o, r);
+  if (o.jobs > 0)
+    throw UsageError("--jobs " + std::to_string(o.jobs) + ": " + o.capture + " is a single-layer capture (--jobs "
+                     "replays the layers of a whole-model capture side by side)");
   if (!o.layers.empty())
     throw UsageError("--layers " + o.layers + ": " + o.capture + " is a single-layer capture (--layers narrows a "
                      "whole-model capture, FILE.layer<L>.h5)");
@@ -109,6 +113,9 @@ void setup_replay(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--layers", o->layers, "A whole-model capture (FILE.layer<L>.h5 beside FILE.h5): replay only "
                                          "checkpoint layers A..B-1 (A:B)");
+  cmd->add_option("--jobs", o->jobs, "A whole-model capture: layers replayed at once (default 0: one per core, "
+                                     "bounded by the host memory); the cores are shared among them")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--reference-out", o->reference_out,
                   "Write the reference's dump here (then `mla-bisect explore CAPTURE REF` explores the pair)");
   cmd->add_option("--json", o->json, "Write the report as JSON");

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -148,7 +149,9 @@ bool read_cached(const std::filesystem::path& path, const std::string& key, Tole
 void store(const std::string& dir, const std::filesystem::path& path, const std::string& key, const MlaConfig& cfg,
            Precision precision, double k, const ToleranceModel& tm) {
   std::error_code ec;
-  const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(getpid());
+  // One temporary name per process and thread: a whole-model replay calibrates several layers at once.
+  const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(getpid()) + "." +
+                                    std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   try {
     std::filesystem::create_directories(dir, ec);
     const nlohmann::json j = {{"format", "mla-bisect-calibration"}, {"version", 1}, {"key", key},

@@ -134,7 +134,8 @@ TEST(NoSilentPass, CompareRefusesACaptureAsTheReference) {
   const std::string cap = tmpdir("capture") + "/capture.h5";
   std::filesystem::copy_file(p.b16, cap, std::filesystem::copy_options::overwrite_existing);
   // The dump's engine attribute says where it came from (docs/dump-format.md): a capture names its system.
-  const auto set = mla::test::run_shell("python3 -c \"import h5py; f = h5py.File('" + cap +
+  const std::string py = std::string(MLA_PYTHON_EXE).empty() ? "python3" : "'" + std::string(MLA_PYTHON_EXE) + "'";
+  const auto set = mla::test::run_shell(py + " -c \"import h5py; f = h5py.File('" + cap +
                                         "', 'r+'); f.attrs['engine'] = 'vllm'; f.close()\" 2>&1");
   if (set.exit_code != 0) GTEST_SKIP() << "h5py is needed to edit the dump: " << set.out;
   const auto r = sh("compare " + p.b16 + " " + cap);

@@ -11,7 +11,7 @@
 #
 #   MLA_BENCH_ONLY='prefill4096 decode16h'   run only these shape names (see the list below)
 #   MLA_BENCH_EXTRA='--repeats 30'           extra arguments for every run
-#   MLA_BENCH_CUDA='probe_launch=stage'      extra cuda engine options for every run (docs: README's cuda options)
+#   MLA_BENCH_CUDA='probe_launch=stage'      extra cuda engine options for every run (docs/gpu.md lists them)
 #   MLA_BENCH_ANCHOR=0                       leave out the PyTorch anchors (bench/torch_anchor.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -74,6 +74,8 @@ TEST(BenchCli, PrefillPrintsEveryStageTheCeilingAndJson) {
   std::ifstream in(json_path);
   ASSERT_TRUE(in) << "no JSON written at " << json_path;
   const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.value("schema_version", 0), 1);
+  EXPECT_EQ(j.value("command", ""), "bench");
   const auto graph = build_graph(*find_preset("tiny"), spec.graph_shape());
   ASSERT_EQ(j.at("stages").size(), graph.stages.size());
   for (size_t i = 0; i < graph.stages.size(); ++i) {

@@ -1,15 +1,18 @@
 // End-to-end tests of bisect, zoo and compare through the CLI (label cpu): every docs/bugs.md entry the reference can
 // plant is localized on the tiny preset, clean runs are not flagged, a hang and a crash give exit 3 naming the
-// stage, and the JSON / JUnit outputs parse.
+// stage, and the JSON / JUnit / HTML outputs carry what they promise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/bisect/bisect_html.h"
+#include "harness/report/compare_report.h"
 #include "tests/cli_util.h"
 
 namespace {
@@ -41,8 +44,11 @@ TEST(BisectCli, ZooOnTinyLocalizesEveryEntryAndFlagsNoCleanRun) {
         << r.out;
     std::ifstream f(tmpdir("zoo") + "/zoo.json");
     const auto j = nlohmann::json::parse(f);
-    EXPECT_GE(j.size(), 15u);
-    for (auto& row : j) EXPECT_TRUE(row["ok"].get<bool>()) << row.dump();
+    EXPECT_EQ(j.value("schema_version", 0), 1);
+    EXPECT_EQ(j.value("command", ""), "zoo");
+    EXPECT_TRUE(j["ok"].get<bool>());
+    EXPECT_GE(j["cases"].size(), 15u);
+    for (auto& row : j["cases"]) EXPECT_TRUE(row["ok"].get<bool>()) << row.dump();
   }
 }
 
@@ -160,6 +166,81 @@ TEST(BisectCli, HtmlReportHasProvenanceLegendRanksAndHistogram) {
   EXPECT_EQ(j["first_divergence"].value("basis", ""), "sketch");
 }
 
+std::string slurp_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// A weight injection: the HTML lists every weight the dumps compared (the ones off with their diagnosis), the
+// per-token chart is on a log axis, every compared probe has its sparkline; the JSON carries schema_version and the
+// JUnit file names the first divergence as a suite property and as its first failing testcase.
+TEST(BisectCli, ReportsHaveWeightTableLogAxisSparklinesAndFirstDivergence) {
+  const std::string dir = tmpdir("html_weights");
+  const auto r = sh(std::string("bisect --brief --model tiny --tokens 16 --weight-format nvfp4-ct") + kCandidate +
+                    " --inject nvfp4-global-recip --workdir " + dir + " --html " + dir + "/r.html --json " + dir +
+                    "/r.json --junit " + dir + "/r.xml");
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  const std::string html = slurp_file(dir + "/r.html");
+  std::ifstream jf(dir + "/r.json");
+  const auto j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j.value("schema_version", 0), 1);
+  EXPECT_EQ(j["compare"].value("schema_version", 0), 1);
+  const auto& weights = j["compare"]["weights"];
+  ASSERT_GE(weights.size(), 5u);
+  const int off = j["compare"]["divergent_weights"].get<int>();
+  EXPECT_GT(off, 0);
+  const std::string heading = "<h2>Weights (" + std::to_string(weights.size()) + " compared, " + std::to_string(off) +
+                              " beyond tolerance)</h2>";
+  ASSERT_NE(html.find(heading), std::string::npos) << heading;
+  const size_t table = html.find("<table class='weights'>"), table_end = html.find("</table>", table);
+  ASSERT_NE(table, std::string::npos);
+  const std::string wt = html.substr(table, table_end - table);
+  for (const auto& w : weights) {
+    const bool bad = w["verdict"] != "pass";
+    const std::string row = std::string("<tr") + (bad ? " class='bad'" : "") + "><td>" +
+                            std::to_string(w["layer"].get<int>()) + "</td><td>" + w["weight"].get<std::string>() +
+                            "</td><td>" + w["contract"].get<std::string>() + "</td>";
+    EXPECT_NE(wt.find(row), std::string::npos) << row << "\n" << wt;
+  }
+  EXPECT_NE(wt.find("<td>q_a_proj</td>"), std::string::npos);
+  EXPECT_NE(wt.find("<b>pure scale"), std::string::npos) << wt;  // the weight's diagnosis in its row
+  EXPECT_NE(wt.find("DIVERGE"), std::string::npos);
+  // The per-token chart: log y axis with decade labels, the tolerance line above the floor.
+  EXPECT_NE(html.find("<svg class='token-chart' data-y-scale='log'"), std::string::npos);
+  EXPECT_NE(html.find("rel error per token, log scale"), std::string::npos);
+  const size_t tl = html.find("<line class='tolerance'");
+  ASSERT_NE(tl, std::string::npos);
+  const size_t y1 = html.find("y1='", tl) + 4;
+  const double ty = std::stod(html.substr(y1, html.find('\'', y1) - y1));
+  EXPECT_GT(ty, 10.0);
+  EXPECT_LT(ty, 159.0);  // the floor is at 160
+  // One sparkline per compared probe, in the probe table.
+  size_t matched = 0;
+  for (const auto& p : j["compare"]["probes"])
+    matched += p["metrics"].is_object() && !p["metrics"]["token_rel"].empty();
+  EXPECT_GT(matched, 10u);
+  const size_t probes_at = html.find("<table class='probes'>");
+  ASSERT_NE(probes_at, std::string::npos);
+  size_t sparks = 0;
+  for (size_t at = html.find("<svg class='spark'", probes_at); at != std::string::npos;
+       at = html.find("<svg class='spark'", at + 1))
+    ++sparks;
+  EXPECT_EQ(sparks, matched);
+  // JUnit: the first divergence as a property; the first failure is its testcase.
+  const std::string xml = slurp_file(dir + "/r.xml");
+  const std::string first = "layer " + std::to_string(j["first_divergence"]["layer"].get<int>()) + " " +
+                            j["first_divergence"]["probe"].get<std::string>();
+  EXPECT_NE(xml.find("<property name=\"first_divergence\" value=\"" + first + "\"/>"), std::string::npos) << xml;
+  EXPECT_NE(xml.find("<property name=\"first_weight\" value=\"layer 0 q_a_proj\"/>"), std::string::npos) << xml;
+  const size_t fail = xml.find("<failure");
+  ASSERT_NE(fail, std::string::npos);
+  const size_t tc = xml.rfind("<testcase", fail);
+  EXPECT_NE(xml.substr(tc, fail - tc).find("name=\"" + j["first_divergence"]["probe"].get<std::string>() + "\""),
+            std::string::npos)
+      << xml.substr(tc, fail - tc);
+  EXPECT_NE(xml.find("first divergence: rel_l2"), std::string::npos);
+}
+
 TEST(BisectCli, CleanCandidateOverTwentySeedsIsNeverFlagged) {
   for (int seed = 0; seed < 20; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -255,6 +336,7 @@ TEST(CompareCli, DumpsOfTwoRunsCompareWithJsonAndJunit) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   std::ifstream jf(dir + "/c.json");
   const auto j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j.value("schema_version", 0), 1);
   EXPECT_TRUE(j["first_divergence"].is_null());
   EXPECT_GT(j["probes"].size(), 10u);
   std::ifstream xf(dir + "/c.xml");
@@ -333,4 +415,85 @@ TEST(BisectCli, CompareAndGoldenCheckTestCauses) {
   const auto j = nlohmann::json::parse(f);
   ASSERT_FALSE(j["hypotheses"]["confirmed"].empty()) << j["hypotheses"].dump();
   EXPECT_EQ(j["hypotheses"]["confirmed"][0]["class"], "norm.no_weight");
+  EXPECT_EQ(j.value("schema_version", 0), 1);  // golden check's JSON
+}
+
+// The per-token chart on numbers of its own: a log axis over the values and the tolerance, the tolerance line at its
+// value, zeros as grey stubs on the floor and NaN/Inf full height, both counted in the note; the probe's sparkline.
+TEST(BisectHtml, TokenChartIsLogScaleWithZerosAtTheFloor) {
+  mla::ProbeResult p;
+  p.name = "q_pe_rope";
+  p.stage = "rope";
+  p.contract = "heads";
+  p.verdict = mla::Verdict::Verdict_diverge;
+  p.tol = {1e-3, 2e-3, "test tolerance"};
+  p.m.basis = "full";
+  p.m.rel_l2 = 0.5;
+  p.m.token_rel = {0.0, 1e-4, 1e-2, 0.5, NAN, 0.0};
+  mla::BisectReport r;
+  r.exit_code = 1;
+  r.headline = "first divergence: layer 0 q_pe_rope";
+  r.first = p;
+  r.compare.a_status = r.compare.b_status = "complete";
+  r.compare.results = {p};
+  r.compare.first_divergence = 0;
+  r.compare.expected = r.compare.matched = 1;
+  const std::string html = mla::bisect_to_html(r);
+  EXPECT_NE(html.find("data-y-scale='log'"), std::string::npos);
+  // Decades 1e-5 (a decade under the smallest value) to 1e0; 150 px between y 10 and the floor at 160.
+  EXPECT_NE(html.find(">1e-5</text>"), std::string::npos);
+  EXPECT_NE(html.find(">1e0</text>"), std::string::npos);
+  const size_t tl = html.find("<line class='tolerance'");
+  ASSERT_NE(tl, std::string::npos);
+  const size_t y1 = html.find("y1='", tl) + 4;
+  const double ty = std::stod(html.substr(y1, html.find('\'', y1) - y1));
+  EXPECT_NEAR(ty, 10 + 150 * (1 - (std::log10(2e-3) + 5) / 5), 0.01);
+  EXPECT_NE(html.find("tolerance 0.002</text>"), std::string::npos);
+  // 1e-4 is one decade above the floor: 30 px.
+  EXPECT_NE(html.find("y='130' height='30'"), std::string::npos) << html;
+  size_t stubs = 0;
+  for (size_t at = html.find("height='2' fill='#999'"); at != std::string::npos;
+       at = html.find("height='2' fill='#999'", at + 1))
+    ++stubs;
+  EXPECT_EQ(stubs, 2u);
+  EXPECT_NE(html.find("2 tokens with zero error (or below 1e-5) drawn at the floor in grey"), std::string::npos);
+  EXPECT_NE(html.find("1 token NaN/Inf drawn full height"), std::string::npos);
+  // The probe table's sparkline: the tolerance dashed, the NaN token a purple tick, the rest one polyline.
+  const size_t sp = html.find("<svg class='spark'");
+  ASSERT_NE(sp, std::string::npos);
+  const std::string spark = html.substr(sp, html.find("</svg>", sp) - sp);
+  EXPECT_NE(spark.find("stroke-dasharray"), std::string::npos);
+  EXPECT_NE(spark.find("stroke='#7b2cbf'"), std::string::npos);
+  EXPECT_NE(spark.find("<polyline"), std::string::npos);
+  EXPECT_NE(spark.find("log scale 1e-5 .. 1e0"), std::string::npos) << spark;
+}
+
+// A probe missing ahead of the first divergence in graph order: the divergent probe's testcase still comes first.
+TEST(Junit, FirstFailingTestcaseIsTheFirstDivergence) {
+  mla::CompareReport rep;
+  rep.a_status = rep.b_status = "complete";
+  mla::ProbeResult missing, diverged;
+  missing.name = "q_c";
+  missing.verdict = mla::Verdict::Verdict_missing;
+  missing.why = "not in the candidate";
+  diverged.layer = 1;
+  diverged.name = "q_pe_rope";
+  diverged.stage = "rope";
+  diverged.verdict = mla::Verdict::Verdict_diverge;
+  diverged.why = "rel_l2 0.5 > 0.001";
+  rep.results = {missing, diverged};
+  rep.first_divergence = 1;
+  const std::string xml = mla::compare_to_junit(rep, "suite");
+  EXPECT_NE(xml.find("<property name=\"first_divergence\" value=\"layer 1 q_pe_rope\"/>"), std::string::npos) << xml;
+  EXPECT_NE(xml.find("<property name=\"first_divergence_stage\" value=\"rope\"/>"), std::string::npos) << xml;
+  const size_t fail = xml.find("<failure");
+  ASSERT_NE(fail, std::string::npos);
+  EXPECT_LT(xml.find("name=\"q_pe_rope\""), fail) << xml;
+  EXPECT_NE(xml.find("first divergence: rel_l2 0.5"), std::string::npos);
+  EXPECT_NE(xml.find("type=\"missing\""), std::string::npos);  // still a failure, after it
+  EXPECT_EQ(xml.find("<testcase"), xml.find("<testcase classname=\"suite.layer1\" name=\"q_pe_rope\">"));
+  // No divergence: no properties.
+  rep.results = {missing};
+  rep.first_divergence = -1;
+  EXPECT_EQ(mla::compare_to_junit(rep, "suite").find("<properties>"), std::string::npos);
 }

@@ -70,6 +70,7 @@ TEST(ReplayCli, CleanCaptureReplaysWithoutDivergence) {
   const auto j = nlohmann::json::parse(test::slurp(json));
   EXPECT_TRUE(j["first_divergence"].is_null());
   EXPECT_EQ(j["command"], "replay");
+  EXPECT_EQ(j.value("schema_version", 0), 1);
 }
 
 TEST(ReplayCli, WrongLayerOfTheCheckpointDiverges) {

@@ -53,6 +53,7 @@ TEST(ReplayLayers, TheFirstDivergingLayerIsNamedAndOthersAgree) {
   EXPECT_CONTAINS(r.out, "layer 2's MLA diverges on its own captured inputs: first divergent probe attn_out");
   EXPECT_CONTAINS(r.out, "layers 0-1 agree");
   const auto j = read_json(d + "/s.json");
+  EXPECT_EQ(j.value("schema_version", 0), 1);
   EXPECT_EQ(j["first_layer"], 2);
   ASSERT_EQ(j["layers"].size(), 3u);
   for (int l = 0; l < 3; ++l) {

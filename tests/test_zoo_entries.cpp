@@ -37,8 +37,9 @@ TEST(ZooEntries, EachIsLocalizedAndItsPatternNamed) {
     std::ifstream f(dir / "zoo.json");
     ASSERT_TRUE(f) << r.out;
     const auto j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.value("schema_version", 0), 1);
     std::set<std::string> seen;
-    for (const auto& row : j) {
+    for (const auto& row : j["cases"]) {
       const std::string name = row["inject"];
       seen.insert(name);
       EXPECT_TRUE(row["ok"].get<bool>()) << row.dump();
@@ -61,7 +62,8 @@ TEST(ZooEntries, QNormWidthNeedsQLora) {
   std::ifstream f(root.dir() / "zoo.json");
   ASSERT_TRUE(f) << r.out;
   std::set<std::string> seen;
-  for (const auto& row : nlohmann::json::parse(f)) seen.insert(row["inject"].get<std::string>());
+  const auto j = nlohmann::json::parse(f);
+  for (const auto& row : j["cases"]) seen.insert(row["inject"].get<std::string>());
   EXPECT_EQ(seen, (std::set<std::string>{"kv-norm-no-weight"}));
 }
 

@@ -95,27 +95,145 @@ void profile_svg(std::ostream& os, const CompareReport& rep) {
   os << "</svg>\n";
 }
 
+// A log10 axis over whole decades: from a decade below the smallest positive finite value (or the tolerance, when
+// lower) to the decade above the largest (or the tolerance), at most 12 decades deep. Values at or below the floor,
+// zeros included, are drawn at the floor.
+struct LogAxis {
+  int lo = -6, hi = 0;  // decades: the floor is 10^lo, the top 10^hi
+  double floor() const { return std::pow(10.0, lo); }
+  // 0 at the floor, 1 at the top.
+  double frac(double v) const {
+    return std::clamp((std::log10(std::max(v, floor())) - lo) / static_cast<double>(hi - lo), 0.0, 1.0);
+  }
+};
+
+LogAxis log_axis(const std::vector<double>& values, double tol) {
+  double mn = INFINITY, mx = 0;
+  for (double v : values)
+    if (std::isfinite(v) && v > 0) {
+      mn = std::min(mn, v);
+      mx = std::max(mx, v);
+    }
+  if (std::isfinite(tol) && tol > 0) {
+    mn = std::min(mn, tol);
+    mx = std::max(mx, tol);
+  }
+  LogAxis a;
+  if (mx <= 0) return a;  // nothing positive to place: the default decades
+  a.hi = static_cast<int>(std::ceil(std::log10(mx)));
+  a.lo = static_cast<int>(std::floor(std::log10(mn))) - 1;
+  if (a.hi <= a.lo) a.hi = a.lo + 1;
+  a.lo = std::max(a.lo, a.hi - 12);
+  return a;
+}
+
+// Relative error per token on a log axis with the tolerance line at its value. Zeros (and values below the floor)
+// are drawn as a grey stub on the floor, NaN/Inf as full bars in the NaN colour; a note under the chart counts both.
 void token_svg(std::ostream& os, const Metrics& m, double tol) {
   const int T = static_cast<int>(m.token_rel.size());
   if (T == 0) return;
-  const int W = std::max(400, std::min(1200, 8 * T)), H = 160, left = 50, bottom = 20;
-  double mx = tol * 2;
-  for (double v : m.token_rel)
-    if (std::isfinite(v)) mx = std::max(mx, v);
+  const LogAxis ax = log_axis(m.token_rel, tol);
+  const int W = std::max(400, std::min(1200, 8 * T)), H = 180, left = 50, top = 10, bottom = 20;
+  const double ph = H - top - bottom, base = H - bottom;
+  auto y_of = [&](double v) { return top + ph * (1.0 - ax.frac(v)); };
   const double bw = static_cast<double>(W) / T;
-  os << "<svg width='" << W + left << "' height='" << H << "' font-size='10' font-family='monospace'>\n";
-  const double ty = (H - bottom) * (1 - tol / mx);
-  for (int t = 0; t < T; ++t) {
-    const double v = std::isfinite(m.token_rel[t]) ? m.token_rel[t] : mx;
-    const double h = (H - bottom) * v / mx;
-    os << "<rect x='" << left + t * bw << "' y='" << H - bottom - h << "' width='" << std::max(1.0, bw - 1)
-       << "' height='" << h << "' fill='" << color_for(v / tol) << "'><title>token " << t << ": "
-       << fmt_num(m.token_rel[t]) << "</title></rect>\n";
+  os << "<svg class='token-chart' data-y-scale='log' width='" << W + left << "' height='" << H
+     << "' font-size='10' font-family='monospace'>\n";
+  const int step = ax.hi - ax.lo > 8 ? 2 : 1;  // the floor always labelled
+  for (int e = ax.lo; e <= ax.hi; e += step) {
+    const double y = y_of(std::pow(10.0, e));
+    os << "<line class='decade' x1='" << left << "' x2='" << W + left << "' y1='" << y << "' y2='" << y
+       << "' stroke='#ddd'/><text x='2' y='" << y + 3 << "'>1e" << e << "</text>\n";
   }
-  os << "<line x1='" << left << "' x2='" << W + left << "' y1='" << ty << "' y2='" << ty << "' stroke='#c00'/>"
-     << "<text x='2' y='" << ty + 3 << "' fill='#c00'>tol</text><text x='2' y='10'>" << fmt_num(mx) << "</text>"
-     << "<text x='" << left << "' y='" << H - 5 << "'>token 0</text><text x='" << W + left - 60 << "' y='" << H - 5
-     << "'>token " << T - 1 << "</text></svg>\n";
+  int zeros = 0, nonfinite = 0;
+  for (int t = 0; t < T; ++t) {
+    const double v = m.token_rel[t];
+    os << "<rect x='" << left + t * bw << "' width='" << std::max(1.0, bw - 1);
+    if (!std::isfinite(v)) {
+      ++nonfinite;
+      os << "' y='" << top << "' height='" << ph << "' fill='" << color_for(NAN) << "'><title>token " << t
+         << ": NaN/Inf</title></rect>\n";
+    } else if (v <= ax.floor()) {
+      ++zeros;
+      os << "' y='" << base - 2 << "' height='2' fill='#999'><title>token " << t << ": " << fmt_num(v)
+         << " (drawn at the floor, 1e" << ax.lo << ")</title></rect>\n";
+    } else {
+      const double y = y_of(v);
+      os << "' y='" << y << "' height='" << std::max(1.0, base - y) << "' fill='" << color_for(v / std::max(tol, 1e-30))
+         << "'><title>token " << t << ": " << fmt_num(v) << "</title></rect>\n";
+    }
+  }
+  const double ty = y_of(tol);
+  os << "<line class='tolerance' x1='" << left << "' x2='" << W + left << "' y1='" << ty << "' y2='" << ty
+     << "' stroke='#c00'/><text x='" << left + 4 << "' y='" << ty - 3 << "' fill='#c00'>tolerance " << fmt_num(tol)
+     << "</text><text x='" << left << "' y='" << H - 5 << "'>token 0</text><text x='" << W + left - 60 << "' y='"
+     << H - 5 << "'>token " << T - 1 << "</text></svg>\n";
+  os << "<p class='axis-note'><small>rel error per token, log scale (1e" << ax.lo << " .. 1e" << ax.hi
+     << "); the red line is the per-token tolerance";
+  if (zeros)
+    os << "; " << zeros << " token" << (zeros == 1 ? "" : "s") << " with zero error (or below 1e" << ax.lo
+       << ") drawn at the floor in grey";
+  if (nonfinite) os << "; " << nonfinite << " token" << (nonfinite == 1 ? "" : "s") << " NaN/Inf drawn full height";
+  os << "</small></p>\n";
+}
+
+// A probe's per-token error as a small inline chart for the probe table: log scale over the probe's own values and
+// tolerance (the red dashed line), zeros on the floor, NaN/Inf as purple ticks.
+void sparkline_svg(std::ostream& os, const std::vector<double>& v, double tol) {
+  const int T = static_cast<int>(v.size());
+  if (T == 0) {
+    os << "&mdash;";
+    return;
+  }
+  const LogAxis ax = log_axis(v, tol);
+  const double W = 120, H = 20, pad = 1;
+  auto x_of = [&](int t) { return T == 1 ? W / 2 : pad + (W - 2 * pad) * t / (T - 1); };
+  auto y_of = [&](double e) { return pad + (H - 2 * pad) * (1.0 - ax.frac(e)); };
+  os << "<svg class='spark' width='" << W << "' height='" << H << "'><title>per-token rel error, log scale 1e" << ax.lo
+     << " .. 1e" << ax.hi << "; tolerance " << fmt_num(tol) << "</title>";
+  if (std::isfinite(tol) && tol > 0)
+    os << "<line x1='0' x2='" << W << "' y1='" << y_of(tol) << "' y2='" << y_of(tol)
+       << "' stroke='#c00' stroke-dasharray='2,2'/>";
+  std::string pts;
+  for (int t = 0; t < T; ++t) {
+    if (!std::isfinite(v[t])) {
+      os << "<line x1='" << x_of(t) << "' x2='" << x_of(t) << "' y1='0' y2='" << H << "' stroke='" << color_for(NAN)
+         << "'/>";
+      continue;
+    }
+    pts += fmt_num(x_of(t), 5) + "," + fmt_num(y_of(v[t]), 4) + " ";
+  }
+  if (T == 1 && !pts.empty())
+    os << "<circle cx='" << x_of(0) << "' cy='" << y_of(v[0]) << "' r='2' fill='#333'/>";
+  else if (!pts.empty())
+    os << "<polyline points='" << pts << "' fill='none' stroke='#333' stroke-width='1'/>";
+  os << "</svg>";
+}
+
+// The weights both dumps recorded, compared before any activation: one row each, the diagnosis of one that differs.
+void weights_table(std::ostream& os, const CompareReport& rep) {
+  if (rep.weights.empty()) return;
+  const int off = rep.divergent_weights();
+  os << "<h2>Weights (" << rep.weights.size() << " compared, " << off << " beyond tolerance)</h2>\n"
+     << "<table class='weights'><tr><th>layer</th><th>weight</th><th>contract</th><th>rel_l2</th><th>tolerance</th>"
+        "<th>verdict</th><th>diagnosis</th></tr>\n";
+  for (const auto& w : rep.weights) {
+    const bool bad = w.verdict == Verdict::Verdict_diverge || w.verdict == Verdict::Verdict_nonfinite;
+    os << "<tr" << (bad ? " class='bad'" : "") << "><td>" << w.layer << "</td><td>" << xml_escape(w.name)
+       << "</td><td>" << xml_escape(w.contract) << "</td><td>" << fmt_num(w.m.rel_l2) << "</td><td>"
+       << fmt_num(w.tol.rel_l2) << "</td><td>" << verdict_name(w.verdict) << "</td><td style='text-align:left'>";
+    if (!w.pattern.empty()) os << "<b>" << xml_escape(w.pattern) << "</b>";
+    else if (bad) os << xml_escape(w.why);
+    if (!w.ranks_off.empty()) {
+      os << "<br><small>ranks off:";
+      for (int r : w.ranks_off) os << " " << r;
+      os << "</small>";
+    }
+    for (size_t i = 0; i < w.evidence.size() && i < 6; ++i)
+      os << "<br><small>" << xml_escape(w.evidence[i]) << "</small>";
+    os << "</td></tr>\n";
+  }
+  os << "</table>\n";
 }
 
 // Token x head cells; ticks on both axes, rank boundaries (tp > 1: a heads probe's shards) as dark lines.
@@ -364,7 +482,7 @@ std::string bisect_to_html(const BisectReport& r) {
     hypotheses_html(os, r.hypotheses);
     const Metrics& m = r.full.basis.empty() ? f.m : r.full;
     const std::string basis = m.basis == "full" ? "full tensors" : "estimate (from sketches/norms)";
-    os << "<h2>Error per token of " << xml_escape(f.name) << " (" << basis << ")</h2>\n";
+    os << "<h2>Error per token of " << xml_escape(f.name) << " (rel error, log scale, " << basis << ")</h2>\n";
     token_svg(os, m, f.tol.token_rel);
     legend_svg(os);
     if (!m.token_head_rel.empty()) {
@@ -388,12 +506,14 @@ std::string bisect_to_html(const BisectReport& r) {
   legend_svg(os);
   os << "<h2>Error across the graph (rel_l2 / tolerance, log scale)</h2>\n";
   profile_svg(os, r.compare);
-  os << "<h2>Probes</h2><table><tr><th>layer</th><th>probe</th><th>basis</th><th>rel_l2</th><th>cosine</th>"
-        "<th>norm ratio</th><th>worst token</th><th>tolerance</th><th>verdict</th><th>tolerance origin</th></tr>\n";
+  weights_table(os, r.compare);
+  os << "<h2>Probes</h2><table class='probes'><tr><th>layer</th><th>probe</th><th>basis</th><th>rel_l2</th>"
+        "<th>cosine</th><th>norm ratio</th><th>worst token</th><th>per token (log)</th><th>tolerance</th>"
+        "<th>verdict</th><th>tolerance origin</th></tr>\n";
   for (auto& p : r.compare.results) {
     if (!p.matched()) {  // nothing measured: no number stands in for one
       os << "<tr" << (p.missing_allowed ? "" : " class='bad'") << "><td>" << p.layer << "</td><td>" << xml_escape(p.name)
-         << "</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>"
+         << "</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>&mdash;</td><td>"
          << fmt_num(p.tol.rel_l2) << "</td><td>" << (p.missing_allowed ? "missing (allowed)" : "MISSING")
          << "</td><td style='text-align:left'>" << xml_escape(p.why) << "</td></tr>\n";
       continue;
@@ -401,9 +521,10 @@ std::string bisect_to_html(const BisectReport& r) {
     const bool bad = p.verdict == Verdict::Verdict_diverge || p.verdict == Verdict::Verdict_nonfinite;
     os << "<tr" << (bad ? " class='bad'" : "") << "><td>" << p.layer << "</td><td>" << xml_escape(p.name) << "</td><td>"
        << xml_escape(p.m.basis == "sketch" ? "sketch (estimate)" : p.m.basis) << "</td><td>" << fmt_num(p.m.rel_l2) << "</td><td>" << fmt_num(p.m.cosine, 5)
-       << "</td><td>" << fmt_num(p.m.norm_ratio, 4) << "</td><td>" << fmt_num(p.m.max_token_rel) << "</td><td>"
-       << fmt_num(p.tol.rel_l2) << "</td><td>" << verdict_name(p.verdict) << "</td><td style='text-align:left'>"
-       << xml_escape(p.tol.origin) << "</td></tr>\n";
+       << "</td><td>" << fmt_num(p.m.norm_ratio, 4) << "</td><td>" << fmt_num(p.m.max_token_rel) << "</td><td>";
+    sparkline_svg(os, p.m.token_rel, p.tol.token_rel);
+    os << "</td><td>" << fmt_num(p.tol.rel_l2) << "</td><td>" << verdict_name(p.verdict)
+       << "</td><td style='text-align:left'>" << xml_escape(p.tol.origin) << "</td></tr>\n";
   }
   os << "</table>\n";
   provenance_table(os, r);

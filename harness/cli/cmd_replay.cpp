@@ -44,7 +44,11 @@ int run_replay_scan_cmd(const ReplayCmdOptions& o, ReplayOptions r) {
   } else {
     print_replay_scan(std::cout, scan);
   }
-  if (!o.json.empty()) write_text_file(o.json, replay_scan_to_json(scan).dump(2));
+  if (!o.json.empty()) {
+    auto j = replay_scan_to_json(scan);
+    j["schema_version"] = kJsonSchemaVersion;  // as every report's JSON; each layer's "report" carries it too
+    write_text_file(o.json, j.dump(2));
+  }
   if (!o.junit.empty()) write_text_file(o.junit, replay_scan_to_junit(scan));
   if (!o.html.empty()) write_text_file(o.html, replay_scan_to_html(scan));
   return scan.exit_code;

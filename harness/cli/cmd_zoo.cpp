@@ -1,6 +1,7 @@
 // `mla-bisect zoo`: the harness testing itself on its planted bugs (the zoo table, harness/model/injection.cpp).
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -142,12 +143,16 @@ int run_zoo(ZooCmdOptions o) {
   }
   print_zoo(std::cout, rows);
   if (!o.json.empty()) {
-    nlohmann::json j = nlohmann::json::array();
+    nlohmann::json cases = nlohmann::json::array();
     for (auto& r : rows)
-      j.push_back({{"inject", r.c.inject}, {"mode", mode_name(r.c.options.spec.mode)}, {"tp", r.c.options.spec.tp},
-                   {"expected", r.c.expected}, {"found", r.found}, {"pattern", r.pattern}, {"verdict", r.verdict},
-                   {"ok", r.ok}, {"pattern_words", r.c.pattern_words}, {"pattern_ok", r.pattern_ok}, {"cause", r.cause}, {"cause_verdict", r.cause_verdict},
-                   {"seconds", r.seconds}});
+      cases.push_back({{"inject", r.c.inject}, {"mode", mode_name(r.c.options.spec.mode)},
+                       {"tp", r.c.options.spec.tp}, {"expected", r.c.expected}, {"found", r.found},
+                       {"pattern", r.pattern}, {"verdict", r.verdict}, {"ok", r.ok},
+                       {"pattern_words", r.c.pattern_words}, {"pattern_ok", r.pattern_ok}, {"cause", r.cause},
+                       {"cause_verdict", r.cause_verdict}, {"seconds", r.seconds}});
+    const bool all_ok = std::all_of(rows.begin(), rows.end(), [](const ZooRow& r) { return r.ok; });
+    const nlohmann::json j = {{"schema_version", kJsonSchemaVersion}, {"command", "zoo"}, {"model", o.run.model},
+                              {"ok", all_ok}, {"cases", std::move(cases)}};
     write_text_file(o.json, j.dump(2));
   }
   for (auto& r : rows)

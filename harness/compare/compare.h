@@ -132,6 +132,11 @@ struct ProbeResult {
   bool multi_layer = false;
 };
 
+// The layout version of every JSON report the tool writes (compare, bisect, replay, golden check, zoo, bench): each
+// carries it as "schema_version" (docs/commands.md, Reports). Raised when a key is renamed, removed or changes
+// meaning.
+inline constexpr int kJsonSchemaVersion = 1;
+
 struct CompareReport {
   std::string a_path, b_path, a_status, b_status;
   // Every expected probe in (layer, graph order): matched ones with their metrics, the others Verdict_missing.

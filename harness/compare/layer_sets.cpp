@@ -163,9 +163,9 @@ void print_layer_sets(std::ostream& os, const LayerSetComparison& c) {
 }
 
 nlohmann::json layer_sets_to_json(const LayerSetComparison& c) {
-  nlohmann::json j = {{"command", "compare"}, {"candidate", c.candidate}, {"reference", c.reference},
-                      {"headline", c.headline}, {"exit_code", c.exit_code}, {"dtypes", c.dtypes},
-                      {"unit_roundoff", c.unit_roundoff}};
+  nlohmann::json j = {{"schema_version", kJsonSchemaVersion}, {"command", "compare"}, {"candidate", c.candidate},
+                      {"reference", c.reference}, {"headline", c.headline}, {"exit_code", c.exit_code},
+                      {"dtypes", c.dtypes}, {"unit_roundoff", c.unit_roundoff}};
   j["first_layer"] = c.first_layer >= 0 ? nlohmann::json(c.first_layer) : nlohmann::json(nullptr);
   j["layers"] = nlohmann::json::array();
   for (const auto& p : c.layers) {

@@ -5,6 +5,8 @@
 #include <ostream>
 #include <string>
 
+#include "harness/compare/compare.h"
+
 namespace mla {
 
 namespace {
@@ -190,6 +192,8 @@ void print_bench(const BenchResult& r, std::ostream& os) {
 
 nlohmann::json bench_to_json(const BenchResult& r) {
   nlohmann::json j;
+  j["schema_version"] = kJsonSchemaVersion;
+  j["command"] = "bench";
   j["model"] = r.model;
   j["engine"] = r.engine;
   j["mode"] = r.mode;

@@ -165,7 +165,7 @@ nlohmann::json metrics_to_json(const Metrics& m) {
 
 nlohmann::json compare_to_json(const CompareReport& rep, const Findings* findings) {
   nlohmann::json j;
-  j["schema_version"] = 1;
+  j["schema_version"] = kJsonSchemaVersion;
   const int code = rep.exit_code();
   j["verdict"] = code == ExitCode_ok ? "pass" : code == ExitCode_divergence ? "fail" : code == ExitCode_engine ? "stopped"
                                                                                                               : "nothing compared";
@@ -242,6 +242,40 @@ std::string compare_to_junit(const CompareReport& rep, const std::string& suite)
   os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"" << xml_escape(suite)
      << "\" tests=\"" << rep.results.size() + rep.weights.size() << "\" failures=\"" << failures << "\" errors=\""
      << (rep.stopped_early() ? 1 : 0) << "\">\n";
+  // The first divergence (and the first weight that differs) as suite properties, so CI can show it without parsing
+  // failure messages.
+  const ProbeResult* first = rep.first_divergence >= 0 ? &rep.results[rep.first_divergence] : nullptr;
+  if (first || rep.first_weight >= 0) {
+    os << "  <properties>\n";
+    if (first)
+      os << "    <property name=\"first_divergence\" value=\""
+         << xml_escape("layer " + std::to_string(first->layer) + " " + first->name) << "\"/>\n"
+         << "    <property name=\"first_divergence_stage\" value=\"" << xml_escape(first->stage) << "\"/>\n";
+    if (rep.first_weight >= 0) {
+      const ProbeResult& w = rep.weights[rep.first_weight];
+      os << "    <property name=\"first_weight\" value=\""
+         << xml_escape("layer " + std::to_string(w.layer) + " " + w.name) << "\"/>\n";
+    }
+    os << "  </properties>\n";
+  }
+  auto probe_case = [&](const ProbeResult& r) {
+    os << "  <testcase classname=\"" << xml_escape(suite) << ".layer" << r.layer << "\" name=\"" << xml_escape(r.name)
+       << "\">";
+    if (r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite) {
+      const std::string msg = (&r == first ? "first divergence: " : "") + r.why;
+      os << "<failure message=\"" << xml_escape(msg) << "\">" << xml_escape(msg + "\ntolerance: " + r.tol.origin)
+         << "</failure>";
+    } else if (r.verdict == Verdict::Verdict_missing && r.missing_allowed) {
+      os << "<skipped message=\"" << xml_escape("missing: " + r.why) << "\"/>";
+    } else if (r.verdict == Verdict::Verdict_missing) {
+      os << "<failure type=\"missing\" message=\"" << xml_escape("missing: " + r.why) << "\">"
+         << xml_escape("missing: " + r.why + "\nexpected: " + rep.expected_from) << "</failure>";
+    }
+    os << "</testcase>\n";
+  };
+  // The first divergent probe is the first testcase, so the first failure a CI page lists is where the runs part;
+  // the weights follow, then every other probe in (layer, graph order).
+  if (first) probe_case(*first);
   for (auto& r : rep.weights) {
     os << "  <testcase classname=\"" << xml_escape(suite) << ".layer" << r.layer << ".weights\" name=\""
        << xml_escape(r.name) << "\">";
@@ -250,19 +284,8 @@ std::string compare_to_junit(const CompareReport& rep, const std::string& suite)
          << xml_escape(r.why + "\npattern: " + r.pattern + "\ntolerance: " + r.tol.origin) << "</failure>";
     os << "</testcase>\n";
   }
-  for (auto& r : rep.results) {
-    os << "  <testcase classname=\"" << xml_escape(suite) << ".layer" << r.layer << "\" name=\"" << xml_escape(r.name)
-       << "\">";
-    if (r.verdict == Verdict::Verdict_diverge || r.verdict == Verdict::Verdict_nonfinite)
-      os << "<failure message=\"" << xml_escape(r.why) << "\">" << xml_escape(r.why + "\ntolerance: " + r.tol.origin)
-         << "</failure>";
-    else if (r.verdict == Verdict::Verdict_missing && r.missing_allowed)
-      os << "<skipped message=\"" << xml_escape("missing: " + r.why) << "\"/>";
-    else if (r.verdict == Verdict::Verdict_missing)
-      os << "<failure type=\"missing\" message=\"" << xml_escape("missing: " + r.why) << "\">"
-         << xml_escape("missing: " + r.why + "\nexpected: " + rep.expected_from) << "</failure>";
-    os << "</testcase>\n";
-  }
+  for (auto& r : rep.results)
+    if (&r != first) probe_case(r);
   if (rep.stopped_early())
     os << "  <testcase classname=\"" << xml_escape(suite) << "\" name=\"run_complete\"><error message=\""
        << xml_escape("a dump stopped early: " + rep.a_status + " / " + rep.b_status) << "\"/></testcase>\n";

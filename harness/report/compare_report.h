@@ -23,7 +23,8 @@ void print_weight_difference(std::ostream& os, const ProbeResult& weight);
 nlohmann::json compare_to_json(const CompareReport& rep, const Findings* findings = nullptr);
 nlohmann::json findings_to_json(const Findings& f);  // {"diagnosis": {...}, "drill_down": {...}}
 nlohmann::json metrics_to_json(const Metrics& m);
-// One testcase per probe: a divergence and a missing probe (unless allowed) are <failure>s with the reason.
+// One testcase per weight and per probe: a divergence and a missing probe (unless allowed) are <failure>s with the
+// reason. The first divergence is the first testcase and a suite property (first_divergence, its stage; first_weight).
 std::string compare_to_junit(const CompareReport& rep, const std::string& suite_name);
 void write_text_file(const std::string& path, const std::string& text);  // throws UsageError
 std::string xml_escape(const std::string& s);

@@ -6,7 +6,9 @@
 # Env: MLA_SKIP_SETUP=1 skips scripts/setup.sh; BUILD_TYPE (default Release);
 #      MLA_CMAKE_ARGS extra configure args (space-separated) for callers that cannot pass "$@";
 #      MLA_BUILD_TARGETS targets to build (space-separated; default: all of them, the tests included);
-#      MLA_BUILD_DIR the build folder (default build).
+#      MLA_BUILD_DIR the build folder (default build);
+#      MLA_BUILD_QUIET=1 puts cmake's and the compiler's output in BUILD/configure.log and BUILD/build.log and prints
+#      a line per fifth of the build instead (the last lines of the log when it fails). scripts/demo.sh sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,5 +52,34 @@ targets=(${MLA_BUILD_TARGETS:-})
 target_args=()
 if (( ${#targets[@]} > 0 )); then target_args=(--target "${targets[@]}"); fi
 
-cmake "${configure_args[@]}" "${extra_env_args[@]}" "$@"
-cmake --build "$bdir" -j"$(nproc 2>/dev/null || echo 2)" "${target_args[@]}"
+jobs="$(nproc 2>/dev/null || echo 2)"
+if [[ "${MLA_BUILD_QUIET:-0}" != 1 ]]; then
+  cmake "${configure_args[@]}" "${extra_env_args[@]}" "$@"
+  cmake --build "$bdir" -j"$jobs" "${target_args[@]}"
+  exit 0
+fi
+
+# Quiet: the logs keep everything; a failure shows where it failed.
+mkdir -p "$bdir"
+fail() {  # fail WHAT LOG
+  echo "build: $1 failed; the last lines of $2:" >&2
+  tail -n 60 "$2" >&2
+  exit 1
+}
+if ! cmake "${configure_args[@]}" "${extra_env_args[@]}" "$@" >"$bdir/configure.log" 2>&1; then
+  fail "configuring $bdir" "$bdir/configure.log"
+fi
+echo "build: compiling into $bdir/ with $jobs jobs (log: $bdir/build.log)"
+start=$SECONDS
+# Ninja's "[k/N]" and make's "[ p%]" status lines give the progress; one line is printed per fifth done.
+set +e
+cmake --build "$bdir" -j"$jobs" "${target_args[@]}" 2>&1 | tee "$bdir/build.log" | awk '
+  /^\[ *[0-9]+\/[0-9]+\]/ { s = $0; sub(/^\[ */, "", s); split(s, a, /[\/\]]/); p = int(100 * a[1] / a[2]) }
+  /^\[ *[0-9]+%\]/         { s = $0; sub(/^\[ */, "", s); p = int(s) }
+  p >= next_step && p < 100 { printf "build: %d%%\n", p; fflush(); next_step = (int(p / 20) + 1) * 20 }
+  BEGIN { next_step = 20; p = 0 }'
+rc=${PIPESTATUS[0]}
+set -e
+(( rc == 0 )) || fail "compiling" "$bdir/build.log"
+warnings="$(grep -c 'warning:' "$bdir/build.log" || true)"
+echo "build: done in $((SECONDS - start)) s$([[ "$warnings" != 0 ]] && echo ", $warnings compiler warnings in $bdir/build.log")"

@@ -17,7 +17,7 @@ BugClass make_class(std::string name, std::string family, std::vector<Stage> sta
 Outputs reference_outputs(const StageCase& c);
 
 // The tensor named `name`: from the case's inputs (throws when absent).
-const Tensor& input(const StageCase& c, const std::string& name);
+const Tensor& input(const StageCase& c, const char* name);  // a C string: the result refers to c, not to name
 // The candidate's output, or nullptr.
 const Tensor* cand(const StageCase& c, const std::string& name);
 

@@ -14,10 +14,10 @@
 
 namespace mla::hyp {
 
-const Tensor& input(const StageCase& c, const std::string& name) {
+const Tensor& input(const StageCase& c, const char* name) {
   auto it = c.in.find(name);
   if (it == c.in.end()) throw UsageError("hypotheses: the case of stage " + std::string(stage_name(c.stage)) +
-                                         " holds no input '" + name + "'");
+                                         " holds no input '" + std::string(name) + "'");
   return it->second;
 }
 

@@ -379,8 +379,9 @@ LayerSource gguf_layer(const GgufFile& g, int layer, const MlaConfig& cfg, bool 
   if (g.find(b + "attn_k_b.weight") && g.find(b + "attn_v_b.weight")) {
     // attn_k_b: [N, L, P] (W_UK_h transposed, ne [P, L, N]); attn_v_b: [N, V, L] (ne [L, V, N]).
     const int64_t N = cfg.heads, L = cfg.kv_lora_rank, P = cfg.qk_nope, V = cfg.v_head;
-    const auto& kb = gguf_tensor(g, b + "attn_k_b.weight");
-    const auto& vb = gguf_tensor(g, b + "attn_v_b.weight");
+    const std::string kb_name = b + "attn_k_b.weight", vb_name = b + "attn_v_b.weight";
+    const auto& kb = gguf_tensor(g, kb_name);
+    const auto& vb = gguf_tensor(g, vb_name);
     const auto check3 = [&](const GgufTensorInfo& t, int64_t ne0, int64_t ne1, const std::string& formula) {
       const bool ok3 = t.ne.size() == 3 && t.ne[0] == ne0 && t.ne[1] == ne1 && t.ne[2] == N;
       const bool ok2 = t.ne.size() == 2 && t.ne[0] == ne0 && t.ne[1] == ne1 * N;

@@ -161,8 +161,10 @@ void expect_zoo_ok(const std::string& tp) {
   std::ifstream f(dir + "/zoo.json");
   ASSERT_TRUE(f) << "no " << dir << "/zoo.json";
   const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j.value("schema_version", 0), 1) << "zoo --json is an object with schema_version and cases";
+  ASSERT_TRUE(j.contains("cases") && j["cases"].is_array()) << j.dump().substr(0, 400);
   std::set<std::string> seen;
-  for (const auto& row : j) {
+  for (const auto& row : j["cases"]) {
     EXPECT_TRUE(row["ok"].get<bool>()) << row.dump();
     seen.insert(row["inject"].get<std::string>());
   }

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from mla_bisect.hf import capture_model  # noqa: E402
-from mla_bisect.hf_model import estimate_capture_bytes, layer_path  # noqa: E402
+from mla_bisect.hf import estimate_capture_bytes, layer_path  # noqa: E402
 
 BINARY = os.environ.get("MLA_BINARY", "mla-bisect")
 LAYERS = 4

@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "harness/model/errors.h"
+#include "harness/model/progress_hook.h"
 #include "probes/dump_internal.h"
 #include "probes/h5.h"
 #include "probes/journal.h"
@@ -767,9 +768,18 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
       ctx.tokens = d.inputs.x.shape[0];
       ctx.tokens_from = "/inputs/x";
     }
+    // Progress ticks: the layer groups read, a probe's share of its layer past them (the weights last).
+    const std::string file = std::filesystem::path(path).filename().string();
+    const double units = static_cast<double>(layers.size()) + (f.has("weights") ? 1 : 0);
+    double done = 0;
     for (const auto& [layer, c] : layers) {
       const h5::Group lg = f.open_group(c);
-      for (const auto& pn : lg.children()) {
+      const auto names = lg.children();
+      for (size_t k = 0; k < names.size(); ++k) {
+        const std::string& pn = names[k];
+        if (progress_wanted())
+          progress_tick("read", "reading " + file + ": layer " + std::to_string(layer) + " " + pn,
+                        done + static_cast<double>(k) / static_cast<double>(names.size()), units);
         if (!lg.has_group(pn))
           throw UsageError(lg.where() + "/" + pn + ": is not a group (a layer holds one group per probe)");
         d.probes.push_back(read_probe(lg.open_group(pn), layer, pn, ctx));
@@ -778,11 +788,15 @@ Dump read_h5(const std::string& path, const DumpReadOptions& opts) {
           ctx.tokens_from = "/" + c + "/" + pn;
         }
       }
+      ++done;
     }
     std::stable_sort(d.probes.begin(), d.probes.end(), [](const DumpProbe& a, const DumpProbe& b) {
       return a.layer != b.layer ? a.layer < b.layer : a.order < b.order;
     });
-    if (f.has("weights")) read_weights(f, d, ctx, cfg_p, spec_p);
+    if (f.has("weights")) {
+      progress_tick("read", "reading " + file + ": weights", done, units);
+      read_weights(f, d, ctx, cfg_p, spec_p);
+    }
   }
   return d;
 }

@@ -1,8 +1,10 @@
-// Progress lines of the long commands on stderr when it is a file (not a terminal), none with --quiet; and the
-// reference run-to-run bit for bit (whatever -march it was compiled for, see MLA_PORTABLE).
+// Progress lines of the long commands on stderr when it is a file (not a terminal), none with --quiet, and no long
+// silence between them; and the reference run-to-run bit for bit (whatever -march it was compiled for, see
+// MLA_PORTABLE).
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,6 +86,48 @@ TEST(Progress, BenchAndGoldenCheckPrintLinesAndQuietSilences) {
   EXPECT_TRUE(any_contains(gl, "reading ")) << g.err;
   EXPECT_TRUE(any_contains(gl, "compared")) << g.err;
   EXPECT_TRUE(progress_lines(run_cli(golden + " --quiet").err).empty());
+}
+
+// compare: its phases (reading, calibrating, comparing) on stderr, none with --quiet; the report on stdout is the
+// same either way.
+TEST(Progress, CompareQuietPrintsNothingOnStderrAndOtherwiseItsPhases) {
+  const mla::test::ScratchDir dir("progress_compare");
+  const std::string ref = dir.path("ref.h5"), cand = dir.path("cand.h5");
+  for (const auto& [engine, out] : {std::pair{"reference", ref}, std::pair{"reference:precision=bf16", cand}}) {
+    const std::string args = std::string("run --quiet --no-table --model tiny --tokens 8 --tp 2 --engine ") + engine +
+                             " --out '" + out + "'";
+    const auto r = run_cli(args);
+    ASSERT_EQ(r.exit_code, 0) << describe(args, r);
+  }
+  const std::string args = "compare '" + cand + "' '" + ref + "'";
+  const auto r = run_cli(args, {.env = "MLA_CALIBRATION_CACHE=off"});  // calibrated here, not read from a cache
+  ASSERT_EQ(r.exit_code, 0) << describe(args, r);
+  const auto lines = progress_lines(r.err);
+  EXPECT_TRUE(any_contains(lines, "reading " + cand)) << r.err;
+  EXPECT_TRUE(any_contains(lines, "reading " + ref)) << r.err;
+  EXPECT_TRUE(any_contains(lines, "calibrating tolerances")) << r.err;
+  EXPECT_TRUE(any_contains(lines, "comparing ")) << r.err;
+  EXPECT_EQ(r.out.find("] reading"), std::string::npos) << r.out;  // the report stays on stdout, the lines off it
+  const auto q = run_cli(args + " --quiet", {.env = "MLA_CALIBRATION_CACHE=off"});
+  ASSERT_EQ(q.exit_code, 0) << describe(args + " --quiet", q);
+  EXPECT_EQ(q.err, "");
+  EXPECT_EQ(q.out, r.out);
+}
+
+// No silence: a bisect with phases of several seconds each (synthesizing and quantizing weights, the two runs side by
+// side, calibration, the runs of isolation), timed line by line by bench/progress_gaps.py, never goes more than 5 s
+// without a line on stderr. DeepSeek-V2-Lite dims, fp8 weights, a planted weight bug (so isolation runs), no
+// calibration cache: about 20 s on a 2-core machine.
+TEST(Progress, BisectNeverGoesFiveSecondsWithoutALine) {
+  if (mla::test::run_shell("python3 -c 'import sys' 2>/dev/null").exit_code != 0) GTEST_SKIP() << "no python3";
+  const mla::test::ScratchDir dir("progress_gaps");
+  const std::string cmd = "MLA_CALIBRATION_CACHE=off timeout 600 python3 '" MLA_SOURCE_DIR
+                          "/bench/progress_gaps.py' --max 5 --quiet -- '" MLA_BINARY "' bisect --model "
+                          "deepseek-v2-lite --tokens 64 --weight-format fp8 --inject fp8-scale-transpose "
+                          "--candidate reference:precision=bf16 --workdir '" + dir.path("work") + "' 2>&1";
+  const auto r = mla::test::run_shell(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.out;
+  EXPECT_NE(r.out.find("exit 1,"), std::string::npos) << r.out;  // the bisect found the planted bug
 }
 
 // The reference on DeepSeek-V2-Lite dims (GEMMs large enough for Eigen's vectorized, multi-threaded kernels), FP32

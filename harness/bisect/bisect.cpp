@@ -2,12 +2,14 @@
 #include "harness/bisect/bisect.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -34,10 +36,21 @@ std::string child_engine_line(const std::vector<std::string>& argv) {
   return s;
 }
 
+// A progress line of a child run ("[12.3 s] what"): its words, or "" for any other line.
+std::string child_progress_words(const std::string& line) {
+  if (line.size() < 7 || line[0] != '[') return "";
+  const size_t end = line.find(" s] ");
+  if (end == std::string::npos || end < 2) return "";
+  for (size_t i = 1; i < end; ++i)
+    if (!std::isdigit(static_cast<unsigned char>(line[i])) && line[i] != '.') return "";
+  return line.substr(end + 4);
+}
+
 }  // namespace
 
 BisectReport run_bisect(const BisectOptions& opt) {
   const ProgressLog progress(opt.progress);
+  ProgressTicks ticks(progress);  // the work below says how far it is (weights, in-process runs, calibration)
   BisectReport rep;
   rep.candidate_engine = opt.candidate;
   rep.inject = opt.inject;
@@ -52,6 +65,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const bool ref_is_fp32 = ref_spec.name == "reference" && make_engine(ref_spec)->options() ==
                                                                make_engine(EngineSpec::parse("reference"))->options();
   if (cand_spec.name == "reference") make_engine(cand_spec);  // its options checked (another engine: its child's)
+  step("weights: " + opt.weights.source + (opt.weights.format.empty() ? "" : ", through " + opt.weights.format));
   const auto weights = load_weights(opt.weights, cfg, spec, opt.weight_seed).layers;
   // Weight injections are a wrong dequantization (harness/weights): the candidate's in-process runs get their own.
   const auto injections = parse_injections(opt.inject);
@@ -59,8 +73,11 @@ BisectReport run_bisect(const BisectOptions& opt) {
   // a bug in its dequantization must show in the in-process runs as well.
   const bool cand_packed = engine_dequantizes(cand_spec.name, opt.weights);
   LoadedWeights cand_loaded;
-  if (cand_packed || engine_injections(injections).size() != injections.size())
+  if (cand_packed || engine_injections(injections).size() != injections.size()) {
+    step("weights for the candidate's in-process runs (" +
+         (opt.inject.empty() ? std::string("as stored") : "with --inject " + opt.inject) + ")");
     cand_loaded = load_weights(opt.weights, cfg, spec, opt.weight_seed, injections, cand_packed);
+  }
   const auto& cand_weights = cand_loaded.layers.empty() ? weights : cand_loaded.layers;
   const PackedWeights cand_pw{cand_packed ? &cand_loaded.packed : nullptr, dequant_bugs(injections)};
 
@@ -77,7 +94,9 @@ BisectReport run_bisect(const BisectOptions& opt) {
   }
   const double backstop = std::max(60.0, 20 * opt.timeout_s);
   auto child_argv = [&](const std::string& engine, const std::string& out, const std::string& inject) {
-    std::vector<std::string> a = {self_exe(), "run", "--quiet", "--no-table"};
+    // With progress on, the children print their own lines, which come back here (forward, below).
+    std::vector<std::string> a = {self_exe(), "run", "--no-table"};
+    if (!opt.progress) a.push_back("--quiet");
     a.insert(a.end(), opt.run_args.begin(), opt.run_args.end());
     a.insert(a.end(), {"--engine", engine, "--out", out, "--watchdog", fmt_num(opt.timeout_s, 6)});
     if (!inject.empty()) a.insert(a.end(), {"--inject", inject});
@@ -93,8 +112,22 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const auto cand_argv = child_argv(opt.candidate, rep.candidate_dump, opt.inject);
   std::vector<std::string> child_env;
   if (!std::getenv("OMP_WAIT_POLICY")) child_env.push_back("OMP_WAIT_POLICY=PASSIVE");
-  auto ref_run = std::async(std::launch::async, [&] { return run_child(ref_argv, backstop, child_env); });
-  const ChildResult cand_child = run_child(cand_argv, backstop, child_env);
+  // The children's progress lines, taken out of their output: one line says where both runs are, when one is due.
+  std::mutex runs_mu;
+  std::string runs_at[2] = {"starting", "starting"};
+  const auto forward = [&](int which) {
+    return [&, which](const std::string& line) {
+      const std::string words = child_progress_words(line);
+      if (words.empty()) return false;
+      const std::lock_guard<std::mutex> lock(runs_mu);
+      runs_at[which] = words;
+      if (progress.due()) progress.step("reference run: " + runs_at[0] + " | candidate run: " + runs_at[1]);
+      return true;
+    };
+  };
+  auto ref_run =
+      std::async(std::launch::async, [&] { return run_child(ref_argv, backstop, child_env, forward(0)); });
+  const ChildResult cand_child = run_child(cand_argv, backstop, child_env, forward(1));
   const ChildResult ref_child = ref_run.get();
   if (ref_child.exit_code != 0)
     throw EngineError("the reference run " + ref_child.describe() + ":\n  " + child_engine_line(ref_argv) + "\n" +
@@ -127,6 +160,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   ToleranceModel tol;
   const auto reference_full = [&](bool with_weights, int layer, const StageSpec* upto) -> const Dump& {
     if (!ref_full || (with_weights && !ref_full_has_weights) || ref_full_fed != static_cast<bool>(fed)) {
+      const ProgressPhase phase("reference run with every probe in full");
       auto e = make_engine(ref_spec);
       ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, layer, upto, {}, with_weights, upto,
                                 fed ? selection_feed(cand, inputs, tol, fed) : nullptr);
@@ -198,9 +232,15 @@ BisectReport run_bisect(const BisectOptions& opt) {
     return e;
   };
   auto cand_engine = make_candidate();
-  const Dump cand_full = run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, first.layer, stage,
-                                        cand_pw, weights_differ, true);
-  const CompareReport full_rep = compare_dumps(cand_full, ref_full_dump, tol);
+  const Dump cand_full = [&] {
+    const ProgressPhase phase("candidate run with every probe in full");
+    return run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, first.layer, stage, cand_pw,
+                          weights_differ, true);
+  }();
+  const CompareReport full_rep = [&] {
+    const ProgressPhase phase("the full tensors");
+    return compare_dumps(cand_full, ref_full_dump, tol);
+  }();
   for (const auto& r : full_rep.results)
     if (r.layer == first.layer && r.name == first.name) rep.full = r.m;
   if (const DumpProbe *pa = cand_full.find(first.layer, first.name), *pb = ref_full_dump.find(first.layer, first.name);
@@ -219,6 +259,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
     std::set<std::string> names(stage->inputs.begin(), stage->inputs.end());
     names.insert(stage->outputs.begin(), stage->outputs.end());
     try {
+      const ProgressPhase phase("keeping the stage's full tensors beside the dumps");
       write_full_sidecar(cand, cand_full, first.layer, names);
       write_full_sidecar(ref, ref_full_dump, first.layer, names);
     } catch (const std::exception& e) {
@@ -228,8 +269,11 @@ BisectReport run_bisect(const BisectOptions& opt) {
   }
 
   auto iso_engine = make_candidate();
-  const Dump iso = run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full_dump, first.layer, stage,
-                                  cand_pw, false, true);
+  const Dump iso = [&] {
+    const ProgressPhase phase("isolation: the candidate with stage " + first.stage + " fed the reference's inputs");
+    return run_in_process(*iso_engine, cfg, spec, cand_weights, inputs, &ref_full_dump, first.layer, stage, cand_pw,
+                          false, true);
+  }();
   const IsolationResult judged = judge_isolation(iso, ref_full_dump, first, full_rep);
   if (judged.judged) {
     rep.isolated = judged.isolated;
@@ -252,6 +296,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
     rep.hypotheses.reason = "not searched: stage " + first.stage + " is right on the reference's inputs (amplified)";
   }
   const Metrics& m = rep.full.basis.empty() ? first.m : rep.full;
+  const ProgressPhase phase("drill-down and diagnosis");
   rep.drill = drill_down(first, m, first.tol);
   rep.diagnosis = diagnose(first, m, first.tol, inputs.batch, full_rep);
   hyp::explain(rep.diagnosis, rep.hypotheses);

@@ -29,7 +29,8 @@ std::string self_exe() {
   return buf;
 }
 
-ChildResult run_child(const std::vector<std::string>& argv, double timeout_s, const std::vector<std::string>& env) {
+ChildResult run_child(const std::vector<std::string>& argv, double timeout_s, const std::vector<std::string>& env,
+                      const std::function<bool(const std::string&)>& on_line) {
   // Arguments and environment made before fork: between fork and exec the child only calls what is safe after a
   // fork in a process with other threads (no allocation).
   std::vector<char*> args;
@@ -62,6 +63,23 @@ ChildResult run_child(const std::vector<std::string>& argv, double timeout_s, co
   setpgid(pid, pid);
   close(fds[1]);
   ChildResult res;
+  // The output as it comes: whole lines go past on_line (when given), the rest waits for its newline.
+  std::string partial;
+  const auto keep = [&](const char* data, size_t n, bool last) {
+    if (!on_line) {
+      res.output.append(data, n);
+    } else {
+      partial.append(data, n);
+      size_t from = 0;
+      for (size_t nl; (nl = partial.find('\n', from)) != std::string::npos; from = nl + 1) {
+        const std::string line = partial.substr(from, nl - from);
+        if (!on_line(line)) res.output += line + "\n";
+      }
+      partial.erase(0, from);
+      if (last) res.output += partial;
+    }
+    if (res.output.size() > 65536) res.output.erase(0, res.output.size() - 65536);
+  };
   char buf[4096];
   bool open = true;
   int status = 0;
@@ -76,8 +94,7 @@ ChildResult run_child(const std::vector<std::string>& argv, double timeout_s, co
       if (poll(&p, 1, 50) > 0) {
         const ssize_t n = read(fds[0], buf, sizeof buf);
         if (n > 0) {
-          res.output.append(buf, n);
-          if (res.output.size() > 65536) res.output.erase(0, res.output.size() - 65536);
+          keep(buf, static_cast<size_t>(n), false);
         } else {
           open = false;
         }
@@ -92,8 +109,9 @@ ChildResult run_child(const std::vector<std::string>& argv, double timeout_s, co
   while (true) {  // drain what is left
     const ssize_t n = read(fds[0], buf, sizeof buf);
     if (n <= 0) break;
-    res.output.append(buf, n);
+    keep(buf, static_cast<size_t>(n), false);
   }
+  keep(buf, 0, true);
   close(fds[0]);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (WIFEXITED(status)) res.exit_code = WEXITSTATUS(status);

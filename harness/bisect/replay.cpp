@@ -308,6 +308,7 @@ std::vector<std::string> config_differences(const MlaConfig& a, const MlaConfig&
 
 BisectReport run_replay(const ReplayOptions& opt) {
   const ProgressLog progress(opt.progress);
+  ProgressTicks ticks(progress);  // reading, loading weights, the reference's runs: when a line is due
   auto step = [&](const std::string& what) { progress.step(what); };
   BisectReport rep;
   rep.candidate_dump = opt.capture;

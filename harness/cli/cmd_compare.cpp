@@ -11,6 +11,7 @@
 #include "harness/engine/engine.h"
 #include "harness/model/errors.h"
 #include "harness/report/compare_report.h"
+#include "harness/report/progress.h"
 #include "harness/run/tolerance_for.h"
 
 namespace mla::cli {
@@ -24,6 +25,7 @@ struct CompareCmdOptions {
   double k = 4.0;
   std::vector<std::string> tol, probes, allow_missing;
   bool brief = false;
+  bool quiet = false;  // no progress lines on stderr
 };
 
 std::vector<std::string> split_all(const std::vector<std::string>& items) {
@@ -74,12 +76,17 @@ int run_compare(const CompareCmdOptions& o) {
     throw UsageError("compare: two dumps are needed: compare CANDIDATE.h5 REFERENCE.h5, or --candidate FILE "
                      "--reference FILE");
   const std::string path_a = named ? o.named_a : o.a, path_b = named ? o.named_b : o.b;
+  // Reading large dumps and calibrating (two reference runs) take a while: progress lines on stderr, a line per phase
+  // and, within one, a line when one is due; the report stays on stdout.
+  const ProgressLog log(!o.quiet);
+  ProgressTicks ticks(log);
   // Two whole-model captures (FILE.layer<L>.h5 sets): where the error enters, layer by layer.
   const bool set_a = is_layer_capture_set(path_a), set_b = is_layer_capture_set(path_b);
   if (set_a != set_b)
     throw UsageError("compare: " + (set_a ? path_a : path_b) + " is a whole-model capture (FILE.layer<L>.h5) and " +
                      (set_a ? path_b : path_a) + " is not: compare two whole-model captures, or two dumps");
   if (set_a) {
+    log.step("comparing two whole-model captures layer by layer");
     const LayerSetComparison c =
         compare_layer_sets(path_a, layer_capture_files(path_a), path_b, layer_capture_files(path_b), o.k);
     if (o.brief) std::cout << c.headline << "\n";
@@ -87,7 +94,9 @@ int run_compare(const CompareCmdOptions& o) {
     if (!o.json.empty()) write_text_file(o.json, layer_sets_to_json(c).dump(2));
     return c.exit_code;
   }
+  log.step("reading " + path_a);
   const Dump a = read_dump(path_a);
+  log.step("reading " + path_b);
   const Dump b = read_dump(path_b);
   // Positional dumps whose provenance says they are the other way round: no verdict on them.
   if (!named) {
@@ -111,11 +120,18 @@ int run_compare(const CompareCmdOptions& o) {
   std::vector<std::string> names;
   for (const auto& p : ex.probes) names.push_back(p.name);
   check_tol_overrides(overrides, names, ex.from);
+  const std::string dtype = a.meta.engine_dtype.empty() ? "fp32" : a.meta.engine_dtype;
+  if (o.tolerance == "calibrate" || (o.tolerance == "auto" && dtype != "fp32"))
+    log.step("calibrating tolerances (the reference at fp32 and at " + (dtype == "fp32" ? "bf16" : dtype) +
+             " on the reference dump's inputs)");
   ToleranceModel tol = tolerance_for(a, b, o.tolerance, o.k);
   tol.overrides = overrides;
+  log.step("comparing " + std::to_string(ex.probes.size()) + " probes and the weights");
   const CompareReport rep = compare_dumps(a, b, tol, copt);
   auto findings = explain_first_divergence(rep, batch_of(b, a));
   // The causes tested by re-running the divergent stage on the candidate's own tensors, where it holds them.
+  if (findings && rep.first_divergence >= 0)
+    log.step("causes: the bug classes of stage " + rep.results[rep.first_divergence].stage);
   const hyp::Report causes = causes_of_first_divergence(a, b, rep);
   if (findings && findings->diagnosis.confidence != "measured") hyp::explain(findings->diagnosis, causes);
   print_compare(std::cout, rep, !o.brief, findings ? &*findings : nullptr);
@@ -160,6 +176,7 @@ void setup_compare(CLI::App& app, int& exit_code) {
   cmd->add_option("--allow-missing", o->allow_missing,
                   "Probes that may be absent without failing (comma list: NAME or layerL/NAME); still reported");
   cmd->add_flag("--brief", o->brief, "Only the summary (first divergence, diagnosis, missing probes, verdict)");
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr (reading the dumps, calibrating, comparing)");
   cmd->callback([o, &exit_code] { exit_code = run_compare(*o); });
 }
 

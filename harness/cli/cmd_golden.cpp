@@ -85,6 +85,7 @@ int run_make(const GoldenMakeOptions& o, const CLI::App& cmd) {
   check_run_memory(cfg, spec, full, {.dump = true});
   const std::string command = command_line(cmd, "mla-bisect golden make");
   const ProgressLog log(!o.quiet);
+  ProgressTicks ticks(log);  // the reference run's stages, when a line is due
   log.step("golden make: the FP32 reference on " + cfg.name + ", every probe in full");
   const Dump d = make_golden(cfg, spec, o.run.weight_seed, command);
   log.step("writing " + o.out);
@@ -131,6 +132,7 @@ void check_manifest(const std::string& golden, const std::string& mpath, bool na
 
 int run_check(const GoldenCheckCmdOptions& o) {
   const ProgressLog log(!o.quiet);
+  ProgressTicks ticks(log);  // reading, the engine's run, calibration: when a line is due
   if (!o.no_manifest) check_manifest(o.golden, manifest_for(o.golden, o.manifest), !o.manifest.empty());
   log.step("reading " + o.golden);
   const Dump golden = read_dump(o.golden);

@@ -226,6 +226,7 @@ auto out_of_memory_names(const std::function<std::string()>& where, const std::s
 
 int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   const ProgressLog log(!o.quiet);
+  ProgressTicks ticks(log);  // the weights' synthesis and quantization, the Runner's stages and weight records
   refuse_out_directory(o.out);
   const MlaConfig cfg = o.run.load_config();
   RunSpec spec = o.run.to_spec();

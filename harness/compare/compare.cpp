@@ -12,6 +12,7 @@
 
 #include "harness/engine/engine.h"
 #include "harness/model/errors.h"
+#include "harness/model/progress_hook.h"
 #include "harness/model/weights.h"
 #include "probes/h5.h"
 
@@ -755,7 +756,12 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
   rep.notes = ex.notes;
   const int tp_a = ranks_of(a), tp_b = ranks_of(b);
   bool said_sketch = false;
+  double compared = 0;  // for the progress ticks
   for (const auto& e : ex.probes) {
+    if (progress_wanted())
+      progress_tick("probes", "comparing layer " + std::to_string(e.layer) + " " + e.name, compared,
+                    static_cast<double>(ex.probes.size()) + 1);
+    ++compared;
     const DumpProbe* pa = a.find(e.layer, e.name);
     const DumpProbe* pb = b.find(e.layer, e.name);
     ProbeResult r;
@@ -852,6 +858,7 @@ CompareReport compare_dumps(const Dump& a, const Dump& b, const ToleranceModel& 
                    (d == &a ? "candidate" : "reference") + ")";
     if (!extra.empty()) rep.notes.push_back("not expected by " + ex.from + ", not compared: " + extra);
   }
+  progress_tick("probes", "comparing the weights", compared, static_cast<double>(ex.probes.size()) + 1);
   compare_weights(a, b, tol, opt, rep);
   for (size_t i = 0; i < rep.results.size(); ++i) {
     const auto v = rep.results[i].verdict;

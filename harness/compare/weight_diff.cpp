@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/compare/diagnose.h"
+#include "harness/model/progress_hook.h"
 
 namespace mla {
 
@@ -148,7 +149,12 @@ void compare_weights(const Dump& a, const Dump& b, const ToleranceModel& tol, co
     return;
   }
   std::string lacking;
+  double done = 0;  // for the progress ticks
   for (const auto& pb : b.weights) {
+    if (progress_wanted())
+      progress_tick("weights", "comparing layer " + std::to_string(pb.layer) + " weight " + pb.name, done,
+                    static_cast<double>(b.weights.size()));
+    ++done;
     const DumpProbe* pa = a.find_weight(pb.layer, pb.name);
     if (!pa || pa->ranks.empty() || pb.ranks.empty()) {
       lacking += (lacking.empty() ? "" : ", ") + ("layer" + std::to_string(pb.layer) + "/" + pb.name);

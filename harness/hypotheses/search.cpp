@@ -10,6 +10,7 @@
 #include "harness/compare/diagnose.h"
 #include "harness/hypotheses/common.h"
 #include "harness/model/errors.h"
+#include "harness/model/progress_hook.h"
 #include "reference/stages.h"
 
 namespace mla::hyp {
@@ -310,8 +311,12 @@ Report search(StageCase c) {
     if (applies(k, c.stage)) order.push_back(&k);
   std::stable_sort(order.begin(), order.end(), [](const BugClass* a, const BugClass* b) { return a->complexity < b->complexity; });
   int confirmed_at = -1;
+  double done = 0;  // for the progress ticks
   for (const BugClass* kp : order) {
     const BugClass& k = *kp;
+    if (progress_wanted())
+      progress_tick("classes", "bug class " + k.name + " on stage " + r.stage, done, static_cast<double>(order.size()));
+    ++done;
     if (confirmed_at >= 0 && k.complexity > confirmed_at) {
       r.skipped.push_back(k.name);
       continue;

@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #endif
 
+#include "harness/model/progress_hook.h"
+
 namespace mla {
 
 namespace {
@@ -157,9 +159,20 @@ std::vector<LayerWeights> synthetic_weights(const MlaConfig& c, int layers, bool
   const int64_t H = c.hidden, N = c.heads, Lq = c.q_lora_rank, L = c.kv_lora_rank;
   const int64_t D = c.qk_head(), PV = c.qk_nope + c.v_head, V = c.v_head, R = c.qk_rope;
   std::vector<LayerWeights> out(layers);
+  // Progress ticks, counted in elements of the projections.
+  const double per_layer = static_cast<double>(c.has_q_lora() ? Lq * H + N * D * Lq : N * D * H) + (L + R) * H +
+                           N * PV * L + H * N * V +
+                           (c.has_dsa() ? static_cast<double>(c.index_n_heads) * c.index_head_dim * Lq +
+                                              static_cast<double>(c.index_head_dim) * H + c.index_n_heads * H
+                                        : 0.0);
+  double done = 0;
   for (int l = 0; l < layers; ++l) {
     uint64_t stream = static_cast<uint64_t>(l) * 16;
     auto proj = [&](int64_t rows, int64_t cols) {
+      if (progress_wanted())
+        progress_tick("elements", "weights: synthesizing layer " + std::to_string(l + 1) + "/" + std::to_string(layers),
+                      done, per_layer * layers);
+      done += static_cast<double>(rows) * cols;
       Tensor t({rows, cols});
       fill_normal_bf16(t.ptr(), t.numel(), seed, stream++, 1.0f / std::sqrt(static_cast<float>(cols)));
       return t;

@@ -68,12 +68,16 @@ void ProgressSink::stage_begin(int layer, Stage stage, int rank) {
   inner_.stage_begin(layer, stage, rank);
   const int total = std::max(layers_ * stages_ * tp_, 1);
   const int pct = 100 * done_ / total;  // of the stages finished before this one
+  if (done_ == 0) first_stage_s_ = log_.seconds();
+  const double elapsed = log_.seconds() - first_stage_s_;
+  // The estimate from the pace of the stages so far (after a second of them: a first stage's time says little).
+  const double eta = done_ > 0 && elapsed >= 1.0 ? elapsed / done_ * (total - done_) : -1;
   ++done_;
   if (!log_.on() || pct / 10 <= shown_tenths_) return;
   shown_tenths_ = pct / 10;
   log_.step("layer " + std::to_string(layer + 1) + "/" + std::to_string(layers_) + " stage " + stage_name(stage) +
-            (tp_ > 1 ? " rank " + std::to_string(rank) + "/" + std::to_string(tp_) : std::string()) + " (" +
-            std::to_string(pct) + "%)");
+                (tp_ > 1 ? " rank " + std::to_string(rank) + "/" + std::to_string(tp_) : std::string()),
+            pct / 100.0, eta);
 }
 
 void ProgressSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {

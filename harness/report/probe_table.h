@@ -37,9 +37,10 @@ class TableSink : public ProbeSink {
   int tp_;
 };
 
-// Forwards to another sink and prints "[12.3 s] layer l/N stage s rank r/tp (p%)" through a ProgressLog: the first
-// stage, then each time another tenth of the run's stages has begun (a line, never a redrawn bar: logs read it too);
-// and a line when a layer's weight records begin (seconds at DeepSeek-V3 dims, before the layer's first stage).
+// Forwards to another sink and prints "[12.3 s] layer l/N stage s rank r/tp (p%), ~E s left" through a ProgressLog:
+// the first stage, then each time another tenth of the run's stages has begun (a line, never a redrawn bar: logs read
+// it too), the estimate from the pace of the stages so far; and a line when a layer's weight records begin (seconds at
+// DeepSeek-V3 dims, before the layer's first stage). The Runner's ticks (ProgressTicks) fill longer gaps.
 class ProgressSink : public ProbeSink {
  public:
   ProgressSink(ProbeSink& inner, const ProgressLog& log, int layers, int stages, int tp);
@@ -54,6 +55,7 @@ class ProgressSink : public ProbeSink {
   ProbeSink& inner_;
   const ProgressLog& log_;
   int layers_, stages_, tp_, done_ = 0, shown_tenths_ = -1, weights_layer_ = -1;
+  double first_stage_s_ = 0;  // the log's seconds at the first stage
 };
 
 }  // namespace mla

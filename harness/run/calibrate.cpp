@@ -8,8 +8,9 @@
 #include <sstream>
 #include <string>
 
-#include "harness/run/runner.h"
 #include "harness/compare/diagnose.h"
+#include "harness/model/progress_hook.h"
+#include "harness/run/runner.h"
 #include "probes/collect.h"
 #include "reference/reference_engine.h"
 
@@ -55,7 +56,9 @@ ToleranceModel calibrate(const MlaConfig& cfg, const RunSpec& spec, const std::v
   ProbePlan plan;
   plan.level = ProbeLevel::ProbeLevel_full;
   plan.weights = false;  // the weights' tolerances come from their rounding, below
+  const ProgressPhase phase("calibration");
   auto run_at = [&](Precision p, const Runner& r) {
+    const ProgressPhase run_phase(std::string("reference ") + precision_name(p) + " run");
     ReferenceEngine engine(std::map<std::string, std::string>{{"precision", precision_name(p)}});
     CollectSink sink({}, spec.tp);
     r.run(engine, weights, inputs, plan, sink);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "harness/model/errors.h"
+#include "harness/model/progress_hook.h"
 
 namespace mla {
 
@@ -73,9 +74,16 @@ void Runner::set_process_rank(const ProcessRank& p) {
 // first stage: a comparison checks them before any activation. Engines that do not say record nothing.
 void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, ProbeSink& sink,
                             const std::function<bool(int)>& mine) const {
+  int ranks = 0, done = 0;
+  for (int rank = 0; rank < spec_.tp; ++rank) ranks += mine(rank) && engine.owns_rank(rank);
+  const double total = static_cast<double>(weights_.size()) * ranks;
   for (const auto& w : weights_) {
     for (int rank = 0; rank < spec_.tp; ++rank) {
       if (!mine(rank) || !engine.owns_rank(rank)) continue;
+      if (progress_wanted())
+        progress_tick("weights", "layer " + std::to_string(layer + 1) + "/" + std::to_string(spec_.layers) +
+                      " weights: recording " + w.name + (spec_.tp > 1 ? " rank " + std::to_string(rank) : ""),
+                      done++, total);
       Tensor scratch;
       const Tensor* held = engine.weight(layer, rank, w.name, scratch);
       if (!held) return;
@@ -167,6 +175,16 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
     }
     if (told.rank >= 0) sink.waiting_over();  // e.g. a planted hang that follows is the begun stage's, not the wait's
   };
+  // The stages (of every rank this process computes) up to the end of the run, or to the stage it stops after: the
+  // count the progress ticks measure.
+  int ranks_here = 0, begun = 0;
+  for (int rank = 0; rank < spec_.tp; ++rank) ranks_here += engine.owns_rank(rank);
+  const int per_layer = static_cast<int>(graph_.stages.size()) * ranks_here;
+  double stages_total = static_cast<double>(per_layer) * spec_.layers;
+  if (stop_layer_ >= 0 && stop_layer_ < spec_.layers)
+    for (size_t i = 0; i < graph_.stages.size(); ++i)
+      if (graph_.stages[i].stage == stop_stage_)
+        stages_total = static_cast<double>(per_layer) * stop_layer_ + static_cast<double>(i + 1) * ranks_here;
   bool stopped = false;
   try {
     for (int layer = 0; layer < spec_.layers && !stopped; ++layer) {
@@ -178,6 +196,11 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
         for (int rank = 0; rank < spec_.tp; ++rank) {
           if (!engine.owns_rank(rank)) continue;
           if (!per_process) sink.stage_begin(layer, st.stage, rank);
+          if (progress_wanted())
+            progress_tick("stages", "layer " + std::to_string(layer + 1) + "/" + std::to_string(spec_.layers) +
+                          " stage " + stage_name(st.stage) + (spec_.tp > 1 ? " rank " + std::to_string(rank) + "/" +
+                          std::to_string(spec_.tp) : ""), begun, stages_total);
+          ++begun;
           if (mine(rank)) {
             if (stops_at_entry(engine, st, rank)) collect(true);
             apply_entry_injections(engine, st, rank);

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "harness/model/errors.h"
+#include "harness/model/progress_hook.h"
 #include "harness/weights/iq_tables.h"
 
 // After the includes: only this file's functions are affected (x86-64-v2 has no FMA anyway; this keeps the
@@ -556,24 +557,30 @@ Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs) {
   float* y = out.ptr();
   const int64_t R = w.rows, C = w.cols;
   const uint8_t* src = w.data.data();
+  const auto within = [R](int64_t i) {  // progress ticks of a large weight, every 256 rows
+    if (i % 256 == 0) progress_within(static_cast<double>(i) / static_cast<double>(R));
+  };
   switch (w.format) {
     case WeightFormat::WeightFormat_fp8: {
       const int64_t sr = ceil_div(R, w.block_rows), sc = ceil_div(C, w.block_cols);
       std::vector<float> s(static_cast<size_t>(sr * sc));
       if (!s.empty()) std::memcpy(s.data(), w.scales.data(), s.size() * 4);
-      for (int64_t i = 0; i < R; ++i)
+      for (int64_t i = 0; i < R; ++i) {
+        within(i);
         for (int64_t j = 0; j < C; ++j) {
           const int64_t bi = i / w.block_rows, bj = j / w.block_cols;
           const float scale = bugs.fp8_scale_transpose ? s[bj * sr + bi] : s[bi * sc + bj];
           y[i * C + j] = e4m3_to_float(src[i * C + j]) * scale;
         }
+      }
       return out;
     }
     case WeightFormat::WeightFormat_nvfp4:
     case WeightFormat::WeightFormat_nvfp4_ct: {
       const bool ct = w.format == WeightFormat::WeightFormat_nvfp4_ct;
       const bool divide = ct && !bugs.nvfp4_global_recip;
-      for (int64_t i = 0; i < R; ++i)
+      for (int64_t i = 0; i < R; ++i) {
+        within(i);
         for (int64_t g = 0; g < C / 16; ++g) {
           const float s8 = e4m3_to_float(w.scales[i * (C / 16) + g]);
           // The block scale first, then the element (ModelOpt's and compressed-tensors' order).
@@ -584,21 +591,27 @@ Tensor dequantize(const PackedWeight& w, const DequantBugs& bugs) {
             y[i * C + k] = e2m1_to_float(high ? byte >> 4 : byte & 15) * scale;
           }
         }
+      }
       return out;
     }
     case WeightFormat::WeightFormat_mxfp4:
-      for (int64_t i = 0; i < R; ++i)
+      for (int64_t i = 0; i < R; ++i) {
+        within(i);
         for (int64_t k = 0; k < C; ++k) {
           const uint8_t byte = src[(i * C + k) / 2];
           y[i * C + k] = e2m1_to_float(k % 2 ? byte >> 4 : byte & 15) * e8m0_to_float(w.scales[i * (C / 32) + k / 32]);
         }
+      }
       return out;
     default: {
       const uint32_t t = ggml_type_of(w.format);
       const GgmlTypeInfo* ti = ggml_type_info(t);
       const int64_t row_bytes = C / ti->block * ti->type_size;
       const bool swap = bugs.nvfp4_nibble_swap && w.format == WeightFormat::WeightFormat_gguf_nvfp4;
-      for (int64_t i = 0; i < R; ++i) dequantize_ggml_row(t, src + i * row_bytes, y + i * C, C, swap);
+      for (int64_t i = 0; i < R; ++i) {
+        within(i);
+        dequantize_ggml_row(t, src + i * row_bytes, y + i * C, C, swap);
+      }
       return out;
     }
   }

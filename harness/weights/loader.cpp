@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/model/errors.h"
+#include "harness/model/progress_hook.h"
 #include "harness/weights/gguf.h"
 #include "harness/weights/quantize.h"
 #include "harness/weights/safetensors.h"
@@ -34,6 +35,33 @@ constexpr Proj kProjections[] = {
     {"q_a_proj", &LayerWeights::q_a_proj}, {"q_b_proj", &LayerWeights::q_b_proj},
     {"kv_a_proj", &LayerWeights::kv_a_proj}, {"kv_b_proj", &LayerWeights::kv_b_proj},
     {"o_proj", &LayerWeights::o_proj},
+};
+
+// The progress ticks of a load, counted in layers: within layer l, the passes over its projections (quantizing,
+// dequantizing), each weighted by its elements, make up the fraction past l.
+class LoadTicks {
+ public:
+  explicit LoadTicks(int layers) : layers_(layers) {}
+  // Layer `l` (0-based, of the run) begins; its passes add up to `units` elements (0: set by the first pass's caller).
+  void layer(int l, double units) {
+    if (l != layer_) {
+      layer_ = l;
+      units_ = 0;
+      done_ = 0;
+    }
+    if (units_ == 0) units_ = units;
+  }
+  void pass(const std::string& what, double elements) {
+    if (progress_wanted())
+      progress_tick("layers", "weights: layer " + std::to_string(layer_ + 1) + "/" + std::to_string(layers_) + " " +
+                    what, layer_ + (units_ > 0 ? std::min(1.0, done_ / units_) : 0.0), layers_,
+                    units_ > 0 ? elements / units_ : 0.0);
+    done_ += elements;
+  }
+
+ private:
+  int layers_, layer_ = -1;
+  double units_ = 0, done_ = 0;
 };
 
 std::string dims(std::initializer_list<int64_t> v) {
@@ -542,10 +570,16 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
   }
   FormatCounter formats;
   bool touched = false;
+  LoadTicks ticks(spec.layers);
+  const std::string fmt_name = ws.format.empty() ? std::string("f32") : ws.format;
 
   // Per layer: the projections as stored (or re-quantized), dequantized with the injected bugs.
   const auto finish_layer = [&](LayerSource src, LayerWeights& w, int layer) {
     std::map<std::string, PackedWeight> kept;
+    double units = 0;  // a re-quantized projection is passed over three times, the others once
+    for (const auto& [field, pw] : src.linear)
+      units += static_cast<double>(pw.rows) * pw.cols * (requant && pw.format != *requant ? 3 : 1);
+    ticks.layer(layer - range.begin, units);
     if (src.split_kv_b) {
       const bool hit = bugs.touches(src.k_b.format) || bugs.touches(src.v_b.format);
       touched = touched || hit;
@@ -566,11 +600,15 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
       auto it = src.linear.find(p.field);
       if (it == src.linear.end()) continue;
       PackedWeight pw = std::move(it->second);
-      if (requant && pw.format != *requant)
+      const double numel = static_cast<double>(pw.rows) * pw.cols;
+      if (requant && pw.format != *requant) {
+        ticks.pass(std::string(p.field) + ": quantizing to " + fmt_name, 2 * numel);
         pw = quantize(dequantize(pw), *requant, pw.origin.empty() ? "layer " + std::to_string(layer) + " " + p.field : pw.origin,
                       fp8_block);
+      }
       formats.add(pw.format);
       touched = touched || bugs.touches(pw.format);
+      ticks.pass(std::string(p.field) + ": dequantizing", numel);
       w.*(p.member) = dequantize(pw, bugs);
       if (auto bad = nonfinite_scales(pw))
         std::cerr << "warning: " << ws.source << ": layer " << layer << " " << p.field << ": " << *bad << "\n";
@@ -612,10 +650,16 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
       }
       LayerSource ls;
       const WeightFormat f = requant.value_or(WeightFormat::WeightFormat_f32);
+      double units = 0;  // quantized here, dequantized in finish_layer
+      for (const auto& p : kProjections) units += 2.0 * static_cast<double>((src.*(p.member)).numel());
+      ticks.layer(l, units);
       for (const auto& p : kProjections)
-        if (!(src.*(p.member)).empty())
+        if (!(src.*(p.member)).empty()) {
+          ticks.pass(std::string(p.field) + ": quantizing to " + fmt_name,
+                     static_cast<double>((src.*(p.member)).numel()));
           ls.linear[p.field] =
               quantize(src.*(p.member), f, "synthetic layer " + std::to_string(range.begin + l) + " " + p.field, fp8_block);
+        }
       ls.norms["q_a_norm"] = std::move(src.q_a_norm);
       ls.norms["kv_a_norm"] = std::move(src.kv_a_norm);
       ls.norms["input_norm"] = std::move(src.input_norm);
@@ -630,8 +674,11 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
   } else if (is_gguf_path(ws.source)) {
     const GgufFile g(ws.source);
     out.layers.resize(spec.layers);
-    for (int l = 0; l < spec.layers; ++l)
+    for (int l = 0; l < spec.layers; ++l) {
+      ticks.layer(l, 0);
+      ticks.pass("reading", 0);
       finish_layer(gguf_layer(g, range.begin + l, cfg, input_norm), out.layers[l], range.begin + l);
+    }
     out.description = ws.source + " (GGUF: " + formats.text() + "), " + range_text;
   } else if (is_safetensors_path(ws.source)) {
     const SafetensorsCheckpoint ck(ws.source);
@@ -645,6 +692,8 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
         throw UsageError(ws.source + ": no layer " + std::to_string(layer) + " (" + prefix + std::to_string(layer) +
                          ".self_attn.*); the checkpoint has " + std::to_string(present.size()) + " MLA layers" +
                          (present.empty() ? "" : ", " + std::to_string(*present.begin()) + ".." + std::to_string(*present.rbegin())));
+      ticks.layer(l, 0);
+      ticks.pass("reading", 0);
       finish_layer(st_layer(ck, prefix, layer, cfg, qi, input_norm), out.layers[l], layer);
     }
     out.description = ws.source + " (safetensors, " + std::to_string(ck.shard_count()) + " file" +

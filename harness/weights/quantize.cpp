@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "harness/model/errors.h"
+#include "harness/model/progress_hook.h"
 
 #if defined(__clang__)
 #pragma clang fp contract(off)
@@ -270,7 +271,8 @@ PackedWeight quantize_fp8(const Tensor& w, PackedWeight p) {
   const int64_t sr = (R + br - 1) / br, sc = (C + bc - 1) / bc;
   std::vector<float> s(static_cast<size_t>(sr * sc));
   p.data.resize(static_cast<size_t>(R * C));
-  for (int64_t bi = 0; bi < sr; ++bi)
+  for (int64_t bi = 0; bi < sr; ++bi) {
+    progress_within(static_cast<double>(bi) / static_cast<double>(sr));
     for (int64_t bj = 0; bj < sc; ++bj) {
       float amax = 0;
       for (int64_t i = bi * br; i < std::min(R, (bi + 1) * br); ++i)
@@ -281,6 +283,7 @@ PackedWeight quantize_fp8(const Tensor& w, PackedWeight p) {
         for (int64_t j = bj * bc; j < std::min(C, (bj + 1) * bc); ++j)
           p.data[i * C + j] = float_to_e4m3(w.data[i * C + j] / scale_inv);
     }
+  }
   p.scales.resize(s.size() * 4);
   if (!s.empty()) std::memcpy(p.scales.data(), s.data(), p.scales.size());
   return p;
@@ -294,7 +297,8 @@ void pack_e2m1_blocks(const Tensor& w, PackedWeight& p, int group, ScaleOf scale
   const int64_t R = p.rows, C = p.cols;
   p.data.assign(static_cast<size_t>(R * C / 2), 0);
   p.scales.resize(static_cast<size_t>(R * (C / group)));
-  for (int64_t i = 0; i < R; ++i)
+  for (int64_t i = 0; i < R; ++i) {
+    if (i % 256 == 0) progress_within(static_cast<double>(i) / static_cast<double>(R));
     for (int64_t b = 0; b < C / group; ++b) {
       const float* x = w.data.data() + i * C + group * b;
       float bmax = 0;
@@ -307,6 +311,7 @@ void pack_e2m1_blocks(const Tensor& w, PackedWeight& p, int group, ScaleOf scale
         p.data[k / 2] |= static_cast<uint8_t>(k % 2 ? q << 4 : q);
       }
     }
+  }
 }
 
 PackedWeight quantize_nvfp4(const Tensor& w, PackedWeight p) {
@@ -402,7 +407,10 @@ PackedWeight quantize(const Tensor& w, WeightFormat f, const std::string& origin
   const GgmlTypeInfo* ti = ggml_type_info(t);
   const int64_t row_bytes = p.cols / ti->block * ti->type_size;
   p.data.resize(static_cast<size_t>(p.rows * row_bytes));
-  for (int64_t i = 0; i < p.rows; ++i) quantize_ggml_row(t, w.data.data() + i * p.cols, p.data.data() + i * row_bytes, p.cols);
+  for (int64_t i = 0; i < p.rows; ++i) {
+    if (i % 256 == 0) progress_within(static_cast<double>(i) / static_cast<double>(p.rows));
+    quantize_ggml_row(t, w.data.data() + i * p.cols, p.data.data() + i * row_bytes, p.cols);
+  }
   return p;
 }
 

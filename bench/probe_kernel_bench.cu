@@ -18,7 +18,7 @@
 #include "kernels/mma_util.cuh"
 #include "kernels/probe_launch_plan.cuh"
 #include "kernels/probe_stats.cuh"
-#include "probes/probe_hash.h"
+#include "core/probe/probe_hash.h"
 
 namespace {
 using namespace mla::cuda;

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 
 #ifdef MLA_WITH_NCCL
 #include <nccl.h>

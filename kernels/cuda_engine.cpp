@@ -71,8 +71,8 @@
 #include <cstring>
 #include <deque>
 
-#include "harness/engine/probe_record_builder.h"
-#include "harness/model/errors.h"
+#include "core/engine/probe_record_builder.h"
+#include "core/model/errors.h"
 #include "kernels/all_reduce.cuh"
 #include "kernels/attention_mha.cuh"
 #include "kernels/attention_mqa.cuh"
@@ -394,7 +394,7 @@ class CudaEngine : public Engine, public EngineTiming {
   std::vector<RankState> ranks_;
   std::unique_ptr<cuda::Communicator> comm_;
   // Device probes (kernels/probe_capture.cuh): one capture per rank; the started ones are built into records on
-  // the builder's thread, in call order (harness/engine/probe_record_builder.h).
+  // the builder's thread, in call order (core/engine/probe_record_builder.h).
   cuda::ProbeCapture& capture(int rank);
   std::vector<std::unique_ptr<cuda::ProbeCapture>> captures_;
   std::unique_ptr<ProbeRecordBuilder> builder_;

@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "harness/engine/engine.h"
-#include "harness/engine/engine_timing.h"
+#include "core/engine/engine.h"
+#include "core/engine/engine_timing.h"
 
 namespace mla {
 

@@ -1,10 +1,10 @@
 // Dequantization kernels, one thread per output element. Each element function is the per-element form of
-// its block function in harness/weights/dequant.cpp (read side by side): the same integer unpacking, the
+// its block function in core/weights/dequant.cpp (read side by side): the same integer unpacking, the
 // same float products in the same order. Every float operation is an explicit __fmul_rn / __fadd_rn /
 // __fsub_rn / __fdiv_rn, so nvcc can never contract a product and a sum into an FMA (the CPU file is compiled
 // with contraction off), and denormals are kept (no fast math in this build; the E8M0 and UE4M3 scales reach
 // them). Element codes decode through integer bit construction, exact like the CPU's ldexp. The IQ types' grids
-// and sign tables are device copies of harness/weights/iq_tables.h (generated from gguf-py's tables).
+// and sign tables are device copies of core/weights/iq_tables.h (generated from gguf-py's tables).
 //
 // Version 1 (the only one): element-wise, re-deriving a block's scale per element. Dequantization runs once
 // per weight at load time; the redundant scale arithmetic is deterministic and cheap next to the GEMMs.
@@ -12,7 +12,7 @@
 
 #include <algorithm>
 
-#include "harness/weights/iq_tables.h"
+#include "core/weights/iq_tables.h"
 
 namespace mla::cuda {
 
@@ -35,7 +35,7 @@ __device__ __forceinline__ float negate(float v) { return bits_f(__float_as_uint
 // 2^e for e in [-126, 127] (normal range), exact.
 __device__ __forceinline__ float pow2(int e) { return bits_f(static_cast<uint32_t>(e + 127) << 23); }
 
-// from_fp16_bits (harness/model/tensor.cpp): NaN payloads kept, subnormals via m * 2^-24.
+// from_fp16_bits (core/model/tensor.cpp): NaN payloads kept, subnormals via m * 2^-24.
 __device__ __forceinline__ float f16_bits(uint32_t h) {
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
@@ -367,7 +367,7 @@ __device__ float element(const DequantParams& p, int64_t i, int64_t k) {
   }
 }
 
-// to_bf16_bits (harness/model/tensor.cpp): round to nearest even; NaN kept quiet with its upper bits.
+// to_bf16_bits (core/model/tensor.cpp): round to nearest even; NaN kept quiet with its upper bits.
 __device__ __forceinline__ uint16_t bf16_bits(float v) {
   uint32_t u = __float_as_uint(v);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);

@@ -1,6 +1,6 @@
 // Dequantization of packed weights on the device: the engine uploads a weight as the file stores
 // it (elements or blocks, plus scales) and expands it to bf16 [rows, cols] for cuBLAS, or to FP32 for tests.
-// The FP32 result is bit-identical to harness/weights/dequant.cpp (the same products and sums, in the same
+// The FP32 result is bit-identical to core/weights/dequant.cpp (the same products and sums, in the same
 // order, each rounded once: no contraction into FMA); the bf16 result is that FP32 rounded to nearest even,
 // exactly as the host's to_bf16_bits rounds it. The quantized-weight injections (DequantBugs) apply here too.
 #pragma once
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "harness/weights/formats.h"
+#include "core/weights/formats.h"
 #include "kernels/device_tensor.cuh"
 
 namespace mla {

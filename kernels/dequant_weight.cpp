@@ -2,8 +2,8 @@
 // device by launch_dequant with the DequantBugs that touch its format (the same selection as dequantize()).
 #include <cuda_runtime.h>
 
-#include "harness/model/errors.h"
-#include "harness/weights/dequant.h"
+#include "core/model/errors.h"
+#include "core/weights/dequant.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/dequant.cuh"
 

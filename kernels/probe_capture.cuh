@@ -3,7 +3,7 @@
 // an event; ship() makes a copy stream wait for that event, bring the results into pinned host memory and then set
 // a flag in mapped host memory, so the rank's stream never waits for PCIe; finish() waits for the flag and folds.
 // start() is all that the thread launching the stages spends on a probe: ship() and finish() run on the record
-// builder's thread (harness/engine/probe_record_builder.h). Stream order makes it copy-on-capture: a later kernel
+// builder's thread (core/engine/probe_record_builder.h). Stream order makes it copy-on-capture: a later kernel
 // cannot change what a probe saw. The flag also lets a probe whose copies completed before a device fault be
 // recovered after it (the CUDA API then only reports the fault), so probes recorded before a crash survive it. It is
 // written by a stream memory operation (cuStreamWriteValue32, no SM needed); with
@@ -26,7 +26,7 @@
 #include "kernels/probe_flag.cuh"
 #include "kernels/probe_stats.cuh"
 #include "kernels/rank_context.cuh"
-#include "probes/probe.h"
+#include "core/probe/probe.h"
 
 namespace mla::cuda {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "kernels/probe_stats.cuh"
-#include "probes/probe_hash.h"
+#include "core/probe/probe_hash.h"
 
 namespace mla::cuda {
 

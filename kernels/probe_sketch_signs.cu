@@ -1,5 +1,5 @@
 // The sketch's sign-bit table (probe_stats.cuh): for each column of a probe's shard and each of the 32 sketch lanes,
-// one bit that is set when the sketch coefficient is −1/sqrt(32) (sketch_sign of probes/probe_hash.h), laid out
+// one bit that is set when the sketch coefficient is −1/sqrt(32) (sketch_sign of core/probe/probe_hash.h), laid out
 // (sign_bit) so that one word gives a tensor-core lane of the tile kernel its fragments. Built on the device once per
 // (probe, column offset, width) and kept by the probe capture; device_sketch_coeffs decodes it for the tests.
 #include <vector>

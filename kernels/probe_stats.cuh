@@ -1,4 +1,4 @@
-// Probe records on the device (probes/probe.h): the finite sum / sum of squares / absmax, NaN and Inf counts and
+// Probe records on the device (core/probe/probe.h): the finite sum / sum of squares / absmax, NaN and Inf counts and
 // the checksum's partial sum per unit (a 16-row tile where the kernel folds a tile's rows together, else a token
 // row: ProbeStatsPlan::units), L2 per token and per head, and the sketch. The host folds the units' partials into the
 // record (fixed order, deterministic).

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "harness/model/batch.h"
+#include "core/model/batch.h"
 #include "kernels/probe_launch_plan.cuh"
 
 namespace mla::cuda {

@@ -22,10 +22,10 @@ namespace mla::cuda {
 
 class ProbeLaunchCache;
 
-// Rows per page of the latent cache (== mla::kPageSize of harness/model/batch.h; rank_context.cpp checks).
+// Rows per page of the latent cache (== mla::kPageSize of core/model/batch.h; rank_context.cpp checks).
 constexpr int kCachePage = 64;
 
-// The step's token layout (harness/model/batch.h) on the device. Built once per run.
+// The step's token layout (core/model/batch.h) on the device. Built once per run.
 struct DeviceBatch {
   int tokens = 0, seqs = 0, max_blocks = 0, ctx_total = 0;
   int max_new = 0, max_ctx = 0, max_total = 0;  // longest s_q, context, context + s_q (size the attention grids)

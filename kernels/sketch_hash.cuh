@@ -1,7 +1,7 @@
-// The probe hashes (probes/probe_hash.h) under the names the kernels use. They must stay bit-identical to the
+// The probe hashes (core/probe/probe_hash.h) under the names the kernels use. They must stay bit-identical to the
 // host's (tests/gpu/test_cuda_probe.cpp checks that on the device).
 #pragma once
-#include "probes/probe_hash.h"
+#include "core/probe/probe_hash.h"
 
 namespace mla::cuda {
 

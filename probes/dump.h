@@ -10,10 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/inputs.h"
-#include "probes/probe.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/inputs.h"
+#include "core/probe/probe.h"
 
 namespace mla {
 

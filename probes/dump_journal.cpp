@@ -20,7 +20,7 @@
 #include <mutex>
 #include <optional>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "probes/dump_internal.h"
 #include "probes/h5.h"
 #include "probes/journal.h"

@@ -20,12 +20,12 @@
 #include <mutex>
 #include <optional>
 
-#include "harness/model/errors.h"
-#include "harness/model/progress_hook.h"
+#include "core/model/errors.h"
+#include "core/model/progress_hook.h"
 #include "probes/dump_internal.h"
 #include "probes/h5.h"
 #include "probes/journal.h"
-#include "probes/probe_hash.h"
+#include "core/probe/probe_hash.h"
 
 namespace mla {
 

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 
 namespace mla::h5 {
 

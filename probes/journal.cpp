@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 
 namespace mla::journal {
 

@@ -7,7 +7,7 @@
 #include <new>
 #include <string>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "reference/stages.h"
 
 namespace mla::ref {

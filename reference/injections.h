@@ -1,9 +1,9 @@
 // Planted bugs of the reference engine (docs/bugs.md) that are not a parameter of a stage function: each is
 // the wrong variant of one stage, written out so the zoo can plant it. Nothing else may call these.
 #pragma once
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/tensor.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/tensor.h"
 #include "reference/stages.h"
 
 namespace mla::ref::bug {

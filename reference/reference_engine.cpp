@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "reference/cpu_threads.h"
 #include "reference/injections.h"
 #include "reference/stages.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/engine/engine.h"
+#include "core/engine/engine.h"
 
 namespace mla {
 

@@ -4,9 +4,9 @@
 #pragma once
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/tensor.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/tensor.h"
 
 namespace mla::ref {
 

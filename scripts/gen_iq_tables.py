@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes harness/weights/iq_tables.h, the lookup tables of the GGUF IQ quant types, from gguf-py's own.
+"""Writes core/weights/iq_tables.h, the lookup tables of the GGUF IQ quant types, from gguf-py's own.
 
 The tables are format data (the grids of 4 or 8 values a quantized index selects, the sign patterns, the
 IQ4 non-linear values): they must equal what llama.cpp's gguf-py decodes, so they are generated from it rather
@@ -21,7 +21,7 @@ except ImportError as e:
     sys.exit(3)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEADER = os.path.join(ROOT, "harness", "weights", "iq_tables.h")
+HEADER = os.path.join(ROOT, "core", "weights", "iq_tables.h")
 
 
 def grid_rows(cls):

@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/tensor.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/tensor.h"
 #include "reference/stages.h"
 #include "tests/stage_test_util.h"
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/tensor.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/tensor.h"
 
 namespace mla::test {
 

@@ -19,14 +19,14 @@
 #include <tuple>
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/inputs.h"
-#include "harness/model/stage_graph.h"
-#include "harness/model/weights.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/inputs.h"
+#include "core/model/stage_graph.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
-#include "probes/probe.h"
+#include "core/probe/probe.h"
 #include "reference/reference_engine.h"
 #include "reference/stages.h"
 #include "tests/stage_test_util.h"

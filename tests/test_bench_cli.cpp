@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/stage_graph.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/stage_graph.h"
 #include "harness/report/bench_report.h"
 #include "tests/cli_util.h"
 

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "harness/engine/engine_timing.h"
+#include "core/engine/engine_timing.h"
 #include "harness/report/bench_report.h"
 #include "harness/run/runner.h"
 #include "reference/reference_engine.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/config.h"
+#include "core/model/config.h"
 #include "harness/run/calibration_cache.h"
 #include "tests/cli_util.h"
 #include "tests/world_util.h"

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/stage_graph.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/stage_graph.h"
 #include "probes/dump.h"
 #include "tests/cli_util.h"
 

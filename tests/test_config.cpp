@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/errors.h"
-#include "harness/weights/checkpoint_config.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/errors.h"
+#include "core/weights/checkpoint_config.h"
 
 namespace {
 

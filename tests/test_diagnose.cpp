@@ -17,10 +17,10 @@
 #include "harness/bisect/zoo.h"
 #include "harness/compare/compare.h"
 #include "harness/compare/diagnose.h"
-#include "harness/model/batch.h"
-#include "harness/model/injection.h"
-#include "harness/model/stage_graph.h"
-#include "probes/probe.h"
+#include "core/model/batch.h"
+#include "core/model/injection.h"
+#include "core/model/stage_graph.h"
+#include "core/probe/probe.h"
 
 namespace {
 

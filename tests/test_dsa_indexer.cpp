@@ -10,7 +10,7 @@
 
 #include "probes/h5.h"
 #include "tests/cli_util.h"
-#include "harness/model/stage_graph.h"
+#include "core/model/stage_graph.h"
 #include "tests/naive_stages.h"
 #include "tests/stage_test_util.h"
 

@@ -31,19 +31,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/engine/engine.h"
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/errors.h"
-#include "harness/model/inputs.h"
-#include "harness/model/stage_graph.h"
-#include "harness/model/weights.h"
+#include "core/engine/engine.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/errors.h"
+#include "core/model/inputs.h"
+#include "core/model/stage_graph.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "probes/dump.h"
 #include "probes/h5.h"
 #include "probes/journal.h"
-#include "probes/probe.h"
+#include "core/probe/probe.h"
 #include "tests/cli_util.h"
 
 namespace {

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "probes/dump.h"
 #include "probes/h5.h"
 #include "probes/journal.h"

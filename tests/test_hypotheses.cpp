@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "harness/hypotheses/hypotheses.h"
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/weights.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/weights.h"
 
 namespace mla {
 namespace {

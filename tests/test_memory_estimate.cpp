@@ -2,7 +2,7 @@
 // are taken 64 at a time), never a [tokens, keys] matrix per thread.
 #include <gtest/gtest.h>
 
-#include "harness/model/config.h"
+#include "core/model/config.h"
 #include "harness/run/memory_estimate.h"
 #include "reference/stages.h"
 

@@ -1,9 +1,9 @@
-// The probe record builder (harness/engine/probe_record_builder.h), the CUDA engine's worker that ships queued
+// The probe record builder (core/engine/probe_record_builder.h), the CUDA engine's worker that ships queued
 // probes and builds their records off the launching thread: records come back in push order whatever order the
 // jobs complete in, take(false) never skips a job that is not built yet, every queued job is shipped before the
 // oldest one is waited for, a failure hands back the records before it and drops the rest, and clear() and the
 // destructor do not wait for queued jobs. Jobs here are plain functions (on the GPU they are ProbeCapture slots).
-#include "harness/engine/probe_record_builder.h"
+#include "core/engine/probe_record_builder.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Probe records on the host (probes/probe.h): the checksum is order-free to compute but not to content: a
+// Probe records on the host (core/probe/probe.h): the checksum is order-free to compute but not to content: a
 // flipped bit or two swapped elements change it; the sketch is linear, so column shards add up.
 #include <gtest/gtest.h>
 
@@ -8,13 +8,13 @@
 #include <optional>
 #include <random>
 
-#include "harness/model/errors.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/model/errors.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
-#include "probes/probe.h"
-#include "probes/probe_hash.h"
+#include "core/probe/probe.h"
+#include "core/probe/probe_hash.h"
 #include "reference/reference_engine.h"
 #include "tests/stage_test_util.h"
 

@@ -1,4 +1,4 @@
-// One process per rank (harness/engine/process_rank.h, runner.h): --rank and each launcher's environment variables,
+// One process per rank (core/engine/process_rank.h, runner.h): --rank and each launcher's environment variables,
 // every mismatch refused with the variable and its value named; the Runner of one process per rank runs the ranks
 // its engine owns and records only its own, bit for bit what one process records of that rank.
 #include <gtest/gtest.h>
@@ -8,10 +8,10 @@
 #include <set>
 #include <string>
 
-#include "harness/engine/process_rank.h"
-#include "harness/model/errors.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/engine/process_rank.h"
+#include "core/model/errors.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "probes/collect.h"

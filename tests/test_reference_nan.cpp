@@ -47,10 +47,10 @@ TEST(ReferenceNaN, ANaNIndexScoreIsSelected) {
 }  // namespace
 }  // namespace mla
 
-#include "harness/model/config.h"
-#include "harness/model/weights.h"
-#include "harness/weights/loader.h"
-#include "harness/weights/quantize.h"
+#include "core/model/config.h"
+#include "core/model/weights.h"
+#include "core/weights/loader.h"
+#include "core/weights/quantize.h"
 
 namespace mla {
 namespace {

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/run/rendezvous.h"
 #include "tests/cli_util.h"
 

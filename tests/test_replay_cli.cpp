@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/bisect/replay.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "probes/dump.h"
 #include "tests/cli_util.h"
 #include "tests/test_weights_util.h"

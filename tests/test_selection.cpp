@@ -10,7 +10,7 @@
 #include <limits>
 #include <random>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "reference/stages.h"
 
 namespace mla {

@@ -1,4 +1,4 @@
-// Synthetic weights (harness/model/weights.cpp): the fast bf16 generator gives fill_normal's values rounded, bit
+// Synthetic weights (core/model/weights.cpp): the fast bf16 generator gives fill_normal's values rounded, bit
 // for bit, and the values are the normal numbers they claim to be; and a rank's head shards of a layer.
 #include <gtest/gtest.h>
 
@@ -6,9 +6,9 @@
 #include <cstring>
 #include <vector>
 
-#include "harness/model/config.h"
-#include "harness/model/weights.h"
-#include "harness/weights/checkpoint_config.h"
+#include "core/model/config.h"
+#include "core/model/weights.h"
+#include "core/weights/checkpoint_config.h"
 
 namespace mla {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "cli_util.h"
 #include "harness/compare/weight_diff.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "probes/collect.h"

@@ -6,11 +6,11 @@
 #include <cmath>
 #include <random>
 
-#include "harness/model/errors.h"
-#include "harness/model/weights.h"
-#include "harness/weights/dequant.h"
-#include "harness/weights/gguf.h"
-#include "harness/weights/quantize.h"
+#include "core/model/errors.h"
+#include "core/model/weights.h"
+#include "core/weights/dequant.h"
+#include "core/weights/gguf.h"
+#include "core/weights/quantize.h"
 #include "tests/test_weights_util.h"
 
 namespace {

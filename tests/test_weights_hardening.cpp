@@ -10,12 +10,12 @@
 #include <functional>
 #include <new>
 
-#include "harness/model/config.h"
-#include "harness/model/errors.h"
-#include "harness/weights/checkpoint_config.h"
-#include "harness/weights/dequant.h"
-#include "harness/weights/gguf.h"
-#include "harness/weights/safetensors.h"
+#include "core/model/config.h"
+#include "core/model/errors.h"
+#include "core/weights/checkpoint_config.h"
+#include "core/weights/dequant.h"
+#include "core/weights/gguf.h"
+#include "core/weights/safetensors.h"
 #include "tests/test_weights_util.h"
 
 // ---- allocation accounting (the whole test binary uses these; they count only while armed) ----

@@ -9,13 +9,13 @@
 #include <cstring>
 #include <set>
 
-#include "harness/model/config.h"
-#include "harness/model/errors.h"
-#include "harness/weights/checkpoint_config.h"
-#include "harness/weights/dequant.h"
-#include "harness/weights/gguf.h"
-#include "harness/weights/iq_tables.h"
-#include "harness/weights/loader.h"
+#include "core/model/config.h"
+#include "core/model/errors.h"
+#include "core/weights/checkpoint_config.h"
+#include "core/weights/dequant.h"
+#include "core/weights/gguf.h"
+#include "core/weights/iq_tables.h"
+#include "core/weights/loader.h"
 #include "tests/cli_util.h"
 #include "tests/test_weights_util.h"
 

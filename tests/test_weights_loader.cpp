@@ -3,10 +3,10 @@
 // end to end (run, bisect, zoo, inspect) on checkpoints written by gguf / safetensors.
 #include <gtest/gtest.h>
 
-#include "harness/model/config.h"
-#include "harness/model/errors.h"
-#include "harness/weights/checkpoint_config.h"
-#include "harness/weights/loader.h"
+#include "core/model/config.h"
+#include "core/model/errors.h"
+#include "core/weights/checkpoint_config.h"
+#include "core/weights/loader.h"
 #include "tests/cli_util.h"
 #include "tests/test_weights_util.h"
 

@@ -2,11 +2,11 @@
 // safetensors and gguf packages (tests/py/make_weight_fixtures.py) and against small hand-built files.
 #include <gtest/gtest.h>
 
-#include "harness/model/errors.h"
-#include "harness/weights/dequant.h"
-#include "harness/weights/gguf.h"
-#include "harness/weights/mapped_file.h"
-#include "harness/weights/safetensors.h"
+#include "core/model/errors.h"
+#include "core/weights/dequant.h"
+#include "core/weights/gguf.h"
+#include "core/weights/mapped_file.h"
+#include "core/weights/safetensors.h"
 #include "tests/test_weights_util.h"
 
 namespace {

@@ -20,8 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/batch.h"
-#include "harness/model/weights.h"
+#include "core/model/batch.h"
+#include "core/model/weights.h"
 
 namespace mla::test {
 

@@ -5,10 +5,10 @@
 #include <utility>
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/synthetic_inputs.h"
 
 namespace mla::test {

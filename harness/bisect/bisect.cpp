@@ -17,7 +17,7 @@
 #include "harness/bisect/child.h"
 #include "harness/bisect/isolate.h"
 #include "harness/compare/weight_diff.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 #include "harness/run/calibration_cache.h"
@@ -67,7 +67,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   if (cand_spec.name == "reference") make_engine(cand_spec);  // its options checked (another engine: its child's)
   step("weights: " + opt.weights.source + (opt.weights.format.empty() ? "" : ", through " + opt.weights.format));
   const auto weights = load_weights(opt.weights, cfg, spec, opt.weight_seed).layers;
-  // Weight injections are a wrong dequantization (harness/weights): the candidate's in-process runs get their own.
+  // Weight injections are a wrong dequantization (core/weights): the candidate's in-process runs get their own.
   const auto injections = parse_injections(opt.inject);
   // An engine that dequantizes on its own side (cuda) gets the packed weights in process too, as its child run did:
   // a bug in its dequantization must show in the in-process runs as well.

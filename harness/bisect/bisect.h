@@ -11,9 +11,9 @@
 
 #include "harness/compare/compare.h"
 #include "harness/compare/diagnose.h"
-#include "harness/engine/engine.h"
+#include "core/engine/engine.h"
 #include "harness/hypotheses/hypotheses.h"
-#include "harness/weights/loader.h"
+#include "core/weights/loader.h"
 
 namespace mla {
 

@@ -1,7 +1,7 @@
 // The causes of a comparison's first divergence, on the candidate dump's own tensors.
 #include "harness/bisect/causes.h"
 
-#include "harness/weights/loader.h"
+#include "core/weights/loader.h"
 
 namespace mla {
 

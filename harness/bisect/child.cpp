@@ -11,7 +11,7 @@
 #include <climits>
 #include <cstring>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 
 namespace mla {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
-#include "harness/engine/engine.h"
+#include "core/engine/engine.h"
 
 namespace mla {
 

@@ -11,12 +11,12 @@
 #include <sstream>
 
 #include "harness/bisect/isolate.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 #include "harness/run/calibration_cache.h"
-#include "harness/weights/checkpoint_config.h"
-#include "harness/weights/loader.h"
+#include "core/weights/checkpoint_config.h"
+#include "core/weights/loader.h"
 #include "probes/h5.h"
 #include "reference/reference_engine.h"
 #include "harness/compare/compare.h"

@@ -17,7 +17,7 @@
 
 #include "harness/bisect/bisect_html.h"
 #include "harness/compare/diagnose.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 #include "harness/run/memory_estimate.h"

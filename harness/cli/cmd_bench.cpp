@@ -5,7 +5,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/bench_report.h"
 #include "harness/report/progress.h"
 

@@ -10,7 +10,7 @@
 #include "harness/bisect/bisect_html.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 
 #ifdef MLA_WITH_CUDA

@@ -15,7 +15,7 @@
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
 #include "harness/explore/explore.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 #include "harness/run/tolerance_for.h"

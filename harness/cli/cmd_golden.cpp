@@ -9,7 +9,7 @@
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
 #include "harness/golden/golden.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/cli/commands.h"
-#include "harness/model/errors.h"
-#include "harness/weights/inspect_weights.h"
+#include "core/model/errors.h"
+#include "core/weights/inspect_weights.h"
 #include "probes/dump.h"
 
 namespace mla::cli {

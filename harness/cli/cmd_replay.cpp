@@ -8,11 +8,11 @@
 #include "harness/bisect/bisect_html.h"
 #include "harness/bisect/replay.h"
 #include "harness/bisect/replay_layers.h"
-#include "harness/weights/loader.h"
+#include "core/weights/loader.h"
 #include "probes/dump.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 
 namespace mla::cli {

@@ -1,4 +1,4 @@
-// `mla-bisect zoo`: the harness testing itself on its planted bugs (the zoo table, harness/model/injection.cpp).
+// `mla-bisect zoo`: the harness testing itself on its planted bugs (the zoo table, core/model/injection.cpp).
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include "harness/bisect/zoo.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "harness/engine/engine.h"
+#include "core/engine/engine.h"
 #include "reference/reference_engine.h"
 
 #ifdef MLA_WITH_CUDA

@@ -1,5 +1,5 @@
 // The engines mla-bisect (and its test programs) can make: registered with the library's engine registry
-// (harness/engine/engine.h) before any is made.
+// (core/engine/engine.h) before any is made.
 #pragma once
 
 namespace mla {

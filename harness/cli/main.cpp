@@ -12,7 +12,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/cli/engines.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 
 int main(int argc, char** argv) {
 #ifdef __GLIBC__

@@ -9,9 +9,9 @@
 #include <set>
 #include <string>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/run/memory_estimate.h"
-#include "harness/weights/checkpoint_config.h"
+#include "core/weights/checkpoint_config.h"
 #include "reference/cpu_threads.h"
 
 namespace mla::cli {

@@ -5,12 +5,12 @@
 
 #include <CLI/CLI.hpp>
 
-#include "harness/engine/engine.h"
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/stage_graph.h"
-#include "harness/weights/loader.h"
-#include "probes/probe.h"
+#include "core/engine/engine.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/stage_graph.h"
+#include "core/weights/loader.h"
+#include "core/probe/probe.h"
 
 namespace mla::cli {
 

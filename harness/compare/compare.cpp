@@ -10,10 +10,10 @@
 #include <set>
 #include <sstream>
 
-#include "harness/engine/engine.h"
-#include "harness/model/errors.h"
-#include "harness/model/progress_hook.h"
-#include "harness/model/weights.h"
+#include "core/engine/engine.h"
+#include "core/model/errors.h"
+#include "core/model/progress_hook.h"
+#include "core/model/weights.h"
 #include "probes/h5.h"
 
 namespace mla {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
-#include "harness/model/batch.h"
+#include "core/model/batch.h"
 #include "probes/dump.h"
 
 namespace mla {

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "harness/compare/compare.h"
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "probes/dump.h"
 
 namespace mla {

@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 
 namespace mla {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/tensor.h"
+#include "core/model/tensor.h"
 
 namespace mla {
 

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "harness/compare/diagnose.h"
-#include "harness/model/progress_hook.h"
+#include "core/model/progress_hook.h"
 
 namespace mla {
 

@@ -17,12 +17,12 @@
 #include "harness/hypotheses/hypotheses.h"
 #include "harness/compare/diagnose.h"
 #include "harness/compare/weight_diff.h"
-#include "harness/engine/engine.h"
-#include "harness/model/errors.h"
-#include "harness/model/injection.h"
+#include "core/engine/engine.h"
+#include "core/model/errors.h"
+#include "core/model/injection.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/heatmap.h"
-#include "harness/weights/loader.h"
+#include "core/weights/loader.h"
 
 namespace mla {
 

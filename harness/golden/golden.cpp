@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/engine/engine.h"
-#include "harness/model/errors.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/engine/engine.h"
+#include "core/model/errors.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "harness/run/tolerance_for.h"

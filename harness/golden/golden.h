@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
-#include "harness/model/sha256.h"
+#include "core/model/sha256.h"
 #include "probes/dump.h"
 
 namespace mla {

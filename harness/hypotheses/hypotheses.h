@@ -17,12 +17,12 @@
 
 #include "harness/compare/compare.h"
 #include "harness/compare/diagnose.h"
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/inputs.h"
-#include "harness/model/stage_graph.h"
-#include "harness/model/tensor.h"
-#include "harness/model/weights.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/inputs.h"
+#include "core/model/stage_graph.h"
+#include "core/model/tensor.h"
+#include "core/model/weights.h"
 
 namespace mla::hyp {
 

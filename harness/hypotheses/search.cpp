@@ -9,8 +9,8 @@
 
 #include "harness/compare/diagnose.h"
 #include "harness/hypotheses/common.h"
-#include "harness/model/errors.h"
-#include "harness/model/progress_hook.h"
+#include "core/model/errors.h"
+#include "core/model/progress_hook.h"
 #include "reference/stages.h"
 
 namespace mla::hyp {

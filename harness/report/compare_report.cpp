@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "harness/compare/weight_diff.h"
-#include "harness/model/batch.h"
-#include "harness/model/errors.h"
+#include "core/model/batch.h"
+#include "core/model/errors.h"
 
 namespace mla {
 

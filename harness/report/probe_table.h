@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "harness/report/progress.h"
-#include "probes/probe.h"
+#include "core/probe/probe.h"
 
 namespace mla {
 

@@ -1,6 +1,6 @@
 // Progress lines on stderr for the commands that take more than a few seconds: "[12.3 s] what", one line per phase
 // (never a carriage-return bar), whether or not stderr is a terminal, so logs and CI show where the time goes.
-// Within a long phase, the ticks of the work below (harness/model/progress_hook.h) print a line when one is due:
+// Within a long phase, the ticks of the work below (core/model/progress_hook.h) print a line when one is due:
 // kProgressEvery seconds after the log's last line, with the fraction done and an estimate of the time left. Where
 // one unit of work outlasts that (a large weight recorded in full, one long stage), a heartbeat says what is still
 // under way kProgressSilence seconds after the last line.
@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "harness/model/progress_hook.h"
+#include "core/model/progress_hook.h"
 
 namespace mla {
 

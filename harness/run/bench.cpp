@@ -17,11 +17,11 @@
 
 #include <Eigen/Core>
 
-#include "harness/engine/engine.h"
-#include "harness/engine/engine_timing.h"
-#include "harness/model/errors.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/engine/engine.h"
+#include "core/engine/engine_timing.h"
+#include "core/model/errors.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "reference/cpu_threads.h"

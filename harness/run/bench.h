@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/engine/engine.h"
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "probes/probe.h"
+#include "core/engine/engine.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/probe/probe.h"
 
 namespace mla {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "harness/compare/diagnose.h"
-#include "harness/model/progress_hook.h"
+#include "core/model/progress_hook.h"
 #include "harness/run/runner.h"
 #include "probes/collect.h"
 #include "reference/reference_engine.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 
 namespace mla {

@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/sha256.h"
+#include "core/model/sha256.h"
 #include "reference/cpu_threads.h"
 
 namespace mla {

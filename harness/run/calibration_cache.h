@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 #include "harness/run/calibrate.h"
 
 namespace mla {

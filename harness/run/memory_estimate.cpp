@@ -9,8 +9,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/model/errors.h"
-#include "harness/model/stage_graph.h"
+#include "core/model/errors.h"
+#include "core/model/stage_graph.h"
 #include "reference/stages.h"
 
 namespace mla {

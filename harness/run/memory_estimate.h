@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "probes/probe.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/probe/probe.h"
 
 namespace mla {
 

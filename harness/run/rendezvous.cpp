@@ -13,7 +13,7 @@
 #include <random>
 #include <thread>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "probes/journal.h"
 
 namespace mla {

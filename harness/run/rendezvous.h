@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/engine/process_rank.h"
+#include "core/engine/process_rank.h"
 
 namespace mla {
 

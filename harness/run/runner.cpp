@@ -10,8 +10,8 @@
 #include <limits>
 #include <thread>
 
-#include "harness/model/errors.h"
-#include "harness/model/progress_hook.h"
+#include "core/model/errors.h"
+#include "core/model/progress_hook.h"
 
 namespace mla {
 

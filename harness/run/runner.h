@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "harness/engine/engine.h"
-#include "harness/model/inputs.h"
-#include "harness/model/stage_graph.h"
-#include "harness/model/weights.h"
-#include "probes/probe.h"
+#include "core/engine/engine.h"
+#include "core/model/inputs.h"
+#include "core/model/stage_graph.h"
+#include "core/model/weights.h"
+#include "core/probe/probe.h"
 
 namespace mla {
 

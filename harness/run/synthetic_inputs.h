@@ -3,9 +3,9 @@
 #pragma once
 #include <vector>
 
-#include "harness/model/config.h"
-#include "harness/model/inputs.h"
-#include "harness/model/weights.h"
+#include "core/model/config.h"
+#include "core/model/inputs.h"
+#include "core/model/weights.h"
 
 namespace mla {
 

@@ -2,9 +2,9 @@
 // config and (synthetic) weights at the candidate's precision, or the FP32 floor when both are FP32.
 #include "harness/run/tolerance_for.h"
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "harness/run/calibration_cache.h"
-#include "harness/weights/loader.h"
+#include "core/weights/loader.h"
 
 namespace mla {
 

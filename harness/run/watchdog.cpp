@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 
 namespace mla {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "probes/probe.h"
+#include "core/probe/probe.h"
 
 namespace mla {
 

@@ -1,4 +1,4 @@
-/* The loops of hashing.compute_record in C, in the order of probes/probe.cpp compute_probe_record: the same bits as
+/* The loops of hashing.compute_record in C, in the order of core/probe/probe.cpp compute_probe_record: the same bits as
  * the C++ records (and as the numpy path of hashing.py). Compiled on first use by hashing._ext() with the system C
  * compiler and loaded through ctypes; no Python headers needed. Plain C99, no fast-math: every double sum runs in
  * the C++ loop's order (products of two floats are exact in double, so contraction into FMA changes no bit). */
@@ -25,7 +25,7 @@ static uint32_t f2u(float f) {
   return u;
 }
 
-/* harness/model/tensor.cpp to_bf16_bits / to_fp16_bits. */
+/* core/model/tensor.cpp to_bf16_bits / to_fp16_bits. */
 static uint32_t bf16_bits(float f) {
   const uint32_t u = f2u(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;

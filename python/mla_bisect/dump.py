@@ -10,7 +10,7 @@ inspects and replays.
     w.close()                              # status "complete"
     d = read_dump("cap.h5")                # d.attrs, d.inputs, d.probes[(0, "q_c")].ranks[0].l2 ...
 
-Records. Every probe(...) computes what the C++ engines record (probes/probe.cpp compute_probe_record, ported in
+Records. Every probe(...) computes what the C++ engines record (core/probe/probe.cpp compute_probe_record, ported in
 mla_bisect.hashing): l2, absmax, mean, std, NaN/Inf counts, token_l2, head_l2, the sketch seeded by the probe's
 name at the shard's global column offset, and the checksum over the raw bit patterns of the recorded dtype (bf16,
 fp16, fp32; fp8_e4m3 / fp8_e5m2 by the 8-bit analogue that mla_bisect.hashing documents). The tensor is stored as
@@ -118,7 +118,7 @@ class _Items:
 
 @dataclass
 class Record(_Items):
-    """One rank's record of a probe (probes/probe.h ProbeRecord)."""
+    """One rank's record of a probe (core/probe/probe.h ProbeRecord)."""
     shape: Tuple[int, ...]          # the rank's local shape
     dtype: str                      # the dtype the producer held the tensor in (fp32, bf16, ...)
     l2: float

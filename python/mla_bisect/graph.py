@@ -1,5 +1,5 @@
-"""The stage graph of one MLA layer as the C++ side builds it (harness/model/stage_graph.cpp build_graph), and the
-HF config.json keys it needs (harness/model/config.cpp parse_hf_config): probe names, stages, contracts, global
+"""The stage graph of one MLA layer as the C++ side builds it (core/model/stage_graph.cpp build_graph), and the
+HF config.json keys it needs (core/model/config.cpp parse_hf_config): probe names, stages, contracts, global
 shapes, heads axes and rope lanes, so that a Python-written dump carries the same probe metadata as a C++ one.
 """
 import json
@@ -15,7 +15,7 @@ PAGE_SIZE = 64  # rows per page of the paged latent cache (kPageSize)
 
 @dataclass
 class MlaDims:
-    """The dimensions build_graph reads (MlaConfig of harness/model/config.h)."""
+    """The dimensions build_graph reads (MlaConfig of core/model/config.h)."""
     name: str
     model_type: str
     hidden: int        # H
@@ -86,7 +86,7 @@ def config_dict(config: Any, origin: str = "config") -> Tuple[dict, str]:
 
 def parse_hf_config(config: Any, origin: str = "config") -> MlaDims:
     """The MLA dimensions of an HF config.json (DeepSeek-V2/V3, Kimi-K2, GLM MLA models), validated as
-    parse_hf_config of harness/model/config.cpp does; ValueError naming the field otherwise."""
+    parse_hf_config of core/model/config.cpp does; ValueError naming the field otherwise."""
     j, origin = config_dict(config, origin)
     # Multimodal wrappers (Kimi-K2.5 style) keep the language model under text_config.
     if isinstance(j.get("text_config"), dict) and "kv_lora_rank" not in j:
@@ -201,7 +201,7 @@ def default_form(mode: str) -> str:
 
 def build_graph(dims: MlaDims, tokens: int, mode: str = "prefill", form: Optional[str] = None,
                 input_norm: bool = False, keys: int = 0) -> StageGraph:
-    """build_graph of harness/model/stage_graph.cpp for T = `tokens` new tokens over all sequences; `keys` (DSA's
+    """build_graph of core/model/stage_graph.cpp for T = `tokens` new tokens over all sequences; `keys` (DSA's
     idx_scores columns): the longest context plus the run's tokens per sequence (T where sequences differ in new
     tokens), at least the keys of any one sequence; a token's columns past its sequence's keys hold 0."""
     if mode not in MODES:
@@ -290,7 +290,7 @@ def build_graph(dims: MlaDims, tokens: int, mode: str = "prefill", form: Optiona
 
 
 def probe_request(p: ProbeSpec, tp: int, rank: int) -> Dict[str, int]:
-    """make_probe_request of probes/probe.cpp: tokens, heads held by the rank, the shard's first global column."""
+    """make_probe_request of core/probe/probe.cpp: tokens, heads held by the rank, the shard's first global column."""
     local = p.local_shape(tp)
     tokens = p.shape[0] if p.shape else 0
     heads = local[p.heads_axis] if p.heads_axis >= 0 else 0

@@ -1,5 +1,5 @@
-"""Probe records computed in numpy exactly as the C++ side computes them (probes/probe.cpp compute_probe_record,
-probes/probe_hash.h): stats, per-token and per-head L2 maps, the sketch, and the checksum over raw bit patterns.
+"""Probe records computed in numpy exactly as the C++ side computes them (core/probe/probe.cpp compute_probe_record,
+core/probe/probe_hash.h): stats, per-token and per-head L2 maps, the sketch, and the checksum over raw bit patterns.
 
 Exactness: the checksum is bit for bit the C++ one; l2/mean/std/absmax and token_l2/head_l2 are summed
 left to right in float64 as the C++ loops do (numpy's cumulative sums are sequential), so they match bit for bit
@@ -9,7 +9,7 @@ sum mod 2^64 that is linear in its terms, is taken as a uint64 matrix-vector pro
 The C extension (_hashing_ext.c, compiled on first use: _ext) runs every loop, the sketch's too, in the C++ order.
 
 Checksum bits per dtype: fp32 the float's 32-bit pattern; bf16 / fp16 the 16-bit pattern the C++ conversions
-(to_bf16_bits / to_fp16_bits of harness/model/tensor.cpp: round to nearest even, NaN made quiet) give for the
+(to_bf16_bits / to_fp16_bits of core/model/tensor.cpp: round to nearest even, NaN made quiet) give for the
 stored float32 value; fp8_e4m3 / fp8_e5m2 (a Python-side extension, the 8-bit analogue) the 8-bit code of the
 stored value in OCP float8 e4m3fn / e5m2 (exact: an fp8 value converts to float32 without rounding), NaN
 canonicalised to sign|0x7f (e4m3) or sign|0x7e (e5m2). The term of each element is multiplier(row, col) *
@@ -46,7 +46,7 @@ def fnv1a(data: bytes, h: int = 1469598103934665603) -> int:
 
 
 def probe_key(name: str) -> int:
-    """Seed of a probe's sketch matrix: FNV-1a of its name (probes/probe.cpp probe_key)."""
+    """Seed of a probe's sketch matrix: FNV-1a of its name (core/probe/probe.cpp probe_key)."""
     return fnv1a(name.encode())
 
 
@@ -113,7 +113,7 @@ def checksum(bits: np.ndarray) -> int:
 # --- bit patterns ----------------------------------------------------------------------------------------------
 
 def to_bf16_bits(v: np.ndarray) -> np.ndarray:
-    """harness/model/tensor.cpp to_bf16_bits over float32 values: round to nearest even, NaN -> (u >> 16) | 0x40."""
+    """core/model/tensor.cpp to_bf16_bits over float32 values: round to nearest even, NaN -> (u >> 16) | 0x40."""
     u = np.ascontiguousarray(v, dtype=np.float32).view(np.uint32)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     with np.errstate(over="ignore"):
@@ -122,7 +122,7 @@ def to_bf16_bits(v: np.ndarray) -> np.ndarray:
 
 
 def to_fp16_bits(v: np.ndarray) -> np.ndarray:
-    """harness/model/tensor.cpp to_fp16_bits over float32 values (round to nearest even, NaN -> sign|0x7e00)."""
+    """core/model/tensor.cpp to_fp16_bits over float32 values (round to nearest even, NaN -> sign|0x7e00)."""
     f = np.ascontiguousarray(v, dtype=np.float32)
     x = f.view(np.uint32)
     sign = (x >> np.uint32(16)) & np.uint32(0x8000)
@@ -366,7 +366,7 @@ def _compute_record_c(values, dtype, T, C, heads, col_offset, key, level) -> dic
 
 def compute_record(values: np.ndarray, dtype: str, tokens: int, heads: int, col_offset: int, key: int,
                    level: str = "full") -> dict:
-    """compute_probe_record of probes/probe.cpp: values is the rank's float32 shard (its local shape), viewed as
+    """compute_probe_record of core/probe/probe.cpp: values is the rank's float32 shard (its local shape), viewed as
     [tokens, cols]. Returns a dict with the fields of a rank record. Runs in the C extension where it loads (see
     _ext), else in numpy: the same record either way."""
     values = np.ascontiguousarray(values, dtype=np.float32)

@@ -1,4 +1,4 @@
-// libFuzzer target: HF config.json parsing (harness/model/config.cpp parse_hf_config): JSON nesting guard,
+// libFuzzer target: HF config.json parsing (core/model/config.cpp parse_hf_config): JSON nesting guard,
 // field types, rope scaling, validation and the derived constants. A UsageError is the expected answer to a
 // bad config; anything else (a nlohmann exception escaping, a crash) is a finding.
 #include <cstddef>
@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/config.h"
-#include "harness/model/errors.h"
+#include "core/model/config.h"
+#include "core/model/errors.h"
 
 namespace {
 struct NullBuf : std::streambuf {

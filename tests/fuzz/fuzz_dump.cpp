@@ -41,14 +41,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/model/batch.h"
-#include "harness/model/config.h"
-#include "harness/model/errors.h"
-#include "harness/model/stage_graph.h"
+#include "core/model/batch.h"
+#include "core/model/config.h"
+#include "core/model/errors.h"
+#include "core/model/stage_graph.h"
 #include "probes/dump.h"
 #include "probes/dump_internal.h"
 #include "probes/journal.h"
-#include "probes/probe.h"
+#include "core/probe/probe.h"
 
 namespace {
 

@@ -1,14 +1,14 @@
-// libFuzzer target: the GGUF parser (harness/weights/gguf.cpp), every metadata value printed and read as each
+// libFuzzer target: the GGUF parser (core/weights/gguf.cpp), every metadata value printed and read as each
 // type, the MLA config from the metadata, and every tensor of a supported type dequantized. A UsageError is
 // the expected answer to a bad file; anything else is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "harness/model/errors.h"
-#include "harness/weights/checkpoint_config.h"
-#include "harness/weights/dequant.h"
-#include "harness/weights/gguf.h"
+#include "core/model/errors.h"
+#include "core/weights/checkpoint_config.h"
+#include "core/weights/dequant.h"
+#include "core/weights/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const mla::Bytes file(data, size, "fuzz.gguf");

@@ -1,12 +1,12 @@
-// libFuzzer target: the safetensors header parser and offset checks (harness/weights/safetensors.cpp), then
+// libFuzzer target: the safetensors header parser and offset checks (core/weights/safetensors.cpp), then
 // the dtype conversions over every tensor it accepted. A UsageError is the expected answer to a bad file;
 // anything else (a crash, a sanitizer report, another exception, a huge allocation) is a finding.
 #include <cstddef>
 #include <cstdint>
 
-#include "harness/model/errors.h"
-#include "harness/weights/dequant.h"
-#include "harness/weights/safetensors.h"
+#include "core/model/errors.h"
+#include "core/weights/dequant.h"
+#include "core/weights/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const mla::Bytes file(data, size, "fuzz.safetensors");

@@ -1,4 +1,4 @@
-// Device dequantization (kernels/dequant.cu) against the CPU's (harness/weights/dequant.cpp), and the CUDA
+// Device dequantization (kernels/dequant.cu) against the CPU's (core/weights/dequant.cpp), and the CUDA
 // engine on packed weights against the reference.
 //
 // Exactness: the FP32 output of every format equals dequantize() bit for bit (the kernels mirror its
@@ -19,14 +19,14 @@
 #include <random>
 #include <sstream>
 
-#include "harness/model/injection.h"
-#include "harness/model/tensor.h"
-#include "harness/model/weights.h"
+#include "core/model/injection.h"
+#include "core/model/tensor.h"
+#include "core/model/weights.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
-#include "harness/weights/dequant.h"
-#include "harness/weights/loader.h"
-#include "harness/weights/quantize.h"
+#include "core/weights/dequant.h"
+#include "core/weights/loader.h"
+#include "core/weights/quantize.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/dequant.cuh"
 #include "tests/gpu/gpu_cases.h"

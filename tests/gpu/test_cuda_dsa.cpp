@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/batch.h"
-#include "harness/model/tensor.h"
-#include "harness/model/weights.h"
+#include "core/model/batch.h"
+#include "core/model/tensor.h"
+#include "core/model/weights.h"
 #include "kernels/attention_sparse.cuh"
 #include "kernels/dsa_indexer.cuh"
 #include "kernels/linear.cuh"

@@ -3,7 +3,7 @@
 
 #include <random>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "kernels/cuda_engine.h"
 #include "tests/gpu/gpu_cases.h"
 

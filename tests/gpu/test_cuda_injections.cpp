@@ -19,7 +19,7 @@
 #include <set>
 #include <string>
 
-#include "harness/model/errors.h"
+#include "core/model/errors.h"
 #include "probes/dump.h"
 #include "tests/gpu/gpu_cases.h"
 

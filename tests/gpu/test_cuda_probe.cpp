@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "kernels/probe_stats.cuh"
-#include "probes/probe_hash.h"
+#include "core/probe/probe_hash.h"
 #include "tests/gpu/gpu_cases.h"
 
 namespace mla::gputest {

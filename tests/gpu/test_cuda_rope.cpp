@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "harness/model/tensor.h"  // to_bf16_bits, from_bf16_bits
+#include "core/model/tensor.h"  // to_bf16_bits, from_bf16_bits
 #include "kernels/rope.cuh"
 #include "tests/gpu/gpu_test_util.h"
 

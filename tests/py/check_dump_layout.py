@@ -39,7 +39,7 @@ def pow_mod64(base, e):
 
 
 def checksum_fp32(data):
-    """probes/probe_hash.h, written again: over the tensor viewed as [tokens, cols] (tokens: its first axis), the
+    """core/probe/probe_hash.h, written again: over the tensor viewed as [tokens, cols] (tokens: its first axis), the
     sum mod 2^64 of multiplier(r, c) * (2 * bits + 1), with multiplier(r, c) = (splitmix64(r) | 1) * A^(c >> 3) +
     0x9e3779b97f4a7c16 * (c & 7), A = 0xd1b54a32d192ed03."""
     rows = data.shape[0] if data.ndim > 0 else 1

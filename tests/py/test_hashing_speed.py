@@ -1,5 +1,5 @@
 """hashing.compute_record's two paths (the C extension compiled on first use, and numpy) give the same records, bit
-for bit, as each other and as the C++ binary (probes/probe.cpp compute_probe_record), and a benchmark of a capture's
+for bit, as each other and as the C++ binary (core/probe/probe.cpp compute_probe_record), and a benchmark of a capture's
 writing against the forward.
 
 Run by CTest (py_hashing_speed: MLA_BINARY = the mla-bisect binary, PYTHONPATH = python/), or by hand:

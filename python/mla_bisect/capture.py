@@ -2,7 +2,7 @@
 kernels — by handing it the layer's inputs and the tensors at each probe point. A thin layer over DumpWriter."""
 from __future__ import annotations
 
-from .dump import DumpWriter
+from .dump_write import DumpWriter
 
 
 def _as_list(v):

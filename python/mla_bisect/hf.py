@@ -536,7 +536,7 @@ def _write(handle, cap, config, attn, engine, engine_options, device, input_norm
 def _write_reason(handle, cap, config, engine, device, input_norm):
     """A dump at the capture's path that says why the layer was not recorded (status "stopped: ..."), so that
     `mla-bisect inspect` / `replay` of it tell the reason instead of reading an older file."""
-    from .dump import DumpWriter
+    from .dump_write import DumpWriter
 
     try:
         ref = (cap.tensors.get("h") if input_norm else cap.tensors.get("x")) if cap is not None else None

@@ -588,22 +588,23 @@ def test_close_writes_what_the_journal_folds_to(cpp_read, work, monkeypatch, hol
     read back from the journal past it) instead of reading the journal back: the file equals the one the journal
     folds to, bit for bit in every record, with ranks out of order, a probe recorded twice, probes before inputs()
     (whose header swap moves every record) and several layers."""
-    import mla_bisect.dump as dm
+    import mla_bisect.dump_write as dw
     from mla_bisect import journal as jr
-    monkeypatch.setattr(dm, "HOLD_BYTES", {"all": dm.HOLD_BYTES, "some": 6000, "none": 0}[hold])
+    from mla_bisect.dump_journal import _fold
+    monkeypatch.setattr(dw, "HOLD_BYTES", {"all": dw.HOLD_BYTES, "some": 6000, "none": 0}[hold])
     folded = {}
-    write_h5 = dm.write_h5
+    write_h5 = dw.write_h5
 
     def spy(d, path):
         jp = path + ".journal"
         fd = os.open(jp, os.O_RDONLY)
         try:
-            folded[path] = dm._fold(jr.scan_fd(fd), path, jp, "finish", finish_status=d.status, copy=True)
+            folded[path] = _fold(jr.scan_fd(fd), path, jp, "finish", finish_status=d.status, copy=True)
         finally:
             os.close(fd)
         return write_h5(d, path)
 
-    monkeypatch.setattr(dm, "write_h5", spy)
+    monkeypatch.setattr(dw, "write_h5", spy)
     for case in ("layers2_tp2", "dsa_decode_tp2", "bf16_decode"):
         src = cpp_read(case)
         ro = src.run_options
@@ -622,9 +623,9 @@ def test_close_writes_what_the_journal_folds_to(cpp_read, work, monkeypatch, hol
             for r in sorted(p.ranks, reverse=True):  # the higher rank first: it waits for the lower one
                 w.probe(name, p.ranks[r].data, rank=r, layer=layer, dtype=p.ranks[r].dtype)
         assert bool(w._spilled) == (hold != "all") and (w._held_bytes > 0) == (hold != "none")
-        held, mine = dm._held[0], w._held_bytes
+        held, mine = dw._held[0], w._held_bytes
         w.close()
-        assert dm._held[0] == held - mine and w._held_bytes == 0 and not w._written  # the memory given back
+        assert dw._held[0] == held - mine and w._held_bytes == 0 and not w._written  # the memory given back
         assert path in folded and not os.path.exists(path + ".journal")
         fold_path = str(work / f"fold_{case}_{hold}.journal.h5")
         write_h5(folded.pop(path), fold_path)
@@ -667,8 +668,8 @@ def test_writers_open_together_share_the_memory_budget(work, monkeypatch):
     """HOLD_BYTES bounds the data every open writer of the process keeps in memory together (a whole-model capture
     keeps a writer a layer open): past it records are read back from the journal at close; a closed writer gives
     its share back."""
-    import mla_bisect.dump as dm
-    monkeypatch.setattr(dm, "HOLD_BYTES", dm._held[0] + 3000)
+    import mla_bisect.dump_write as dw
+    monkeypatch.setattr(dw, "HOLD_BYTES", dw._held[0] + 3000)
     x = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)  # 2048 bytes
     paths = [str(work / f"budget{i}.h5") for i in range(3)]
     a = DumpWriter(paths[0], config=NO_Q_LORA, tokens=16, engine_dtype="fp32")

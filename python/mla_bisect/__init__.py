@@ -2,6 +2,6 @@
 other systems (HF transformers, serving engines) are compared, inspected and replayed by the C++ tool."""
 __version__ = "0.1.0"
 
-from .dump import DumpError, DumpWriter, read_dump  # noqa: E402  (dump reads __version__)
+from .dump import DumpError, DumpWriter, read_dump  # noqa: E402  (dump_write reads __version__)
 
 __all__ = ["DumpError", "DumpWriter", "read_dump", "__version__"]

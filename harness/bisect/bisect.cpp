@@ -18,6 +18,7 @@
 #include "harness/bisect/isolate.h"
 #include "harness/compare/weight_diff.h"
 #include "core/model/errors.h"
+#include "core/weights/weight_cache.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 #include "harness/run/calibration_cache.h"
@@ -46,6 +47,20 @@ std::string child_progress_words(const std::string& line) {
   return line.substr(end + 4);
 }
 
+// The folder of loaded weights the child runs read (core/weights/weight_cache.h): WORKDIR/.weights, removed when
+// the children are done or the bisect ends.
+struct WeightCacheFolder {
+  std::string dir;
+  explicit WeightCacheFolder(const std::string& workdir) : dir((std::filesystem::path(workdir) / ".weights").string()) {
+    remove();  // what a killed bisect left
+  }
+  ~WeightCacheFolder() { remove(); }
+  void remove() const {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
 }  // namespace
 
 BisectReport run_bisect(const BisectOptions& opt) {
@@ -65,20 +80,25 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const bool ref_is_fp32 = ref_spec.name == "reference" && make_engine(ref_spec)->options() ==
                                                                make_engine(EngineSpec::parse("reference"))->options();
   if (cand_spec.name == "reference") make_engine(cand_spec);  // its options checked (another engine: its child's)
-  step("weights: " + opt.weights.source + (opt.weights.format.empty() ? "" : ", through " + opt.weights.format));
-  const auto weights = load_weights(opt.weights, cfg, spec, opt.weight_seed).layers;
   // Weight injections are a wrong dequantization (core/weights): the candidate's in-process runs get their own.
   const auto injections = parse_injections(opt.inject);
+  const bool weight_bugs = engine_injections(injections).size() != injections.size();
   // An engine that dequantizes on its own side (cuda) gets the packed weights in process too, as its child run did:
   // a bug in its dequantization must show in the in-process runs as well.
   const bool cand_packed = engine_dequantizes(cand_spec.name, opt.weights);
-  LoadedWeights cand_loaded;
-  if (cand_packed || engine_injections(injections).size() != injections.size()) {
-    step("weights for the candidate's in-process runs (" +
-         (opt.inject.empty() ? std::string("as stored") : "with --inject " + opt.inject) + ")");
-    cand_loaded = load_weights(opt.weights, cfg, spec, opt.weight_seed, injections, cand_packed);
+  // The weights are loaded once, here: the candidate's injected ones dequantized again from the same packed bytes,
+  // and both handed to the child runs through a cache folder (below).
+  step("weights: " + opt.weights.source + (opt.weights.format.empty() ? "" : ", through " + opt.weights.format));
+  const LoadedWeights ref_loaded = load_weights(opt.weights, cfg, spec, opt.weight_seed, {}, cand_packed || weight_bugs);
+  const auto& weights = ref_loaded.layers;
+  LoadedWeights cand_own;
+  if (weight_bugs) {
+    step("weights for the candidate's in-process runs (with --inject " + opt.inject + ")");
+    if (!redequantize(ref_loaded, injections, cand_packed, cand_own))
+      cand_own = load_weights(opt.weights, cfg, spec, opt.weight_seed, injections, cand_packed);
   }
-  const auto& cand_weights = cand_loaded.layers.empty() ? weights : cand_loaded.layers;
+  const LoadedWeights& cand_loaded = weight_bugs ? cand_own : ref_loaded;
+  const auto& cand_weights = cand_loaded.layers;
   const PackedWeights cand_pw{cand_packed ? &cand_loaded.packed : nullptr, dequant_bugs(injections)};
 
   // The dumps of an earlier bisect in the workdir are kept as FILE.h5.previous (as run --out keeps them).
@@ -112,6 +132,11 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const auto cand_argv = child_argv(opt.candidate, rep.candidate_dump, opt.inject);
   std::vector<std::string> child_env;
   if (!std::getenv("OMP_WAIT_POLICY")) child_env.push_back("OMP_WAIT_POLICY=PASSIVE");
+  // The children read the weights loaded above instead of loading them again; the folder goes when they are done.
+  const WeightCacheFolder weight_cache(opt.workdir);
+  share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, {}, ref_loaded);
+  if (weight_bugs) share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, injections, cand_own);
+  child_env.push_back(std::string(kWeightCacheEnv) + "=" + weight_cache.dir);
   // The children's progress lines, taken out of their output: one line says where both runs are, when one is due.
   std::mutex runs_mu;
   std::string runs_at[2] = {"starting", "starting"};
@@ -129,6 +154,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
       std::async(std::launch::async, [&] { return run_child(ref_argv, backstop, child_env, forward(0)); });
   const ChildResult cand_child = run_child(cand_argv, backstop, child_env, forward(1));
   const ChildResult ref_child = ref_run.get();
+  weight_cache.remove();
   if (ref_child.exit_code != 0)
     throw EngineError("the reference run " + ref_child.describe() + ":\n  " + child_engine_line(ref_argv) + "\n" +
                       ref_child.output);

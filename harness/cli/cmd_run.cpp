@@ -27,6 +27,7 @@
 #include "harness/run/synthetic_inputs.h"
 #include "harness/run/watchdog.h"
 #include "core/weights/loader.h"
+#include "core/weights/weight_cache.h"
 #include "probes/dump.h"
 
 namespace mla::cli {
@@ -319,9 +320,13 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
   // injected bugs included; unquantized synthetic weights need no packed copy.
   const bool keep_packed = engine_dequantizes(engine->name(), ws);
   log.step("setup: weights (" + o.run.weights + "), model " + cfg.name + ", engine " + engine->name());
+  // In a bisect's child run the weights the bisect loaded come from its cache folder (MLA_WEIGHT_CACHE).
+  const std::string weight_cache = weight_cache_dir_from_env();
+  bool cached = false;
   const LoadedWeights loaded = out_of_memory_names(setup_where, estimate, [&] {
-    return load_weights(ws, cfg, spec, weight_seed, injections, keep_packed);
+    return load_weights_shared(weight_cache, ws, cfg, spec, weight_seed, injections, keep_packed, &cached);
   });
+  if (cached) log.step("setup: weights read from " + weight_cache + " (loaded once, shared by the bisect's runs)");
   if (keep_packed) runner.set_packed_weights(&loaded.packed, dequant_bugs(injections));
   const auto& weights = loaded.layers;
   log.step("setup: inputs (" + (o.input.empty() ? std::string("synthetic") : o.input) + ")");

@@ -45,26 +45,44 @@ double record_rel(const ProbeRecord& a, const ProbeRecord& b) {
   return b.l2 > 0 ? std::fabs(a.l2 - b.l2) / b.l2 : -1;
 }
 
+// Whether the full data of two records agree within `tol` relative (record_rel <= tol): the sum of squared
+// differences stops as soon as it passes tol² · Σb² (Σb² from the record's own l2), so two unrelated tensors are told
+// apart after a few elements rather than a pass over both.
+bool data_within(const ProbeRecord& a, const ProbeRecord& b, double tol) {
+  const double limit = tol * tol * b.l2 * b.l2;
+  const int64_t n = a.data.numel();
+  const float* x = a.data.ptr();
+  const float* y = b.data.ptr();
+  double d = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += 4096) {
+    const int64_t i1 = std::min(n, i0 + 4096);
+    for (int64_t i = i0; i < i1; ++i) {
+      const double e = static_cast<double>(x[i]) - y[i];
+      d += e * e;
+    }
+    if (!(d <= limit)) return false;
+  }
+  return true;
+}
+
 // Whether two records hold the same values though their sketches were drawn for other names (a weight under
 // another name): the tensors where both have them, else the statistics, each within `tol` relative.
 bool same_values(const ProbeRecord& a, const ProbeRecord& b, double tol) {
   if (a.shape != b.shape) return false;
-  if (a.data.numel() > 0 && a.data.numel() == b.data.numel()) {
-    const double x = record_rel(a, b);
-    return x >= 0 && x <= tol;
-  }
+  if (a.data.numel() > 0 && a.data.numel() == b.data.numel()) return data_within(a, b, tol);
   const auto close = [&](double x, double y) { return std::fabs(x - y) <= tol * std::max(std::fabs(y), 1e-30); };
   return close(a.l2, b.l2) && close(a.absmax, b.absmax) && close(a.std, b.std) &&
          std::fabs(a.mean - b.mean) <= tol * std::max(b.std, 1e-30);
 }
 
-// Like record_rel for records whose sketches were drawn for other columns (another rank's block of a columns-sharded
-// weight): norms and, with data, the elements.
-double shard_rel(const ProbeRecord& a, const ProbeRecord& b, bool same_columns) {
-  if (same_columns) return record_rel(a, b);
-  if (a.shape != b.shape) return -1;
-  if (a.data.numel() > 0 && a.data.numel() == b.data.numel()) return record_rel(a, b);
-  return b.l2 > 0 ? std::fabs(a.l2 - b.l2) / b.l2 : -1;
+// Whether `a` holds `b`'s values within `tol` (another rank's block of a sharded weight): the elements where both
+// records have them; else the sketches where they were drawn for the same columns; else the norms (for sketches drawn
+// for other columns, another rank's block of a columns-sharded weight).
+bool shard_within(const ProbeRecord& a, const ProbeRecord& b, bool same_columns, double tol) {
+  if (a.shape != b.shape) return false;
+  if (a.data.numel() > 0 && a.data.numel() == b.data.numel()) return data_within(a, b, tol);
+  const double x = same_columns ? record_rel(a, b) : b.l2 > 0 ? std::fabs(a.l2 - b.l2) / b.l2 : -1;
+  return x >= 0 && x <= tol;
 }
 
 std::vector<int64_t> over(const std::vector<double>& v, double limit) {
@@ -96,31 +114,75 @@ struct BlockFit {
   std::vector<int64_t> off_rows, off_cols;  // block rows and columns that hold off blocks
 };
 
-// Fits one factor per B x B block (candidate ≈ f · reference within the block). A block-scale bug leaves a residual
-// near zero with factors that vary; other bugs do not.
-BlockFit fit_blocks(const Tensor& a, const Tensor& b, int64_t B, double tol) {
-  BlockFit f;
-  f.block = B;
+// The four sums a block's fit needs: Σab, Σb², Σa², Σ(a-b)² over the block (a candidate, b reference).
+struct BlockSums {
+  double ab = 0, bb = 0, aa = 0, dd = 0;
+  void add(const BlockSums& o) {
+    ab += o.ab;
+    bb += o.bb;
+    aa += o.aa;
+    dd += o.dd;
+  }
+};
+
+// The sums of every 16 x 16 block (the last row and column of blocks partial), in one pass over both tensors.
+struct BlockGrid {
+  int64_t block = 16, rows = 0, cols = 0;  // blocks down and across
+  std::vector<BlockSums> sums;             // [rows, cols]
+};
+
+BlockGrid block_sums_16(const Tensor& a, const Tensor& b) {
+  BlockGrid g;
   const int64_t R = b.shape[0], C = b.shape[1];
-  const int64_t br = (R + B - 1) / B, bc = (C + B - 1) / B;
-  f.blocks = br * bc;
+  g.rows = (R + 15) / 16;
+  g.cols = (C + 15) / 16;
+  g.sums.resize(g.rows * g.cols);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* x = a.ptr() + r * C;
+    const float* y = b.ptr() + r * C;
+    BlockSums* row = g.sums.data() + (r / 16) * g.cols;
+    for (int64_t j = 0; j < g.cols; ++j) {
+      BlockSums s;
+      for (int64_t c = j * 16; c < std::min(C, (j + 1) * 16); ++c) {
+        const double xv = x[c], yv = y[c];
+        s.ab += xv * yv;
+        s.bb += yv * yv;
+        s.aa += xv * xv;
+        s.dd += (xv - yv) * (xv - yv);
+      }
+      row[j].add(s);
+    }
+  }
+  return g;
+}
+
+// The grid of blocks twice as large: each sums the 2 x 2 blocks it covers.
+BlockGrid coarser(const BlockGrid& f) {
+  BlockGrid g;
+  g.block = 2 * f.block;
+  g.rows = (f.rows + 1) / 2;
+  g.cols = (f.cols + 1) / 2;
+  g.sums.resize(g.rows * g.cols);
+  for (int64_t i = 0; i < f.rows; ++i)
+    for (int64_t j = 0; j < f.cols; ++j) g.sums[(i / 2) * g.cols + j / 2].add(f.sums[i * f.cols + j]);
+  return g;
+}
+
+// Fits one factor per block of the grid (candidate ≈ f · reference within the block). A block-scale bug leaves a
+// residual near zero with factors that vary; other bugs do not.
+BlockFit fit_blocks(const BlockGrid& g, double tol) {
+  BlockFit f;
+  f.block = g.block;
+  f.blocks = g.rows * g.cols;
   double resid = 0, total = 0, lo = INFINITY, hi = 0;
-  std::vector<bool> row_off(br), col_off(bc);
-  for (int64_t i = 0; i < br; ++i)
-    for (int64_t j = 0; j < bc; ++j) {
-      double ab = 0, bb = 0, aa = 0, dd = 0;
-      for (int64_t r = i * B; r < std::min(R, (i + 1) * B); ++r)
-        for (int64_t c = j * B; c < std::min(C, (j + 1) * B); ++c) {
-          const double x = a.data[r * C + c], y = b.data[r * C + c];
-          ab += x * y;
-          bb += y * y;
-          aa += x * x;
-          dd += (x - y) * (x - y);
-        }
-      total += dd;
-      const double k = bb > 0 ? ab / bb : 0;
-      resid += std::max(0.0, aa - 2 * k * ab + k * k * bb);
-      if (rel_of_sums(dd, bb) > tol) {
+  std::vector<bool> row_off(g.rows), col_off(g.cols);
+  for (int64_t i = 0; i < g.rows; ++i)
+    for (int64_t j = 0; j < g.cols; ++j) {
+      const BlockSums& s = g.sums[i * g.cols + j];
+      total += s.dd;
+      const double k = s.bb > 0 ? s.ab / s.bb : 0;
+      resid += std::max(0.0, s.aa - 2 * k * s.ab + k * k * s.bb);
+      if (rel_of_sums(s.dd, s.bb) > tol) {
         ++f.off;
         row_off[i] = col_off[j] = true;
         if (k != 0) {
@@ -131,9 +193,9 @@ BlockFit fit_blocks(const Tensor& a, const Tensor& b, int64_t B, double tol) {
     }
   f.within = total > 0 ? resid / total : 0;
   f.factor_spread = lo > 0 && std::isfinite(lo) ? hi / lo : INFINITY;
-  for (int64_t i = 0; i < br; ++i)
+  for (int64_t i = 0; i < g.rows; ++i)
     if (row_off[i]) f.off_rows.push_back(i);
-  for (int64_t j = 0; j < bc; ++j)
+  for (int64_t j = 0; j < g.cols; ++j)
     if (col_off[j]) f.off_cols.push_back(j);
   return f;
 }
@@ -189,7 +251,7 @@ void compare_weights(const Dump& a, const Dump& b, const ToleranceModel& tol, co
         if (x > r.tol.rel_l2) r.ranks_off.push_back(static_cast<int>(k));
       }
     judge(r, ga, "row");
-    if (r.verdict != Verdict::Verdict_pass) describe_weight(r, a, b);
+    if (r.verdict != Verdict::Verdict_pass) describe_weight(r, a, b, &ga, &gb);
     rep.weights.push_back(std::move(r));
   }
   if (!lacking.empty()) rep.notes.push_back("weights the candidate did not record, not compared: " + lacking);
@@ -200,7 +262,7 @@ void compare_weights(const Dump& a, const Dump& b, const ToleranceModel& tol, co
     }
 }
 
-void describe_weight(ProbeResult& r, const Dump& a, const Dump& b) {
+void describe_weight(ProbeResult& r, const Dump& a, const Dump& b, const Gathered* ga_given, const Gathered* gb_given) {
   const DumpProbe* pa = a.find_weight(r.layer, r.name);
   const DumpProbe* pb = b.find_weight(r.layer, r.name);
   r.evidence.clear();
@@ -268,8 +330,7 @@ void describe_weight(ProbeResult& r, const Dump& a, const Dump& b) {
     for (int k : r.ranks_off)
       for (int j = 0; j < tp; ++j) {
         if (j == k) continue;
-        const double x = shard_rel(pa->ranks[k], pb->ranks[j], pb->contract == "rows");
-        if (x >= 0 && x <= r.tol.rel_l2) {
+        if (shard_within(pa->ranks[k], pb->ranks[j], pb->contract == "rows", r.tol.rel_l2)) {
           found += (found.empty() ? "" : ", ") + std::string("rank ") + std::to_string(k) + " holds rank " +
                    std::to_string(j) + "'s block";
           break;
@@ -287,7 +348,11 @@ void describe_weight(ProbeResult& r, const Dump& a, const Dump& b) {
     return;
   }
   if (full && pb->shape.size() == 2) {
-    const Gathered ga = gather(*pa), gb = gather(*pb);
+    Gathered ga_own, gb_own;
+    if (!ga_given) ga_own = gather(*pa);
+    if (!gb_given) gb_own = gather(*pb);
+    const Gathered& ga = ga_given ? *ga_given : ga_own;
+    const Gathered& gb = gb_given ? *gb_given : gb_own;
     if (ga.full && gb.full) {
       // Transposed: a square weight read in the other order.
       if (R == C) {
@@ -304,10 +369,14 @@ void describe_weight(ProbeResult& r, const Dump& a, const Dump& b) {
           return;
         }
       }
-      // Block-shaped: one factor per block explains the error (block scales read from the wrong block).
-      for (int64_t B : {128, 64, 32, 16}) {
+      // Block-shaped: one factor per block explains the error (block scales read from the wrong block). The
+      // largest block size first; the sums of all four from one pass.
+      std::vector<BlockGrid> grids = {block_sums_16(ga.data, gb.data)};
+      while (grids.back().block < 128) grids.push_back(coarser(grids.back()));
+      for (auto g = grids.rbegin(); g != grids.rend(); ++g) {
+        const int64_t B = g->block;
         if (B > std::min(R, C) / 2 && B > 16) continue;
-        const BlockFit f = fit_blocks(ga.data, gb.data, B, r.tol.rel_l2);
+        const BlockFit f = fit_blocks(*g, r.tol.rel_l2);
         // Within 5% of the error left: a bf16 candidate's rounding stays inside the blocks.
         if (f.off >= 2 && f.within < 0.05 && f.factor_spread > 1 + r.tol.rel_l2) {
           say("block-shaped: " + std::to_string(f.off) + " of " + std::to_string(f.blocks) + " " + std::to_string(B) +

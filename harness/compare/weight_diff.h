@@ -20,7 +20,9 @@ void compare_weights(const Dump& a, const Dump& b, const ToleranceModel& tol, co
 
 // The pattern and evidence of a weight beyond its tolerance (r.verdict diverge or nonfinite), from the two dumps'
 // records of it (full tensors where both have them, else sketches and norms): fills r.pattern and r.evidence.
-void describe_weight(ProbeResult& r, const Dump& a, const Dump& b);
+// `ga` and `gb`, where the caller has them, are the two records gathered (gather()), not gathered again.
+void describe_weight(ProbeResult& r, const Dump& a, const Dump& b, const Gathered* ga = nullptr,
+                     const Gathered* gb = nullptr);
 
 // The weight that explains a divergent probe: the first weight beyond tolerance used by the probe's stage or an
 // earlier one (of its layer or an earlier layer); nullptr when none does.

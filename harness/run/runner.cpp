@@ -78,6 +78,11 @@ void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, Pr
   for (int rank = 0; rank < spec_.tp; ++rank) ranks += mine(rank) && engine.owns_rank(rank);
   const double total = static_cast<double>(weights_.size()) * ranks;
   for (const auto& w : weights_) {
+    // A replicated weight the engine holds once for every rank (the same tensor in memory, asked for with the same
+    // request) has one record: it is computed for the first rank and given to the others.
+    const Tensor* last_held = nullptr;
+    ProbeRequest last_req;
+    ProbeRecord last_rec;
     for (int rank = 0; rank < spec_.tp; ++rank) {
       if (!mine(rank) || !engine.owns_rank(rank)) continue;
       if (progress_wanted())
@@ -95,8 +100,16 @@ void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, Pr
                           shape_string(local));
       ProbeLevel level = plan.level_for(w.name);
       if (plan.full.count("weights")) level = ProbeLevel::ProbeLevel_full;
-      sink.record_weight(layer, w, rank,
-                         compute_probe_record(t, engine.dtype(), make_probe_request(w, spec_.tp, rank, level)));
+      const ProbeRequest req = make_probe_request(w, spec_.tp, rank, level);
+      const bool same = held != &scratch && held == last_held && req.level == last_req.level &&
+                        req.tokens == last_req.tokens && req.heads == last_req.heads &&
+                        req.col_offset == last_req.col_offset && req.probe_key == last_req.probe_key;
+      if (!same) {
+        last_rec = compute_probe_record(t, engine.dtype(), req);
+        last_held = held != &scratch ? held : nullptr;
+        last_req = req;
+      }
+      sink.record_weight(layer, w, rank, last_rec);
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
+#include "harness/compare/format.h"  // ranges, fmt_num
 #include "core/model/batch.h"
 #include "probes/dump.h"
 
@@ -50,12 +51,11 @@ struct Findings {
 };
 // Empty when the report has no first divergence. `batch`: the run's token layout (the reference's inputs).
 std::optional<Findings> explain_first_divergence(const CompareReport& rep, const Batch& batch);
+// Names a weight that differs (harness/compare/weight_diff.h: weight_cause) as the cause in a probe's diagnosis:
+// "weight q_a_proj differs: <its pattern>" becomes the pattern; the weight's evidence comes first, then what the
+// probe's own rules saw.
+void blame_weight(Diagnosis& d, const ProbeResult& weight);
 // The token layout of two dumps' run: the reference's inputs, else the candidate's, else its run spec, else none.
 Batch batch_of(const Dump& reference, const Dump& candidate);
-
-// "0-3, 7, 9-12" for a sorted list.
-std::string ranges(const std::vector<int64_t>& v, size_t max_items = 12);
-// A number in `precision` significant digits ("nan", "inf" spelled out).
-std::string fmt_num(double v, int precision = 3);
 
 }  // namespace mla

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "harness/compare/diagnose.h"
+#include "harness/compare/format.h"
 #include "core/model/progress_hook.h"
 
 namespace mla {
@@ -420,16 +420,6 @@ const ProbeResult* weight_cause(const CompareReport& rep, const ProbeResult& pro
   return nullptr;
 }
 
-void blame_weight(Diagnosis& d, const ProbeResult& weight) {
-  std::vector<std::string> ev = {weight_sentence(weight)};
-  for (const auto& e : weight.evidence) ev.push_back("weight: " + e);
-  if (!d.pattern.empty()) ev.push_back("the probe itself shows: " + d.pattern);
-  for (auto& e : d.evidence) ev.push_back(e);
-  d.pattern = "weight " + weight.name + " differs: " + (weight.pattern.empty() ? weight.why : weight.pattern);
-  d.confidence = "measured";
-  d.fit = "high";
-  d.evidence = std::move(ev);
-}
 
 std::string weight_sentence(const ProbeResult& r) {
   std::string s = r.label() + " differs";

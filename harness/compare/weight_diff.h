@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "harness/compare/compare.h"
-#include "harness/compare/diagnose.h"
 
 namespace mla {
 
@@ -27,9 +26,7 @@ void describe_weight(ProbeResult& r, const Dump& a, const Dump& b, const Gathere
 // The weight that explains a divergent probe: the first weight beyond tolerance used by the probe's stage or an
 // earlier one (of its layer or an earlier layer); nullptr when none does.
 const ProbeResult* weight_cause(const CompareReport& rep, const ProbeResult& probe);
-// Names the weight as the cause in a probe's diagnosis: "weight q_a_proj differs: <its pattern>" becomes the
-// pattern; the weight's evidence comes first, then what the probe's own rules saw.
-void blame_weight(Diagnosis& d, const ProbeResult& weight);
+// (blame_weight, which names it in a diagnosis: diagnose.h.)
 
 // One line: "weight layer0/q_a_proj differs on rank 1: rows 96..191, pattern: ..." (for headlines and verdicts).
 std::string weight_sentence(const ProbeResult& r);

@@ -1,7 +1,7 @@
-// Drill-down maps and pattern rules. The rules read only measured errors and the batch layout, never the
-// name of an injection: the zoo scores them on bugs they were not told about.
-// The rules themselves are in diagnose_<family>.cpp (diagnose_internal.h lists them); here: the drill-down, what
-// the rules read (measured once), their order, and the diagnosis of a report's first divergence.
+// The drill-down maps and the diagnosis: what the pattern rules read (measured once), their order, and the
+// diagnosis of a report's first divergence. The rules themselves are in diagnose_<family>.cpp (diagnose_internal.h
+// lists them); they read only measured errors and the batch layout, never the name of an injection: the zoo scores
+// them on bugs they were not told about.
 #include "harness/compare/diagnose.h"
 
 #include <algorithm>

@@ -381,14 +381,16 @@ LayerSource gguf_layer(const GgufFile& g, int layer, const MlaConfig& cfg, bool 
                        b + "indexer.attn_q_b.weight'");
     for (const auto& [name, field] : {std::pair{"attn_q_b", "indexer.wq_b"}, std::pair{"attn_k", "indexer.wk"},
                                       std::pair{"proj", "indexer.weights_proj"}}) {
-      const auto& t = gguf_tensor(g, b + "indexer." + name + ".weight");
+      const std::string tensor_name = b + "indexer." + name + ".weight";  // named: t refers into g, not into it
+      const auto& t = gguf_tensor(g, tensor_name);
       if (t.ne.size() != 2) throw UsageError(gguf_where(g, t) + ": a linear weight must be 2-D");
       check_shape(cfg, field, gguf_where(g, t), t.shape());
       s.indexer[field] = dequantize(gguf_packed(g, t));
     }
     for (const auto& [name, field] : {std::pair{"k_norm.weight", "indexer.k_norm"},
                                       std::pair{"k_norm.bias", "indexer.k_norm_bias"}}) {
-      const auto& t = gguf_tensor(g, b + "indexer." + name);
+      const std::string tensor_name = b + "indexer." + name;
+      const auto& t = gguf_tensor(g, tensor_name);
       check_shape(cfg, field, gguf_where(g, t), t.shape());
       const PackedWeight pw = gguf_packed(g, t);
       Tensor out({t.numel});

@@ -12,6 +12,9 @@ namespace mla::ref {
 
 // y = x·Wᵀ. x [T, K], W [O, K] -> [T, O].
 Tensor linear(const Tensor& x, const Tensor& w);
+// y = x·Wᵀ viewed [T, Nl, A+B] (per head A lanes, then B lanes) and split into a [T, Nl, A] and b [T, Nl, B], each
+// head's two parts computed as two products (head h's A rows of W, then its B rows) written where they belong.
+void linear_per_head(const Tensor& x, const Tensor& w, int64_t Nl, int64_t A, int64_t B, Tensor& a, Tensor& b);
 // Splits y [T, Nl·(A+B)] (per head A lanes, then B lanes) into a [T, Nl, A] and b [T, Nl, B].
 void split_per_head(const Tensor& y, int64_t Nl, int64_t A, int64_t B, Tensor& a, Tensor& b);
 

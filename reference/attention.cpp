@@ -1,13 +1,12 @@
 // Softmax attention: the shared core `attend`, the LSE merge, and both forms.
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <new>
 #include <string>
 
 #include "core/model/errors.h"
+#include "reference/parallel_for.h"
 #include "reference/stages.h"
 
 namespace mla::ref {
@@ -63,75 +62,58 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
   Attn a{Tensor({Tq, Nl, Dv}), Tensor({Tq, Nl}, kNegInf)};
   if (Tk == 0) return a;
   using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
-  // No exception may leave an OpenMP region (the runtime terminates the process): the first one, an allocation
-  // failure above all, is kept, the other heads skipped, and it is rethrown after the loop.
-  std::exception_ptr failed;
-  std::atomic<bool> stop{false};
-  // Heads are independent: one head per thread, as many threads as Eigen's GEMMs use. Inside the parallel loop
-  // Eigen runs each product single-threaded, and the softmax rows are spread over the cores too.
-#pragma omp parallel for schedule(static) num_threads(Eigen::nbThreads())
-  for (int64_t h = 0; h < Nl; ++h) {
-    if (stop.load(std::memory_order_relaxed)) continue;
-    try {
-      Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
-      Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));
-      Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
-      // Query rows in blocks: with a causal mask, a block's rows see keys [0, vis) only, so the scores and the
-      // weighted sum of values are computed over those keys (the masked rest would be exact zeros).
-      constexpr int64_t kRows = kAttendRowBlock;
-      for (int64_t i0 = 0; i0 < Tq; i0 += kRows) {
-        const int64_t n = std::min(kRows, Tq - i0);
-        const int64_t vis = causal ? std::min(Tk, i0 + n + (Tk - Tq)) : Tk;
-        if (vis <= 0) continue;  // every row of the block sees nothing: output 0, lse -inf
-        RowMatrix S = (Q.middleRows(i0, n) * K.topRows(vis).transpose()) * static_cast<float>(scale);  // [n, vis]
-        for (int64_t r = 0; r < n; ++r) {
-          const int64_t i = i0 + r;
-          const int64_t visible = causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk;
-          const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;  // sliding window
-          float m = kNegInf;
-          bool nan_score = false;
-          for (int64_t j = first; j < visible; ++j) {
-            m = std::max(m, S(r, j));
-            nan_score |= std::isnan(S(r, j));
-          }
-          if (nan_score) {  // the softmax of a row with a NaN score is NaN everywhere, as the math has it
-            S.row(r).setConstant(std::numeric_limits<float>::quiet_NaN());
-            a.lse.data[i * Nl + h] = std::numeric_limits<float>::quiet_NaN();
-            continue;
-          }
-          float sum = 0.f;
-          for (int64_t j = 0; j < vis; ++j) {
-            S(r, j) = (j >= first && j < visible && m != kNegInf) ? std::exp(S(r, j) - m) : 0.f;
-            sum += S(r, j);
-          }
-          if (sum > 0.f) {
-            S.row(r) /= sum;
-            a.lse.data[i * Nl + h] = m + std::log(sum);
-          }
-        }
-        Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> O(a.out.ptr() + i0 * Nl * Dv + h * Dv, n, Dv,
-                                                         Eigen::OuterStride<>(Nl * Dv));
-        O.noalias() = S * Vm.topRows(vis);
+  // Query rows in blocks: with a causal mask, a block's rows see keys [0, vis) only, so the scores and the weighted
+  // sum of values are computed over those keys (the masked rest would be exact zeros). The pieces of work are the
+  // (head, block) pairs, independent of each other, spread over the cores.
+  constexpr int64_t kRows = kAttendRowBlock;
+  const int64_t blocks = (Tq + kRows - 1) / kRows;
+  const auto one_block = [&](int64_t item) {
+    const int64_t h = item / blocks, i0 = item % blocks * kRows, n = std::min(kRows, Tq - i0);
+    const int64_t vis = causal ? std::min(Tk, i0 + n + (Tk - Tq)) : Tk;
+    if (vis <= 0) return;  // every row of the block sees nothing: output 0, lse -inf
+    const Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
+    const Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));
+    const Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
+    RowMatrix S = (Q.middleRows(i0, n) * K.topRows(vis).transpose()) * static_cast<float>(scale);  // [n, vis]
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t i = i0 + r;
+      const int64_t visible = std::max<int64_t>(0, causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk);
+      const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;  // sliding window
+      auto row = S.row(r).array();
+      auto seen = row.segment(first, visible - first);  // the keys row r attends to; the others weigh 0
+      if (seen.isNaN().any()) {  // the softmax of a row with a NaN score is NaN everywhere, as the math has it
+        row.setConstant(std::numeric_limits<float>::quiet_NaN());
+        a.lse.data[i * Nl + h] = std::numeric_limits<float>::quiet_NaN();
+        continue;
       }
-    } catch (...) {
-      std::exception_ptr e = std::current_exception();
-      try {
-        throw;
-      } catch (const std::bad_alloc&) {
-        const int64_t rows = std::min(Tq, kAttendRowBlock);
-        const double bytes = 4.0 * static_cast<double>(rows) * static_cast<double>(Tk);
-        e = std::make_exception_ptr(OutOfMemoryError(
-            "attention: the score block of one head is a [" + std::to_string(rows) + ", " +
-            std::to_string(Tk) + "] matrix (" + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
-            " MiB), " + std::to_string(std::min<int64_t>(Nl, Eigen::nbThreads())) + " heads at once"));
-      } catch (...) {
+      const float m = visible > first ? seen.maxCoeff() : kNegInf;
+      if (m == kNegInf) {  // no key, or every score -inf: out 0, lse -inf
+        row.setZero();
+        continue;
       }
-#pragma omp critical(mla_attend_failure)
-      if (!failed) failed = e;
-      stop.store(true, std::memory_order_relaxed);
+      seen = (seen - m).exp();
+      row.head(first).setZero();
+      row.tail(vis - visible).setZero();
+      const float sum = seen.sum();
+      if (sum > 0.f) {
+        seen /= sum;
+        a.lse.data[i * Nl + h] = m + std::log(sum);
+      }
     }
+    Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>> O(a.out.ptr() + i0 * Nl * Dv + h * Dv, n, Dv,
+                                                     Eigen::OuterStride<>(Nl * Dv));
+    O.noalias() = S * Vm.topRows(vis);
+  };
+  try {
+    parallel_for(Nl * blocks, one_block);
+  } catch (const std::bad_alloc&) {
+    const int64_t rows = std::min(Tq, kRows);
+    const double bytes = 4.0 * static_cast<double>(rows) * static_cast<double>(Tk);
+    throw OutOfMemoryError("attention: the score block of one head is a [" + std::to_string(rows) + ", " +
+                           std::to_string(Tk) + "] matrix (" + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
+                           " MiB), " + std::to_string(std::min<int64_t>(Nl * blocks, Eigen::nbThreads())) +
+                           " blocks at once");
   }
-  if (failed) std::rethrow_exception(failed);
   return a;
 }
 

@@ -65,7 +65,8 @@ struct Attn {
   Tensor out;  // [Tq, Nl, Dv]
   Tensor lse;  // [Tq, Nl]
 };
-// Query rows are taken kAttendRowBlock at a time: each head in flight holds a [kAttendRowBlock, Tk] score block.
+// Query rows are taken kAttendRowBlock at a time: each (head, block of rows) in flight, one a thread, holds a
+// [kAttendRowBlock, <= Tk] score block.
 inline constexpr int64_t kAttendRowBlock = 64;
 // window > 0: each query sees only the last `window` of its visible keys (a sliding window; sliding-window in
 // docs/bugs.md plants it).

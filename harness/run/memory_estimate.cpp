@@ -96,14 +96,15 @@ void probe_floats(const MlaConfig& c, const RunSpec& s, const ProbePlan& plan, d
   }
 }
 
-// Transient floats of one rank's attention stage (the reference: a [min(n, 64), Tk] score block per head in
-// flight, one per thread, and the copies the stage makes), the largest over the sequences.
+// Transient floats of one rank's attention stage (the reference: a [min(n, 64), Tk] score block per (head, block of
+// query rows) in flight, one per thread, and the copies the stage makes), the largest over the sequences.
 double attention_floats(const Shapes& x, AttentionForm form, int threads) {
-  const double th = std::max(1.0, std::min<double>(threads, x.Nl));
   double worst = 0;
   for (size_t b = 0; b < x.ctx.size(); ++b) {
     const double n = x.news[b], ctx = x.ctx[b];
     const double rows_in_flight = std::min<double>(n, ref::kAttendRowBlock);  // query rows of one score block
+    const double blocks = std::ceil(n / ref::kAttendRowBlock);                  // of one head
+    const double th = std::max(1.0, std::min<double>(threads, x.Nl * blocks));
     double f = 0;
     if (form == AttentionForm::AttentionForm_mha) {
       f = th * rows_in_flight * n + 2 * n * x.Nl * x.D + n * x.Nl * x.V;  // self: scores, rows of Q and K, v

@@ -44,7 +44,7 @@ esac
 # libgtest-dev is in both: build/ is configured with the tests (CMake needs GTest), even when only mla-bisect is built.
 DEB_PACKAGES=(cmake ninja-build g++ libeigen3-dev libhdf5-dev libcli11-dev nlohmann-json3-dev libgtest-dev)
 if [[ "$setup_for" == all ]]; then
-  DEB_PACKAGES+=(hdf5-tools python3-venv clang libclang-rt-dev libomp-dev)
+  DEB_PACKAGES+=(hdf5-tools python3-venv clang libclang-rt-dev libomp-dev chromium)
 fi
 
 dpkg_installed() {
@@ -80,6 +80,9 @@ files_present() {
     clang)              command -v clang++ >/dev/null 2>&1 || compgen -G '/usr/bin/clang++-[0-9]*' >/dev/null ;;
     libclang-rt-dev)    llvm_file_present 'libclang_rt.fuzzer*.a' ;;
     libomp-dev)         llvm_file_present 'libomp.so' ;;
+    # Headless, it draws the HTML reports in a test (tests/py/test_html_report_browser.py).
+    chromium)           command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 ||
+                          command -v google-chrome >/dev/null 2>&1 ;;
     *)                  return 1 ;;
   esac
 }

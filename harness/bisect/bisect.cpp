@@ -133,9 +133,16 @@ BisectReport run_bisect(const BisectOptions& opt) {
   std::vector<std::string> child_env;
   if (!std::getenv("OMP_WAIT_POLICY")) child_env.push_back("OMP_WAIT_POLICY=PASSIVE");
   // The children read the weights loaded above instead of loading them again; the folder goes when they are done.
+  // The two entries are written side by side, and each child starts once the entry it reads is there.
   const WeightCacheFolder weight_cache(opt.workdir);
-  share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, {}, ref_loaded);
-  if (weight_bugs) share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, injections, cand_own);
+  const std::shared_future<void> ref_shared = std::async(std::launch::async, [&] {
+    share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, {}, ref_loaded);
+  }).share();
+  const std::shared_future<void> cand_shared =
+      weight_bugs ? std::async(std::launch::async, [&] {
+        share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, injections, cand_own);
+      }).share()
+                  : ref_shared;
   child_env.push_back(std::string(kWeightCacheEnv) + "=" + weight_cache.dir);
   // The children's progress lines, taken out of their output: one line says where both runs are, when one is due.
   std::mutex runs_mu;
@@ -150,10 +157,14 @@ BisectReport run_bisect(const BisectOptions& opt) {
       return true;
     };
   };
-  auto ref_run =
-      std::async(std::launch::async, [&] { return run_child(ref_argv, backstop, child_env, forward(0)); });
+  auto ref_run = std::async(std::launch::async, [&] {
+    ref_shared.wait();
+    return run_child(ref_argv, backstop, child_env, forward(0));
+  });
+  cand_shared.wait();
   const ChildResult cand_child = run_child(cand_argv, backstop, child_env, forward(1));
   const ChildResult ref_child = ref_run.get();
+  ref_shared.wait();
   weight_cache.remove();
   if (ref_child.exit_code != 0)
     throw EngineError("the reference run " + ref_child.describe() + ":\n  " + child_engine_line(ref_argv) + "\n" +

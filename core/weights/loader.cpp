@@ -24,17 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The projections of LayerWeights, by field name.
-struct Proj {
-  const char* field;
-  Tensor LayerWeights::*member;
-};
-constexpr Proj kProjections[] = {
-    {"q_a_proj", &LayerWeights::q_a_proj}, {"q_b_proj", &LayerWeights::q_b_proj},
-    {"kv_a_proj", &LayerWeights::kv_a_proj}, {"kv_b_proj", &LayerWeights::kv_b_proj},
-    {"o_proj", &LayerWeights::o_proj},
-};
-
 // The progress ticks of a load, counted in layers: within layer l, the passes over its projections (quantizing,
 // dequantizing), each weighted by its elements, make up the fraction past l.
 class LoadTicks {
@@ -198,7 +187,7 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
         w.kv_b_proj = std::move(kv_b);
       }
     }
-    for (const auto& p : kProjections) {
+    for (const auto& p : kPackedProjections) {
       auto it = src.linear.find(p.field);
       if (it == src.linear.end()) continue;
       PackedWeight pw = std::move(it->second);
@@ -253,9 +242,9 @@ LoadedWeights load_weights(const WeightSpec& ws, const MlaConfig& cfg, const Run
       LayerSource ls;
       const WeightFormat f = requant.value_or(WeightFormat::WeightFormat_f32);
       double units = 0;  // quantized here, dequantized in finish_layer
-      for (const auto& p : kProjections) units += 2.0 * static_cast<double>((src.*(p.member)).numel());
+      for (const auto& p : kPackedProjections) units += 2.0 * static_cast<double>((src.*(p.member)).numel());
       ticks.layer(l, units);
-      for (const auto& p : kProjections)
+      for (const auto& p : kPackedProjections)
         if (!(src.*(p.member)).empty()) {
           ticks.pass(std::string(p.field) + ": quantizing to " + fmt_name,
                      static_cast<double>((src.*(p.member)).numel()));

@@ -40,6 +40,18 @@ std::vector<std::string> nonfinite_weights(const LayerWeights& w, int layer);
 // for formats whose scales sit inside their blocks (GGUF: the dequantized values say where).
 std::optional<std::string> nonfinite_scales(const PackedWeight& w);
 
+// The projections of LayerWeights by the field names LoadedWeights::packed keeps them under (a GGUF checkpoint's
+// split kv_b also keeps attn_k_b and attn_v_b there).
+struct PackedProjection {
+  const char* field;
+  Tensor LayerWeights::*member;
+};
+inline constexpr PackedProjection kPackedProjections[] = {
+    {"q_a_proj", &LayerWeights::q_a_proj}, {"q_b_proj", &LayerWeights::q_b_proj},
+    {"kv_a_proj", &LayerWeights::kv_a_proj}, {"kv_b_proj", &LayerWeights::kv_b_proj},
+    {"o_proj", &LayerWeights::o_proj},
+};
+
 struct LoadedWeights {
   std::vector<LayerWeights> layers;  // FP32 [out, in], global; what the reference computes with
   // Per layer, the stored form of each projection by LayerWeights field name (q_a_proj, ...), when

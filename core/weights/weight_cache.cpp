@@ -269,17 +269,6 @@ bool read_entry(const std::string& path, bool packed, LoadedWeights& w) {
   return true;
 }
 
-// The projections by the names load_weights keeps their packed form under.
-struct ProjectionField {
-  const char* name;
-  Tensor LayerWeights::*member;
-};
-constexpr ProjectionField kPackedFields[] = {
-    {"q_a_proj", &LayerWeights::q_a_proj}, {"q_b_proj", &LayerWeights::q_b_proj},
-    {"kv_a_proj", &LayerWeights::kv_a_proj}, {"kv_b_proj", &LayerWeights::kv_b_proj},
-    {"o_proj", &LayerWeights::o_proj},
-};
-
 }  // namespace
 
 std::string weight_cache_dir_from_env() {
@@ -295,7 +284,7 @@ bool redequantize(const LoadedWeights& from, const std::vector<Injection>& injec
   for (const auto& layer : from.packed)
     for (const auto& [name, pw] : layer) {
       bool known = false;
-      for (const auto& f : kPackedFields) known = known || name == f.name;
+      for (const auto& f : kPackedProjections) known = known || name == f.field;
       if (!known) return false;  // attn_k_b / attn_v_b: kv_b is made from them, as load_weights does
       touched = touched || bugs.touches(pw.format);
     }
@@ -303,18 +292,29 @@ bool redequantize(const LoadedWeights& from, const std::vector<Injection>& injec
   LoadedWeights w;
   w.first_layer = from.first_layer;
   w.description = from.description;
-  w.layers = from.layers;
   if (keep_packed) w.packed = from.packed;
+  // Every tensor but the packed projections copied (norms, the indexer); those are dequantized again below.
+  w.layers.resize(from.layers.size());
+  for (size_t l = 0; l < from.layers.size(); ++l) {
+    const auto src = from.layers[l].tensors();
+    const auto dst = w.layers[l].tensors();
+    for (size_t i = 0; i < src.size(); ++i) {
+      bool packed = false;
+      for (const auto& f : kPackedProjections)
+        packed = packed || (src[i] == &(from.layers[l].*(f.member)) && from.packed[l].count(f.field));
+      if (!packed) *dst[i] = *src[i];
+    }
+  }
   double done = 0, total = 0;
   for (const auto& layer : from.packed)
     for (const auto& [name, pw] : layer) total += static_cast<double>(pw.rows) * pw.cols;
   for (size_t l = 0; l < from.layers.size(); ++l)
-    for (const auto& f : kPackedFields) {
-      const auto it = from.packed[l].find(f.name);
+    for (const auto& f : kPackedProjections) {
+      const auto it = from.packed[l].find(f.field);
       if (it == from.packed[l].end()) continue;
       if (progress_wanted())
         progress_tick("dequantize", "weights: layer " + std::to_string(l + 1) + "/" +
-                                        std::to_string(from.layers.size()) + " " + f.name + ": dequantizing",
+                                        std::to_string(from.layers.size()) + " " + f.field + ": dequantizing",
                       done, total);
       w.layers[l].*(f.member) = dequantize(it->second, bugs);
       done += static_cast<double>(it->second.rows) * it->second.cols;

@@ -164,7 +164,6 @@ BisectReport run_bisect(const BisectOptions& opt) {
   cand_shared.wait();
   const ChildResult cand_child = run_child(cand_argv, backstop, child_env, forward(1));
   const ChildResult ref_child = ref_run.get();
-  ref_shared.wait();
   weight_cache.remove();
   if (ref_child.exit_code != 0)
     throw EngineError("the reference run " + ref_child.describe() + ":\n  " + child_engine_line(ref_argv) + "\n" +

@@ -101,10 +101,7 @@ void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, Pr
       ProbeLevel level = plan.level_for(w.name);
       if (plan.full.count("weights")) level = ProbeLevel::ProbeLevel_full;
       const ProbeRequest req = make_probe_request(w, spec_.tp, rank, level);
-      const bool same = held != &scratch && held == last_held && req.level == last_req.level &&
-                        req.tokens == last_req.tokens && req.heads == last_req.heads &&
-                        req.col_offset == last_req.col_offset && req.probe_key == last_req.probe_key;
-      if (!same) {
+      if (held == &scratch || held != last_held || req != last_req) {
         last_rec = compute_probe_record(t, engine.dtype(), req);
         last_held = held != &scratch ? held : nullptr;
         last_req = req;

@@ -83,7 +83,8 @@ def test_the_browser_draws_the_weight_table_the_log_chart_and_the_sparklines(rep
     # The weight table: drawn, one row per weight of tiny's layer, the planted bug's weights among them.
     w = got["weights"]
     assert w, "no weight table in the page"
-    assert w["box"]["w"] > 200 and w["box"]["h"] > 20 * w["rows"] * 0.5, w["box"]
+    # Laid out, not collapsed: each row at least a line of the page's 10 px text high, the table wider than its names.
+    assert w["box"]["w"] > 200 and w["box"]["h"] > 10 * w["rows"], w["box"]
     assert w["rows"] >= 5, w
     for name in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"):
         assert name in w["names"], (name, w["names"])
@@ -94,10 +95,10 @@ def test_the_browser_draws_the_weight_table_the_log_chart_and_the_sparklines(rep
     assert c["scale"] == "log"
     assert c["bars"] >= 16 and c["decades"] >= 2, c
     box, tol = c["box"], c["tolerance"]
-    assert box["w"] > 300 and box["h"] > 100, box
+    assert box["w"] > 300 and box["h"] > 100, box  # the SVG asks for at least 450 x 180 (bisect_html.cpp)
     assert tol is not None, "no tolerance line"
     assert box["y"] < tol["y"] < box["y"] + box["h"], (box, tol)  # inside the chart, not on an edge
-    assert tol["w"] > 0.8 * (box["w"] - 60), (box, tol)             # across the plot
+    assert tol["w"] > 0.8 * (box["w"] - 60), (box, tol)             # across the plot (its left 50 px are the axis)
 
     # A sparkline per probe, each drawn with a size.
     assert len(got["sparks"]) >= 10, got["sparks"]

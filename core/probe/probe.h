@@ -24,7 +24,11 @@ struct ProbeRequest {
   int64_t heads = 0;       // heads held by this rank (0: no heads axis)
   int64_t col_offset = 0;  // this shard's first column in the global [T, C] row layout
   uint64_t probe_key = 0;  // hash of the probe name: seeds the sketch matrix
-  bool operator==(const ProbeRequest&) const = default;
+  // Written out: CUDA translation units include this header and compile as C++17.
+  bool operator==(const ProbeRequest& o) const {
+    return level == o.level && tokens == o.tokens && heads == o.heads && col_offset == o.col_offset &&
+           probe_key == o.probe_key;
+  }
 };
 
 ProbeRequest make_probe_request(const ProbeSpec& p, int tp, int rank, ProbeLevel level);

@@ -8,11 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/bisect/bisect_html.h"
 #include "harness/report/compare_report.h"
+#include "probes/dump.h"
 #include "tests/cli_util.h"
 
 namespace {
@@ -317,6 +320,68 @@ TEST(BisectCli, NanOnOneRanksReplicaIsNamedWithItsRank) {
     const std::string want = std::string("NaN/Inf originates here, on one rank's copy of a replicated tensor (rank ") +
                              (std::string(c).find("@2") != std::string::npos ? "2)" : "0)");
     EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  }
+}
+
+// Two records bit for bit: every statistic, map, sketch and full tensor.
+void expect_same_record(const mla::ProbeRecord& a, const mla::ProbeRecord& b, const std::string& at) {
+  const auto bits = [](double v) {
+    uint64_t u;
+    std::memcpy(&u, &v, 8);
+    return u;
+  };
+  EXPECT_EQ(a.shape, b.shape) << at;
+  EXPECT_EQ(a.dtype, b.dtype) << at;
+  EXPECT_EQ(a.level, b.level) << at;
+  for (auto [x, y, what] : {std::tuple{a.l2, b.l2, "l2"}, {a.absmax, b.absmax, "absmax"}, {a.mean, b.mean, "mean"},
+                            {a.std, b.std, "std"}})
+    EXPECT_EQ(bits(x), bits(y)) << at << " " << what;
+  EXPECT_EQ(a.nan, b.nan) << at;
+  EXPECT_EQ(a.inf, b.inf) << at;
+  EXPECT_EQ(a.checksum, b.checksum) << at;
+  for (auto [x, y, what] : {std::tuple{&a.token_l2, &b.token_l2, "token_l2"}, {&a.head_l2, &b.head_l2, "head_l2"},
+                            {&a.sketch, &b.sketch, "sketch"}, {&a.data.data, &b.data.data, "data"}}) {
+    ASSERT_EQ(x->size(), y->size()) << at << " " << what;
+    EXPECT_EQ(std::memcmp(x->data(), y->data(), 4 * x->size()), 0) << at << " " << what;
+  }
+}
+
+// The bisect makes its FP32 reference run in its own process (it keeps every probe in full for calibration and the
+// drill-down): the dump it writes is the one `run --engine reference` writes with the same options, record for
+// record, at the probe levels asked for (full probes, stats level, DSA's always-full selection), weights included.
+TEST(BisectCli, ReferenceDumpIsTheRunCommandsRecordForRecord) {
+  for (const std::string opts : {"--model tiny --tokens 8 --tp 2 --full-probes kv_c_norm,q_a_proj",
+                                 "--model tiny-dsa --tokens 8 --probe-level stats --weight-format nvfp4"}) {
+    SCOPED_TRACE(opts);
+    const std::string dir = tmpdir("refdump");
+    const auto b = sh("bisect " + opts + " --inject rope-neox" + kCandidate + " --workdir " + dir);
+    EXPECT_EQ(b.exit_code, 1) << b.out;
+    EXPECT_NE(b.out.find("reference run (reference, in this process)"), std::string::npos) << b.out;
+    const auto r = sh("run " + opts + " --engine reference --quiet --no-table --out " + dir + "/run.h5");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const mla::Dump bd = mla::read_dump(dir + "/reference.h5"), rd = mla::read_dump(dir + "/run.h5");
+    EXPECT_TRUE(bd.complete()) << bd.status;
+    EXPECT_EQ(bd.meta.engine, rd.meta.engine);
+    EXPECT_EQ(bd.meta.engine_options, rd.meta.engine_options);
+    EXPECT_EQ(bd.meta.engine_dtype, rd.meta.engine_dtype);
+    EXPECT_EQ(bd.meta.model, rd.meta.model);
+    EXPECT_EQ(bd.meta.run_options, rd.meta.run_options);
+    EXPECT_EQ(bd.meta.probe_level, rd.meta.probe_level);
+    EXPECT_EQ(bd.meta.inject, "");
+    EXPECT_EQ(bd.meta.command.rfind("mla-bisect run ", 0), 0u) << bd.meta.command;
+    ASSERT_EQ(bd.has_inputs, rd.has_inputs);
+    EXPECT_EQ(bd.inputs.x.data, rd.inputs.x.data);
+    for (auto [pa, pb, what] : {std::tuple{&bd.probes, &rd.probes, "probe"}, {&bd.weights, &rd.weights, "weight"}}) {
+      ASSERT_EQ(pa->size(), pb->size()) << what;
+      ASSERT_FALSE(pa->empty()) << what;
+      for (size_t i = 0; i < pa->size(); ++i) {
+        const auto &x = (*pa)[i], &y = (*pb)[i];
+        const std::string at = std::string(what) + " layer " + std::to_string(x.layer) + " " + x.name;
+        ASSERT_EQ(x.name, y.name) << at;
+        ASSERT_EQ(x.ranks.size(), y.ranks.size()) << at;
+        for (size_t k = 0; k < x.ranks.size(); ++k) expect_same_record(x.ranks[k], y.ranks[k], at + " rank " + std::to_string(k));
+      }
+    }
   }
 }
 

@@ -1,8 +1,10 @@
 // Probe records on the host (core/probe/probe.h): the checksum is order-free to compute but not to content: a
 // flipped bit or two swapped elements change it; the sketch is linear, so column shards add up.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstring>
+#include <limits>
 #include <deque>
 #include <map>
 #include <optional>
@@ -100,6 +102,94 @@ TEST(ProbeSketch, ColumnShardsAddUpToTheWhole) {
   }
   // Each record's sketch is rounded to float once (values ~1-10 here: ulp ~1e-6); three shards add three roundings.
   for (size_t k = 0; k < sum.size(); ++k) EXPECT_NEAR(sum[k], whole.sketch[k], 1e-5) << k;
+}
+
+// The whole record against its definition, element by element in the plainest order (long double sums; the sketch
+// lane by lane in column order, which the record keeps, so bit for bit): rows with a NaN and an Inf, heads,
+// widths that are not multiples of 8, a size the token count does not divide; one thread and two give the same bits.
+TEST(ProbeRecordHost, EqualsTheDefinitionOnAnyNumberOfThreads) {
+  struct Case {
+    std::vector<int64_t> shape;
+    int64_t tokens, heads;
+  };
+  for (const Case& k : {Case{{37, 4, 13}, 37, 4}, Case{{64, 300}, 64, 0}, Case{{9, 7}, 9, 0}, Case{{23}, 5, 0},
+                        Case{{6, 1000}, 6, 8}}) {
+    Tensor t = random_tensor(k.shape, 11);
+    const int64_t n = t.numel(), T = k.tokens, C = n / T;
+    if (T > 3 && C > 2) {
+      t.data[1 * C + 2] = std::numeric_limits<float>::quiet_NaN();
+      t.data[3 * C + 1] = -std::numeric_limits<float>::infinity();
+    }
+    for (const char* dtype : {"fp32", "bf16", "fp16"}) {
+      ProbeRequest req = request(T);
+      req.heads = k.heads;
+      req.col_offset = 5;
+      const std::string at = std::string(dtype) + " n " + std::to_string(n) + " T " + std::to_string(T);
+      const ProbeRecord rec = compute_probe_record(t, dtype, req);
+      long double sum = 0, sumsq = 0, amax = 0;
+      int64_t nan = 0, inf = 0;
+      for (float v : t.data) {
+        if (std::isnan(v)) ++nan;
+        else if (std::isinf(v)) ++inf;
+        else {
+          sum += v;
+          sumsq += static_cast<long double>(v) * v;
+          amax = std::max(amax, static_cast<long double>(std::fabs(v)));
+        }
+      }
+      EXPECT_EQ(rec.nan, nan) << at;
+      EXPECT_EQ(rec.inf, inf) << at;
+      EXPECT_EQ(rec.absmax, static_cast<double>(amax)) << at;
+      EXPECT_NEAR(rec.l2, std::sqrt(static_cast<double>(sumsq)), 1e-12 * rec.l2) << at;
+      const double mean = static_cast<double>(sum) / (n - nan - inf);
+      EXPECT_NEAR(rec.mean, mean, 1e-12 * rec.l2) << at;
+      const auto bits = [&](float v) -> uint64_t {
+        if (std::strcmp(dtype, "bf16") == 0) return to_bf16_bits(v);
+        if (std::strcmp(dtype, "fp16") == 0) return to_fp16_bits(v);
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        return b;
+      };
+      EXPECT_EQ(rec.checksum, checksum_walk(t.ptr(), n, C, [&](float v, int64_t) { return bits(v); })) << at;
+      ASSERT_EQ(rec.token_l2.size(), static_cast<size_t>(T)) << at;
+      for (int64_t r = 0; r < T; ++r) {
+        long double s = 0;
+        for (int64_t c = 0; c < C; ++c) s += static_cast<long double>(t.data[r * C + c]) * t.data[r * C + c];
+        const float want = static_cast<float>(std::sqrt(s));
+        if (std::isfinite(want)) EXPECT_NEAR(rec.token_l2[r], want, 1e-6 * want) << at << " row " << r;
+        else EXPECT_EQ(std::isnan(rec.token_l2[r]), std::isnan(want)) << at << " row " << r;
+        for (int64_t h = 0; h < k.heads; ++h) {
+          long double hs = 0;
+          const int64_t X = C / k.heads;
+          for (int64_t c = h * X; c < (h + 1) * X; ++c) hs += static_cast<long double>(t.data[r * C + c]) * t.data[r * C + c];
+          const float hw = static_cast<float>(std::sqrt(hs));
+          if (std::isfinite(hw)) EXPECT_NEAR(rec.head_l2[r * k.heads + h], hw, 1e-6 * hw) << at;
+          else EXPECT_FALSE(std::isfinite(rec.head_l2[r * k.heads + h])) << at;
+        }
+        for (int lane = 0; lane < kSketchDim; ++lane) {
+          double acc = 0;
+          for (int64_t c = 0; c < C; ++c)
+            acc += static_cast<double>(t.data[r * C + c]) * static_cast<double>(sketch_coeff(req.probe_key, 5 + c, lane));
+          const float want_sk = static_cast<float>(acc);
+          EXPECT_TRUE(std::memcmp(&want_sk, &rec.sketch[r * kSketchDim + lane], 4) == 0) << at << " row " << r;
+        }
+      }
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      const ProbeRecord one = compute_probe_record(t, dtype, req);
+      omp_set_num_threads(std::max(2, threads));
+      const ProbeRecord two = compute_probe_record(t, dtype, req);
+      omp_set_num_threads(threads);
+      for (const ProbeRecord* o : {&one, &two}) {
+        EXPECT_EQ(std::memcmp(&o->l2, &rec.l2, sizeof(double)), 0) << at;
+        EXPECT_EQ(std::memcmp(&o->mean, &rec.mean, sizeof(double)), 0) << at;
+        EXPECT_EQ(std::memcmp(&o->std, &rec.std, sizeof(double)), 0) << at;
+        EXPECT_EQ(o->checksum, rec.checksum) << at;
+        EXPECT_EQ(std::memcmp(o->token_l2.data(), rec.token_l2.data(), 4 * T), 0) << at;
+        EXPECT_EQ(std::memcmp(o->sketch.data(), rec.sketch.data(), 4 * rec.sketch.size()), 0) << at;
+      }
+    }
+  }
 }
 
 // An engine that queues its probes as a device engine does, and whose probes of one stage never finish

@@ -28,19 +28,23 @@ int64_t first_bit_difference(const std::vector<float>& a, const std::vector<floa
 TEST(SyntheticWeights, FastBf16GeneratorIsTheScalarOneRounded) {
   // An odd count (the last value is a pair's cos alone), several streams and scales, and enough values (2^21 per
   // case) that values near a bf16 rounding boundary (about 1 in 250 here) are certain to occur.
-  for (const int64_t n : {int64_t{(1 << 21) + 1}, int64_t{4096}, int64_t{4097}, int64_t{7}})
-    for (const uint64_t stream : {0ull, 5ull, 1234567ull})
-      for (const float stddev : {1.0f, 0.0078125f, 1.0f / std::sqrt(7168.0f)}) {
-        std::vector<float> scalar(n), fast(n);
-        fill_normal(scalar.data(), n, 42, stream, stddev);
-        for (auto& v : scalar) v = round_bf16(v);
-        fill_normal_bf16(fast.data(), n, 42, stream, stddev);
-        int64_t count = 0;
-        const int64_t at = first_bit_difference(scalar, fast, &count);
-        EXPECT_EQ(at, -1) << count << " of " << n << " values differ (stream " << stream << ", stddev " << stddev
-                          << "), first at " << at << ": " << (at >= 0 ? scalar[at] : 0.f) << " vs "
-                          << (at >= 0 ? fast[at] : 0.f);
-      }
+  // Each vector path this CPU has (AVX-512, AVX2), pinned in turn.
+  for (const int width : {512, 256})
+    for (const int64_t n : {int64_t{(1 << 21) + 1}, int64_t{4096}, int64_t{4097}, int64_t{7}})
+      for (const uint64_t stream : {0ull, 5ull, 1234567ull})
+        for (const float stddev : {1.0f, 0.0078125f, 1.0f / std::sqrt(7168.0f)}) {
+          std::vector<float> scalar(n), fast(n);
+          fill_normal(scalar.data(), n, 42, stream, stddev);
+          for (auto& v : scalar) v = round_bf16(v);
+          set_fill_normal_width(width);
+          fill_normal_bf16(fast.data(), n, 42, stream, stddev);
+          set_fill_normal_width(512);
+          int64_t count = 0;
+          const int64_t at = first_bit_difference(scalar, fast, &count);
+          EXPECT_EQ(at, -1) << "width " << width << ": " << count << " of " << n << " values differ (stream " << stream
+                            << ", stddev " << stddev << "), first at " << at << ": " << (at >= 0 ? scalar[at] : 0.f)
+                            << " vs " << (at >= 0 ? fast[at] : 0.f);
+        }
 }
 
 TEST(SyntheticWeights, ValuesAreNormalWithTheFanInScale) {

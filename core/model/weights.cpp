@@ -2,6 +2,7 @@
 #include "core/model/weights.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #if defined(MLA_HAVE_LIBMVEC) && defined(__x86_64__)
@@ -100,17 +101,90 @@ __attribute__((target("avx2,fma"))) void fill_normal_bf16_avx2(float* out, int64
   }
 }
 
+extern "C" {
+__m512d _ZGVeN8v_log(__m512d);
+__m512d _ZGVeN8v_sin(__m512d);
+__m512d _ZGVeN8v_cos(__m512d);
+}
+
+// mix() on eight counters at once (64-bit lane multiplies): the same bits as the scalar one.
+__attribute__((target("avx512f,avx512dq"))) inline __m512i mix8(__m512i x) {
+  x = _mm512_add_epi64(x, _mm512_set1_epi64(static_cast<long long>(0x9e3779b97f4a7c15ull)));
+  x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)),
+                         _mm512_set1_epi64(static_cast<long long>(0xbf58476d1ce4e5b9ull)));
+  x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)),
+                         _mm512_set1_epi64(static_cast<long long>(0x94d049bb133111ebull)));
+  return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+}
+
+// fill_normal_bf16_avx2 eight pairs at a time: the counters' uniforms made in vector lanes (the same operations as
+// pair_u1 and pair_theta, exactly), then AVX-512 libmvec log, sin and cos, checked near bf16 rounding boundaries as
+// above: fill_normal's values bit for bit.
+__attribute__((target("avx512f,avx512dq"))) void fill_normal_bf16_avx512(float* out, int64_t n, uint64_t base,
+                                                                          float stddev) {
+  const int64_t pairs = n / 2;
+  constexpr int kBlock = 256;
+#pragma omp parallel for schedule(static)
+  for (int64_t p0 = 0; p0 < pairs; p0 += kBlock) {
+    alignas(64) double u1[kBlock], th[kBlock], lg[kBlock], sn[kBlock], cs[kBlock];
+    const int m = static_cast<int>(std::min<int64_t>(kBlock, pairs - p0));
+    const __m512i step = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
+    for (int j = 0; j < kBlock; j += 8) {
+      // Pair q = p0 + j + lane starts at value 2q: its radius's counter is base + 4q (pair_u1(base, 2q)), its
+      // angle's base + 4q + 1 (pair_theta).
+      const __m512i c = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(base + 4 * static_cast<uint64_t>(p0 + j))),
+                                         _mm512_slli_epi64(step, 1));
+      const __m512d a = _mm512_cvtepu64_pd(_mm512_srli_epi64(mix8(c), 11));
+      const __m512d b = _mm512_cvtepu64_pd(_mm512_srli_epi64(mix8(_mm512_add_epi64(c, _mm512_set1_epi64(1))), 11));
+      _mm512_store_pd(u1 + j, _mm512_mul_pd(_mm512_add_pd(a, _mm512_set1_pd(1.0)),
+                                            _mm512_set1_pd(1.0 / 9007199254740993.0)));
+      _mm512_store_pd(th + j, _mm512_mul_pd(_mm512_set1_pd(2.0 * 3.14159265358979323846),
+                                            _mm512_mul_pd(b, _mm512_set1_pd(1.0 / 9007199254740992.0))));
+    }
+    for (int j = m; j < kBlock; ++j) u1[j] = 1.0, th[j] = 0.0;
+    for (int j = 0; j < kBlock; j += 8) {
+      _mm512_store_pd(lg + j, _ZGVeN8v_log(_mm512_load_pd(u1 + j)));
+      const __m512d t = _mm512_load_pd(th + j);
+      _mm512_store_pd(sn + j, _ZGVeN8v_sin(t));
+      _mm512_store_pd(cs + j, _ZGVeN8v_cos(t));
+    }
+    for (int j = 0; j < m; ++j) {
+      const double r = std::sqrt(-2.0 * lg[j]);
+      float a = static_cast<float>(r * cs[j] * stddev), b = static_cast<float>(r * sn[j] * stddev);
+      if (near_bf16_boundary(a) || near_bf16_boundary(b)) {
+        const double rs = std::sqrt(-2.0 * std::log(u1[j]));
+        a = static_cast<float>(rs * std::cos(th[j]) * stddev);
+        b = static_cast<float>(rs * std::sin(th[j]) * stddev);
+      }
+      out[2 * (p0 + j)] = round_bf16(a);
+      out[2 * (p0 + j) + 1] = round_bf16(b);
+    }
+  }
+  if (n % 2) {  // the last value of an odd count: its pair's cos only
+    const double r = std::sqrt(-2.0 * std::log(pair_u1(base, n - 1)));
+    out[n - 1] = round_bf16(static_cast<float>(r * std::cos(pair_theta(base, n - 1)) * stddev));
+  }
+}
+
+std::atomic<int> fill_width{512};
+
 bool fill_normal_bf16_vector(float* out, int64_t n, uint64_t base, float stddev) {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (!avx2) return false;
-  fill_normal_bf16_avx2(out, n, base, stddev);
+  static const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  static const bool has256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const int width = fill_width.load();
+  if (width >= 512 && has512) fill_normal_bf16_avx512(out, n, base, stddev);
+  else if (width >= 256 && has256) fill_normal_bf16_avx2(out, n, base, stddev);
+  else return false;
   return true;
 }
 #else
+std::atomic<int> fill_width{512};
 bool fill_normal_bf16_vector(float*, int64_t, uint64_t, float) { return false; }
 #endif
 
 }  // namespace
+
+void set_fill_normal_width(int bits) { fill_width.store(bits); }
 
 void fill_normal_bf16(float* out, int64_t n, uint64_t seed, uint64_t stream, float stddev) {
   if (n >= 4096 && fill_normal_bf16_vector(out, n, mix(seed ^ mix(stream + 0x51ed2701ull)), stddev)) return;

@@ -48,5 +48,8 @@ std::vector<LayerWeights> synthetic_weights(const MlaConfig& cfg, int layers, bo
 void fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, float stddev);
 // fill_normal's values rounded to bf16 (bit for bit), several times faster where glibc's vector math is available.
 void fill_normal_bf16(float* out, int64_t n, uint64_t seed, uint64_t stream, float stddev);
+// The widest vector path fill_normal_bf16 may take: 512 (AVX-512), 256 (AVX2), 0 (scalar); each is used only where
+// the CPU has it. The default is 512; the tests pin each in turn to check it against fill_normal.
+void set_fill_normal_width(int bits);
 
 }  // namespace mla

@@ -55,6 +55,10 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
 // bytes the checksum covers (bf16/fp16 values count as their 16-bit patterns).
 ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, const ProbeRequest& req);
 
+// The record `rec` would be at a level no higher than its own: what compute_probe_record gives at `level` for the same
+// tensor (a full record without its data; a sketch record without its sketch at stats).
+ProbeRecord record_at_level(const ProbeRecord& rec, ProbeLevel level);
+
 // Which probes get which level in a run.
 struct ProbePlan {
   ProbeLevel level = ProbeLevel::ProbeLevel_sketch;

@@ -357,6 +357,16 @@ std::vector<std::string> nonfinite_weights(const LayerWeights& w, int layer) {
   std::vector<std::string> out;
   for (const auto& [name, field] : names) {
     const Tensor& t = w.*field;
+    // A pass that only counts (exponent bits all set), in parallel and in vector lanes; the names come after.
+    int64_t bad = 0;
+    const int64_t n = t.numel();
+#pragma omp parallel for schedule(static) reduction(+ : bad) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t b;
+      std::memcpy(&b, &t.data[i], 4);
+      bad += (b & 0x7f800000u) == 0x7f800000u;
+    }
+    if (bad == 0) continue;
     int64_t nan = 0, inf = 0, first = -1;
     for (int64_t i = 0; i < t.numel(); ++i) {
       const float v = t.data[i];

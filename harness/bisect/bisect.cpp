@@ -16,12 +16,15 @@
 
 #include "harness/bisect/child.h"
 #include "harness/bisect/isolate.h"
+#include "harness/bisect/reference_run.h"
+#include "harness/compare/format.h"
 #include "harness/compare/weight_diff.h"
 #include "core/model/errors.h"
 #include "core/weights/weight_cache.h"
 #include "harness/report/compare_report.h"
 #include "harness/report/progress.h"
 #include "harness/run/calibration_cache.h"
+#include "harness/run/run_meta.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "probes/full_sidecar.h"
@@ -123,51 +126,88 @@ BisectReport run_bisect(const BisectOptions& opt) {
     return a;
   };
 
-  // The two runs at once: separate processes that share nothing but the machine, so the reference's CPU work
-  // overlaps the candidate's (its device work, or its own CPU work where cores are free). Idle OpenMP threads of
-  // each sleep instead of spinning (unless OMP_WAIT_POLICY says otherwise), so neither starves the other's cores.
-  step("reference run (" + opt.reference + ") and candidate run (" + opt.candidate +
-       (opt.inject.empty() ? "" : " --inject " + opt.inject) + "), side by side");
+  // The two runs at once, so the reference's CPU work overlaps the candidate's (its device work, or its own CPU work
+  // where cores are free). The candidate runs in a child process, which a crash or hang of it cannot take down. The
+  // plain FP32 reference runs in this process when the run options are at hand (it writes the dump its child would,
+  // and keeps every probe in full for calibration and the drill-down); otherwise in a child too. Idle OpenMP threads
+  // of a child sleep instead of spinning (unless OMP_WAIT_POLICY says otherwise), so neither starves the other.
+  const bool ref_here = ref_is_fp32 && !opt.run_options.is_null();
+  step("reference run (" + opt.reference + (ref_here ? ", in this process" : "") + ") and candidate run (" +
+       opt.candidate + (opt.inject.empty() ? "" : " --inject " + opt.inject) + "), side by side");
   const auto ref_argv = child_argv(opt.reference, rep.reference_dump, "");
   const auto cand_argv = child_argv(opt.candidate, rep.candidate_dump, opt.inject);
   std::vector<std::string> child_env;
   if (!std::getenv("OMP_WAIT_POLICY")) child_env.push_back("OMP_WAIT_POLICY=PASSIVE");
   // The children read the weights loaded above instead of loading them again; the folder goes when they are done.
-  // The two entries are written side by side, and each child starts once the entry it reads is there.
+  // The two entries are written side by side, and each child starts once the entry it reads is there. Synthetic
+  // weights in FP32 are made as fast as they are written and read back: those children make their own.
   const WeightCacheFolder weight_cache(opt.workdir);
-  const std::shared_future<void> ref_shared = std::async(std::launch::async, [&] {
-    share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, {}, ref_loaded);
-  }).share();
-  const std::shared_future<void> cand_shared =
-      weight_bugs ? std::async(std::launch::async, [&] {
-        share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, injections, cand_own);
-      }).share()
-                  : ref_shared;
-  child_env.push_back(std::string(kWeightCacheEnv) + "=" + weight_cache.dir);
-  // The children's progress lines, taken out of their output: one line says where both runs are, when one is due.
+  const bool share = !opt.weights.synthetic() || !opt.weights.format.empty();
+  const auto share_async = [&](const std::vector<Injection>& inj, const LoadedWeights& w, bool wanted) {
+    return std::async(std::launch::async, [&, inj, wanted] {
+      if (share && wanted) share_weights(weight_cache.dir, opt.weights, cfg, spec, opt.weight_seed, inj, w);
+    }).share();
+  };
+  const std::shared_future<void> ref_shared = share_async({}, ref_loaded, !ref_here || !weight_bugs);
+  const std::shared_future<void> cand_shared = weight_bugs ? share_async(injections, cand_own, true) : ref_shared;
+  if (share) child_env.push_back(std::string(kWeightCacheEnv) + "=" + weight_cache.dir);
+  // The runs' progress lines (a child's taken out of its output): one line says where both runs are, when one is due.
   std::mutex runs_mu;
   std::string runs_at[2] = {"starting", "starting"};
+  const auto progress_at = [&](int which, const std::string& words) {
+    const std::lock_guard<std::mutex> lock(runs_mu);
+    runs_at[which] = words;
+    if (progress.due()) progress.step("reference run: " + runs_at[0] + " | candidate run: " + runs_at[1]);
+  };
   const auto forward = [&](int which) {
     return [&, which](const std::string& line) {
       const std::string words = child_progress_words(line);
       if (words.empty()) return false;
-      const std::lock_guard<std::mutex> lock(runs_mu);
-      runs_at[which] = words;
-      if (progress.due()) progress.step("reference run: " + runs_at[0] + " | candidate run: " + runs_at[1]);
+      progress_at(which, words);
       return true;
     };
   };
-  auto ref_run = std::async(std::launch::async, [&] {
-    ref_shared.wait();
-    return run_child(ref_argv, backstop, child_env, forward(0));
+  auto cand_run = std::async(std::launch::async, [&] {
+    cand_shared.wait();
+    return run_child(cand_argv, backstop, child_env, forward(1));
   });
-  cand_shared.wait();
-  const ChildResult cand_child = run_child(cand_argv, backstop, child_env, forward(1));
-  const ChildResult ref_child = ref_run.get();
+  // The calibration's FP32 side and the drill-down's reference tensors (below): every probe in full, made once.
+  std::optional<Dump> ref_full;
+  bool ref_full_has_weights = false, ref_full_fed = false;
+  std::optional<Inputs> inputs_here;
+  ChildResult ref_child;
+  if (ref_here) {
+    struct RunsLine : ProgressHook {
+      std::function<void(const std::string&)> at;
+      void tick(const std::string& what, double fraction, double eta_s) override { at(what + fmt_fraction_eta(fraction, eta_s)); }
+    } line;
+    line.at = [&](const std::string& words) { progress_at(0, words); };
+    try {
+      const ProgressHookScope scope(progress.on() ? &line : nullptr);
+      inputs_here = synthetic_inputs(cfg, spec, weights);
+      auto e = make_engine(ref_spec);
+      std::string command = "mla-bisect run";
+      for (size_t i = 3; i < ref_argv.size(); ++i)  // past the binary, "run" and "--no-table"
+        if (ref_argv[i] != "--quiet") command += " " + shell_quote(ref_argv[i]);
+      const RunDescription described{opt.run_options, probe_level_name(opt.plan.level), "", command};
+      ref_full = run_reference_here(*e, cfg, spec, weights, *inputs_here, opt.plan,
+                                    run_dump_meta(*e, cfg, spec, described, ref_loaded.description), rep.reference_dump);
+      line.at("run done");
+      ref_child.exit_code = 0;
+    } catch (const std::exception& ex) {
+      ref_child.exit_code = ExitCode_engine;
+      ref_child.output = ex.what();
+    }
+  } else {
+    ref_shared.wait();
+    ref_child = run_child(ref_argv, backstop, child_env, forward(0));
+  }
+  const ChildResult cand_child = cand_run.get();
   weight_cache.remove();
   if (ref_child.exit_code != 0)
-    throw EngineError("the reference run " + ref_child.describe() + ":\n  " + child_engine_line(ref_argv) + "\n" +
-                      ref_child.output);
+    throw EngineError("the reference run " + (ref_here ? "(in this process) failed: " + ref_child.output
+                                                       : ref_child.describe() + ":\n  " + child_engine_line(ref_argv) +
+                                                             "\n" + ref_child.output));
   if (cand_child.exit_code == ExitCode_usage)
     throw UsageError("the candidate rejected its options: " + cand_child.output);
 
@@ -182,7 +222,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
 
   // Tolerances: the reference at the candidate's precision against FP32, on these very inputs and weights.
   step("calibrating tolerances (reference fp32 vs " + cand.meta.engine_dtype + ")");
-  const Inputs inputs = ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
+  const Inputs inputs = inputs_here ? *inputs_here : ref.has_inputs ? ref.inputs : synthetic_inputs(cfg, spec, weights);
   const Precision cand_precision =
       cand.meta.engine_dtype.empty() ? Precision::Precision_fp32 : parse_precision(cand.meta.engine_dtype);
   // The reference's full-level run on these inputs: calibration's FP32 side (when the reference is the plain FP32
@@ -190,8 +230,6 @@ BisectReport run_bisect(const BisectOptions& opt) {
   // `upto`: a run that may stop after that stage of that layer (nullptr: every stage, as calibration needs).
   // `fed` set: the run is made on the candidate's selection where its top-k swapped near-tied keys
   // (harness/run/calibrate.h).
-  std::optional<Dump> ref_full;
-  bool ref_full_has_weights = false, ref_full_fed = false;
   std::shared_ptr<SelectionFed> fed;
   ToleranceModel tol;
   const auto reference_full = [&](bool with_weights, int layer, const StageSpec* upto) -> const Dump& {

@@ -1,5 +1,5 @@
-// Bisect (docs/architecture.md): run a reference and a candidate in child processes, compare their dumps at
-// calibrated tolerances, then isolate the first divergent stage on the reference's exact inputs, drill down
+// Bisect (docs/architecture.md): run a reference (in this process, or a child) and a candidate (in a child process)
+// side by side, compare their dumps at calibrated tolerances, then isolate the first divergent stage on the reference's exact inputs, drill down
 // and name the pattern.
 #pragma once
 #include <map>
@@ -23,6 +23,11 @@ struct BisectOptions {
   uint64_t weight_seed = 0;
   WeightSpec weights;                 // --weights / --weight-format / --layer-range (the children get them in run_args)
   std::vector<std::string> run_args;  // the run options as command-line args, for the children
+  // The run options as a run's dump records them (RunOptions::dump_options) and their probe plan. Given (not null),
+  // the plain FP32 reference runs in the bisect's own process and writes the dump its child run would; null: the
+  // reference runs in a child process as the candidate does.
+  nlohmann::json run_options;
+  ProbePlan plan;
   std::string reference = "reference";
   std::string candidate = "reference:precision=bf16";
   std::string inject;                 // planted in the candidate only

@@ -70,6 +70,8 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
   b.weight_seed = o.run.weight_seed;
   b.weights = o.run.weight_spec();
   b.run_args = o.run.to_args();
+  b.run_options = o.run.dump_options(b.spec, b.weight_seed, "synthetic");
+  b.plan = o.run.to_plan();
   b.reference = o.reference;
   b.candidate = o.candidate.empty() ? default_candidate() : o.candidate;
   b.inject = o.inject;

@@ -8,6 +8,7 @@
 #include "harness/bisect/causes.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
+#include "harness/compare/format.h"
 #include "harness/golden/golden.h"
 #include "core/model/errors.h"
 #include "harness/report/compare_report.h"
@@ -42,13 +43,6 @@ struct GoldenManifestOptions {
   std::string dir = "golden";
   std::string manifest;  // default: DIR/MANIFEST.json
 };
-
-std::string shell_quote(const std::string& v) {
-  if (!v.empty() && v.find_first_of(" \t'\"$\\;&|<>()*?`!#~") == std::string::npos) return v;
-  std::string q = "'";
-  for (char c : v) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 // The command as parsed: positionals, then the options given, in declaration order.
 std::string command_line(const CLI::App& cmd, const std::string& prefix) {

@@ -15,6 +15,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/cli/run_options.h"
+#include "harness/compare/format.h"
 #include "core/engine/engine.h"
 #include "core/engine/process_rank.h"
 #include "core/model/errors.h"
@@ -23,6 +24,7 @@
 #include "harness/report/probe_table.h"
 #include "harness/report/progress.h"
 #include "harness/run/rendezvous.h"
+#include "harness/run/run_meta.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "harness/run/watchdog.h"
@@ -49,12 +51,7 @@ struct RunCmdOptions {
 
 // The command line as parsed (options given, in declaration order), recorded in the dump.
 std::string command_line(const CLI::App& cmd) {
-  const auto quote = [](const std::string& v) {
-    if (!v.empty() && v.find_first_of(" \t'\"$\\") == std::string::npos) return v;
-    std::string q = "'";
-    for (char c : v) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
+  const auto quote = shell_quote;
   std::string s = "mla-bisect " + cmd.get_name();
   for (const CLI::Option* opt : cmd.get_options()) {
     if (opt->count() == 0) continue;
@@ -277,27 +274,9 @@ int run_run(const RunCmdOptions& o, const CLI::App& cmd) {
     std::filesystem::remove(o.out + ".journal", ec);
   }
   const auto make_meta = [&](const std::string& weights_loaded) {
-    DumpMeta meta;
-    meta.engine = engine->name();
-    meta.engine_options = engine->options();
-    meta.engine_dtype = engine->dtype();
-    meta.device = engine->device();
-    meta.model = cfg.to_json();
-    meta.run_options = run_spec_to_json(spec);
-    meta.run_options["weights"] = o.run.weights;
-    if (!o.run.weight_format.empty()) meta.run_options["weight_format"] = o.run.weight_format;
-    if (!o.run.layer_range.empty()) meta.run_options["layer_range"] = o.run.layer_range;
-    meta.run_options["weights_loaded"] = weights_loaded;
-    meta.run_options["weight_seed"] = weight_seed;
-    meta.run_options["input"] = o.input.empty() ? std::string("synthetic") : o.input;
-    meta.run_options["probe_level"] = o.run.probe_level;
-    meta.run_options["full_probes"] = o.run.full_probes;
-    meta.tp = spec.tp;
-    meta.mode = mode_name(spec.mode);
-    meta.seed = spec.seed;
-    meta.inject = o.inject;
-    meta.probe_level = o.run.probe_level;
-    meta.command = command_line(cmd);
+    const RunDescription run{o.run.dump_options(spec, weight_seed, o.input.empty() ? std::string("synthetic") : o.input),
+                             o.run.probe_level, o.inject, command_line(cmd)};
+    DumpMeta meta = run_dump_meta(*engine, cfg, spec, run, weights_loaded);
     if (process.per_process()) {
       meta.process_rank = process.rank;
       meta.processes = process.world;

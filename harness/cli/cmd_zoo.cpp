@@ -74,6 +74,8 @@ int run_zoo(ZooCmdOptions o) {
     c.options.weight_seed = ro.weight_seed;
     c.options.weights = ro.weight_spec();
     c.options.run_args = ro.to_args();
+    c.options.run_options = ro.dump_options(c.options.spec, ro.weight_seed, "synthetic");
+    c.options.plan = ro.to_plan();
     c.options.candidate = o.candidate.empty() ? default_candidate() : o.candidate;
     c.options.timeout_s = o.timeout;
     c.options.workdir = o.workdir + "/" + (inject.empty() ? "clean" + std::to_string(ro.seed) : inject);

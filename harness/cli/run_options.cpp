@@ -247,6 +247,18 @@ std::vector<std::string> RunOptions::to_args() const {
   return a;
 }
 
+nlohmann::json RunOptions::dump_options(const RunSpec& spec, uint64_t weight_seed_used, const std::string& input) const {
+  nlohmann::json j = run_spec_to_json(spec);
+  j["weights"] = weights;
+  if (!weight_format.empty()) j["weight_format"] = weight_format;
+  if (!layer_range.empty()) j["layer_range"] = layer_range;
+  j["weight_seed"] = weight_seed_used;
+  j["input"] = input;
+  j["probe_level"] = probe_level;
+  j["full_probes"] = full_probes;
+  return j;
+}
+
 ProbePlan RunOptions::to_plan() const {
   ProbePlan p;
   p.level = parse_probe_level(probe_level);

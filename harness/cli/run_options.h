@@ -4,6 +4,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "core/engine/engine.h"
 #include "core/model/batch.h"
@@ -42,6 +43,9 @@ struct RunOptions {
   WeightSpec weight_spec() const;
   std::vector<std::string> to_args() const;  // the same options as command-line arguments (for child runs)
   ProbePlan to_plan() const;
+  // The options as a run's dump records them (DumpMeta::run_options, harness/run/run_meta.h): the run spec,
+  // weights, weight format, layer range, weight seed, probe levels, and `input` ("synthetic" or the --input dump).
+  nlohmann::json dump_options(const RunSpec& spec, uint64_t weight_seed, const std::string& input) const;
 };
 
 void add_run_options(CLI::App& app, RunOptions& o);

@@ -33,4 +33,11 @@ std::string fmt_num(double v, int precision) {
   return buf;
 }
 
+std::string shell_quote(const std::string& v) {
+  if (!v.empty() && v.find_first_of(" \t'\"$\\;&|<>()*?`!#~") == std::string::npos) return v;
+  std::string q = "'";
+  for (char c : v) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 }  // namespace mla

@@ -12,5 +12,7 @@ namespace mla {
 std::string ranges(const std::vector<int64_t>& v, size_t max_items = 12);
 // A number in `precision` significant digits ("nan", "inf" spelled out).
 std::string fmt_num(double v, int precision = 3);
+// `v` as one word of a POSIX shell command: as it is when nothing in it needs quoting, else in single quotes.
+std::string shell_quote(const std::string& v);
 
 }  // namespace mla

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "core/model/errors.h"
@@ -72,10 +73,20 @@ bool exact_at(const std::vector<LayerWeights>& weights, Precision p) {
       const float* v = t->ptr();
       const int64_t n = t->numel();
       int64_t off = 0;
+      if (p == Precision::Precision_bf16) {
+        // bf16 holds a float exactly when its low 16 bits are 0 (a NaN counts as held, as below).
 #pragma omp parallel for schedule(static) reduction(+ : off) if (n > (1 << 16))
-      for (int64_t i = 0; i < n; ++i) {
-        const float r = p == Precision::Precision_bf16 ? round_bf16(v[i]) : round_fp16(v[i]);
-        off += !(r == v[i] || (std::isnan(r) && std::isnan(v[i])));
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t b;
+          std::memcpy(&b, &v[i], 4);
+          off += (b & 0xffffu) != 0 && (b & 0x7fffffffu) <= 0x7f800000u;
+        }
+      } else {
+#pragma omp parallel for schedule(static) reduction(+ : off) if (n > (1 << 16))
+        for (int64_t i = 0; i < n; ++i) {
+          const float r = round_fp16(v[i]);
+          off += !(r == v[i] || (std::isnan(r) && std::isnan(v[i])));
+        }
       }
       if (off) return false;
     }
@@ -104,7 +115,7 @@ void ReferenceEngine::prepare(const RunContext& ctx) {
     rs.index_cache = ctx.inputs->index_cache;
     for (auto& c : rs.index_cache) round_in_place(c, precision_);
     if (tp > 1)
-      for (const auto& w : *weights_) rs.shards.push_back(head_shards(w, cfg, tp, r));
+      rs.shards.resize(weights_->size());
     Tensor x = ctx.inputs->x;
     round_in_place(x, precision_);
     rs.tensors[ctx.graph->stages.front().outputs.front()] = std::move(x);
@@ -112,7 +123,11 @@ void ReferenceEngine::prepare(const RunContext& ctx) {
 }
 
 const Tensor& ReferenceEngine::sharded(int layer, int rank, const Tensor LayerWeights::*w) const {
-  return ranks_.size() > 1 ? ranks_[rank].shards[layer].*w : (*weights_)[layer].*w;
+  if (ranks_.size() <= 1) return (*weights_)[layer].*w;
+  const std::lock_guard<std::mutex> lock(shards_mu_);
+  Tensor& t = const_cast<Tensor&>(ranks_[rank].shards[layer].*w);  // the member pointer names it const
+  if (t.empty()) t = head_shard((*weights_)[layer], *ctx_.cfg, static_cast<int>(ranks_.size()), rank, w);
+  return t;
 }
 
 Tensor& ReferenceEngine::get(int rank, const std::string& name) {

@@ -3,6 +3,7 @@
 // (stage outputs and weights rounded to bf16/fp16; accumulation stays fp32).
 #pragma once
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,9 @@ class ReferenceEngine : public Engine {
     std::map<std::string, Tensor> tensors;  // by probe name, this rank's shard
     std::vector<Tensor> cache;               // per layer [blocks, 64, L+R] (replicated: each rank its own)
     std::vector<Tensor> index_cache;         // DSA: per layer [blocks, 64, Di]
-    std::vector<LayerWeights> shards;        // per layer; only the head-sharded weights are filled when tp > 1
+    // Per layer, when tp > 1: the head-sharded weights, each cut when a stage (or a weight record) first reads it,
+    // so a run that stops early never copies the later stages' projections.
+    mutable std::vector<LayerWeights> shards;
     Tensor cache_before_write;               // decode-empty-cache: the cache as attention wrongly sees it
   };
   bool planted(const char* name) const { return has_injection(injections_, name); }
@@ -49,6 +52,7 @@ class ReferenceEngine : public Engine {
   const std::vector<LayerWeights>* weights_ = nullptr;
   std::vector<LayerWeights> rounded_;
   std::vector<RankState> ranks_;
+  mutable std::mutex shards_mu_;  // the lazily cut shards
 };
 
 }  // namespace mla

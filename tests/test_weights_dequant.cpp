@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "core/model/errors.h"
 #include "core/model/weights.h"
@@ -63,6 +65,28 @@ TEST(Dequant, EncodersRoundToNearestEvenAndSaturate) {
   EXPECT_EQ(float_to_e2m1(5.0f), 6);   // 4 (code 6) and 6 (code 7): even
   EXPECT_EQ(float_to_e2m1(100.0f), 7);
   EXPECT_EQ(float_to_e2m1(-0.25f), 8);  // -0 (tie between 0 and 0.5 goes to 0)
+  // Against the definition (the nearest of the eight values; a tie to the even code) on every float from 0 to 8 in
+  // steps of 2^-12, each midpoint and its two neighbouring floats, both signs, and Inf.
+  const float values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const auto definition = [&](float v) {
+    const double a = std::fabs(static_cast<double>(v));
+    int best = 0;
+    if (a >= 6.0) return static_cast<uint8_t>((std::signbit(v) ? 8 : 0) | 7);  // saturates
+    for (int c = 1; c < 8; ++c) {
+      const double d = std::fabs(a - values[c]), e = std::fabs(a - values[best]);
+      if (d < e || (d == e && c % 2 == 0)) best = c;
+    }
+    return static_cast<uint8_t>((std::signbit(v) ? 8 : 0) | best);
+  };
+  std::vector<float> xs;
+  for (int i = 0; i <= 8 * 4096; ++i) xs.push_back(static_cast<float>(i) / 4096.0f);
+  for (int c = 0; c + 1 < 8; ++c) {
+    const float mid = (values[c] + values[c + 1]) / 2;
+    xs.insert(xs.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 10.0f)});
+  }
+  xs.push_back(std::numeric_limits<float>::infinity());
+  for (float x : xs)
+    for (float v : {x, -x}) EXPECT_EQ(float_to_e2m1(v), definition(v)) << v;
   EXPECT_EQ(float_to_e8m0_floor(1.0f), 127);
   EXPECT_EQ(float_to_e8m0_floor(7.99f), 129);
   EXPECT_EQ(float_to_e8m0_floor(0.5f), 126);

@@ -220,12 +220,18 @@ std::vector<const Tensor*> LayerWeights::tensors() const {
   return {all.begin(), all.end()};
 }
 
-LayerWeights head_shards(const LayerWeights& w, const MlaConfig& c, int tp, int rank) {
+Tensor head_shard(const LayerWeights& w, const MlaConfig& c, int tp, int rank, const Tensor LayerWeights::*field) {
   const int64_t Nl = c.heads / tp, D = c.qk_head(), PV = c.qk_nope + c.v_head, V = c.v_head;
+  if (field == &LayerWeights::q_b_proj) return slice_rows(w.q_b_proj, rank * Nl * D, (rank + 1) * Nl * D);
+  if (field == &LayerWeights::kv_b_proj) return slice_rows(w.kv_b_proj, rank * Nl * PV, (rank + 1) * Nl * PV);
+  if (field == &LayerWeights::o_proj) return slice_cols(w.o_proj, rank * Nl * V, (rank + 1) * Nl * V);
+  return {};
+}
+
+LayerWeights head_shards(const LayerWeights& w, const MlaConfig& c, int tp, int rank) {
   LayerWeights s;
-  s.q_b_proj = slice_rows(w.q_b_proj, rank * Nl * D, (rank + 1) * Nl * D);
-  s.kv_b_proj = slice_rows(w.kv_b_proj, rank * Nl * PV, (rank + 1) * Nl * PV);
-  s.o_proj = slice_cols(w.o_proj, rank * Nl * V, (rank + 1) * Nl * V);
+  for (auto field : {&LayerWeights::q_b_proj, &LayerWeights::kv_b_proj, &LayerWeights::o_proj})
+    s.*field = head_shard(w, c, tp, rank, field);
   return s;
 }
 

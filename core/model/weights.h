@@ -39,6 +39,8 @@ Tensor LayerWeights::*weight_field(const std::string& name);
 // slice of o_proj (its input columns); the other fields are left empty: every other weight is replicated, and the
 // engines read it from the global layer rather than holding a copy per rank.
 LayerWeights head_shards(const LayerWeights& w, const MlaConfig& cfg, int tp, int rank);
+// One of them: `field` is q_b_proj, kv_b_proj or o_proj (any other: an empty tensor).
+Tensor head_shard(const LayerWeights& w, const MlaConfig& cfg, int tp, int rank, const Tensor LayerWeights::*field);
 
 // Seeded synthetic weights: N(0,1)/sqrt(fan_in), norm weights 1 + N(0, 0.1); bf16-exact values
 // (checkpoints are bf16, so a bf16 engine sees exactly what the FP32 reference sees).

@@ -65,6 +65,7 @@ struct ProbePlan {
   std::set<std::string> full;  // probes captured in full regardless of level
   bool off = false;            // record nothing at all (benchmarks time the stages alone)
   bool weights = true;         // record the weights the engine computes with (once per layer and rank)
+  std::set<std::string> only_weights;  // not empty: record only these weights
   ProbeLevel level_for(const std::string& probe) const {
     return full.count(probe) ? ProbeLevel::ProbeLevel_full : level;
   }

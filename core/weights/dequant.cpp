@@ -123,7 +123,11 @@ uint8_t float_to_e4m3(float v) {
 uint8_t float_to_e2m1(float v) {
   if (std::isnan(v)) return 0;
   const uint8_t sign = std::signbit(v) ? 8 : 0;
-  return static_cast<uint8_t>(sign | nearest_even(kE2m1, 8, std::fabs(v)));
+  // nearest_even over kE2m1 as thresholds at the midpoints of neighbouring values: a midpoint goes up where the
+  // upper code is even (>=), down where the lower one is (>). Branch-free: one compare per code.
+  const float a = std::fabs(v);
+  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return static_cast<uint8_t>(sign | code);
 }
 
 uint8_t float_to_e8m0_floor(float v) {

@@ -173,7 +173,8 @@ BisectReport run_bisect(const BisectOptions& opt) {
   });
   // The calibration's FP32 side and the drill-down's reference tensors (below): every probe in full, made once.
   std::optional<Dump> ref_full;
-  bool ref_full_has_weights = false, ref_full_fed = false;
+  std::set<std::string> ref_full_weights;  // the weights it holds in full
+  bool ref_full_fed = false;
   std::optional<Inputs> inputs_here;
   ChildResult ref_child;
   if (ref_here) {
@@ -232,20 +233,32 @@ BisectReport run_bisect(const BisectOptions& opt) {
   // (harness/run/calibrate.h).
   std::shared_ptr<SelectionFed> fed;
   ToleranceModel tol;
-  const auto reference_full = [&](bool with_weights, int layer, const StageSpec* upto) -> const Dump& {
-    if (!ref_full || (with_weights && !ref_full_has_weights) || ref_full_fed != static_cast<bool>(fed)) {
+  // `with_weights`: these weights too, in full (a run that stops after the first stage of `layer` records them: each
+  // layer's weights are recorded before its first stage).
+  const auto reference_full = [&](const std::set<std::string>& with_weights, int layer,
+                                  const StageSpec* upto) -> const Dump& {
+    if (!ref_full || ref_full_fed != static_cast<bool>(fed)) {
       const ProgressPhase phase("reference run with every probe in full");
       auto e = make_engine(ref_spec);
-      ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, layer, upto, {}, with_weights, upto,
+      ref_full = run_in_process(*e, cfg, spec, weights, inputs, nullptr, layer, upto, {}, false, upto,
                                 fed ? selection_feed(cand, inputs, tol, fed) : nullptr);
-      ref_full_has_weights = with_weights;
+      ref_full_weights.clear();
       ref_full_fed = static_cast<bool>(fed);
+    }
+    if (!with_weights.empty() && with_weights != ref_full_weights) {
+      const ProgressPhase phase("reference's weights in full");
+      const StageGraph g = build_graph(cfg, spec.graph_shape());
+      auto e = make_engine(ref_spec);
+      ref_full->weights = run_in_process(*e, cfg, spec, weights, inputs, nullptr, std::max(layer, 0),
+                                         &g.stages.front(), {}, with_weights, true)
+                              .weights;
+      ref_full_weights = with_weights;
     }
     return *ref_full;
   };
   // DSA: calibration makes its own FP32 run, on its low-precision run's selection where they swap near-ties.
   tol = calibrate_cached(cfg, spec, weights, inputs, cand_precision, opt.k, [&]() -> const Dump* {
-    return ref_is_fp32 && !cfg.has_dsa() ? &reference_full(false, -1, nullptr) : nullptr;
+    return ref_is_fp32 && !cfg.has_dsa() ? &reference_full({}, -1, nullptr) : nullptr;
   });
   tol.overrides = opt.overrides;
 
@@ -256,7 +269,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   if (cfg.has_dsa() && has_near_tie_swaps(cand, ref, tol)) {
     step("reference on the candidate's selection (its top-k swapped near-tied keys)");
     fed = std::make_shared<SelectionFed>();
-    against = &reference_full(false, -1, nullptr);
+    against = &reference_full({}, -1, nullptr);
   }
   rep.compare = compare_dumps(cand, *against, tol);
   if (fed) {
@@ -297,9 +310,21 @@ BisectReport run_bisect(const BisectOptions& opt) {
   step("full tensors for " + first.name + " and isolation of stage " + first.stage);
   const StageGraph graph = build_graph(cfg, spec.graph_shape());
   const StageSpec* stage = graph.find_stage(parse_stage(first.stage));
-  // The weights in full only when the dumps say one differs: then the in-process comparison names its pattern.
-  const bool weights_differ = rep.compare.divergent_weights() > 0;
-  const Dump& ref_full_dump = reference_full(weights_differ, first.layer, stage);
+  // Weights in full only where the dumps say one differs that the divergent stage, or a stage before it, computes
+  // with (the cause weight_cause names): the in-process comparison names its pattern.
+  std::set<std::string> cause_weights;
+  const auto no_later = [&](const ProbeResult& w) {  // the stage enum runs in execution order
+    try {
+      return static_cast<int>(parse_stage(w.stage)) <= static_cast<int>(parse_stage(first.stage));
+    } catch (const std::exception&) {
+      return true;  // a stage this build does not know: kept
+    }
+  };
+  for (const auto& w : rep.compare.weights)
+    if ((w.verdict == Verdict::Verdict_diverge || w.verdict == Verdict::Verdict_nonfinite) &&
+        (w.layer < first.layer || (w.layer == first.layer && no_later(w))))
+      cause_weights.insert(w.name);
+  const Dump& ref_full_dump = reference_full(cause_weights, first.layer, stage);
   auto make_candidate = [&] {
     auto e = make_engine(EngineSpec::parse(opt.candidate));
     e->set_injections(engine_injections(injections));
@@ -309,7 +334,7 @@ BisectReport run_bisect(const BisectOptions& opt) {
   const Dump cand_full = [&] {
     const ProgressPhase phase("candidate run with every probe in full");
     return run_in_process(*cand_engine, cfg, spec, cand_weights, inputs, nullptr, first.layer, stage, cand_pw,
-                          weights_differ, true);
+                          cause_weights, true);
   }();
   const CompareReport full_rep = [&] {
     const ProgressPhase phase("the full tensors");

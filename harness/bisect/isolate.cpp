@@ -27,14 +27,16 @@ std::string deciding_figure(const Metrics& m, const Tolerance& tol) {
 
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed, int layer, const StageSpec* stage, const PackedWeights& packed,
-                    bool weights, bool stop, const std::function<void(Engine&, const StageSpec&, int, int)>& after) {
+                    const WeightRecords& weights, bool stop,
+                    const std::function<void(Engine&, const StageSpec&, int, int)>& after) {
   Runner runner(cfg, spec);
   if (after) runner.set_after_stage(after);
   if (packed.packed && !packed.packed->empty()) runner.set_packed_weights(packed.packed, packed.bugs);
   if (stop && stage && layer >= 0) runner.set_stop_after(layer, stage->stage);
   ProbePlan plan;
   plan.level = ProbeLevel::ProbeLevel_full;
-  plan.weights = weights;
+  plan.weights = weights.on;
+  plan.only_weights = weights.only;
   CollectSink sink({}, spec.tp);
   Runner::BeforeStage before;
   if (feed && stage)

@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,12 +22,19 @@ struct PackedWeights {
   const std::vector<std::map<std::string, PackedWeight>>* packed = nullptr;
   DequantBugs bugs;
 };
+// Which weights a run in this process records (in full): none, every one, or the named ones.
+struct WeightRecords {
+  bool on = false;
+  std::set<std::string> only;  // on and not empty: these alone
+  WeightRecords(bool all = false) : on(all) {}  // NOLINT: true / false read as every weight / none
+  WeightRecords(std::set<std::string> names) : on(!names.empty()), only(std::move(names)) {}  // NOLINT
+};
 // `weights`: also record the weights the engine computes with (Runner's weight records, level full). `stop`: end the
 // run after `stage` of `layer` (fed or not), where nothing later is needed. `after`: Runner::set_after_stage's hook
 // (a reference run on a candidate's DSA selection: harness/run/calibrate.h).
 Dump run_in_process(Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const std::vector<LayerWeights>& w,
                     const Inputs& in, const Dump* feed = nullptr, int layer = -1, const StageSpec* stage = nullptr,
-                    const PackedWeights& packed = {}, bool weights = true, bool stop = false,
+                    const PackedWeights& packed = {}, const WeightRecords& weights = true, bool stop = false,
                     const std::function<void(Engine&, const StageSpec&, int, int)>& after = nullptr);
 
 struct IsolationResult {

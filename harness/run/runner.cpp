@@ -76,8 +76,10 @@ void Runner::record_weights(Engine& engine, int layer, const ProbePlan& plan, Pr
                             const std::function<bool(int)>& mine) const {
   int ranks = 0, done = 0;
   for (int rank = 0; rank < spec_.tp; ++rank) ranks += mine(rank) && engine.owns_rank(rank);
-  const double total = static_cast<double>(weights_.size()) * ranks;
+  const auto wanted = [&](const ProbeSpec& w) { return plan.only_weights.empty() || plan.only_weights.count(w.name); };
+  const double total = static_cast<double>(std::count_if(weights_.begin(), weights_.end(), wanted)) * ranks;
   for (const auto& w : weights_) {
+    if (!wanted(w)) continue;
     // A replicated weight the engine holds once for every rank (the same tensor in memory, asked for with the same
     // request) has one record: it is computed for the first rank and given to the others.
     const Tensor* last_held = nullptr;

@@ -1,10 +1,14 @@
 // In-memory dump accumulation.
 #include "probes/collect.h"
 
+#include <utility>
+
 namespace mla {
 
 namespace {
-void add_to(std::vector<DumpProbe>& list, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
+// `rec`: a const ProbeRecord& (copied in) or a ProbeRecord&& (moved in).
+template <class Rec>
+void add_to(std::vector<DumpProbe>& list, int layer, const ProbeSpec& spec, int rank, Rec&& rec) {
   // A stage's outputs arrive rank by rank (q_nope, q_pe of rank 0, then of rank 1): look back a little.
   DumpProbe* found = nullptr;
   for (auto it = list.rbegin(); it != list.rend() && it->layer == layer; ++it)
@@ -28,12 +32,16 @@ void add_to(std::vector<DumpProbe>& list, int layer, const ProbeSpec& spec, int 
   }
   auto& ranks = found->ranks;
   if (static_cast<int>(ranks.size()) <= rank) ranks.resize(rank + 1);
-  ranks[rank] = rec;
+  ranks[rank] = std::forward<Rec>(rec);
 }
 }  // namespace
 
 void add_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   add_to(d.probes, layer, spec, rank, rec);
+}
+
+void add_record(Dump& d, int layer, const ProbeSpec& spec, int rank, ProbeRecord&& rec) {
+  add_to(d.probes, layer, spec, rank, std::move(rec));
 }
 
 void add_weight_record(Dump& d, int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
@@ -53,6 +61,10 @@ void CollectSink::stage_begin(int layer, Stage stage, int rank) {
 
 void CollectSink::record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {
   add_record(dump_, layer, spec, rank, rec);
+}
+
+void CollectSink::record_owned(int layer, const ProbeSpec& spec, int rank, ProbeRecord&& rec) {
+  add_record(dump_, layer, spec, rank, std::move(rec));
 }
 
 void CollectSink::record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) {

@@ -97,7 +97,6 @@ bool exact_at(const std::vector<LayerWeights>& weights, Precision p) {
 
 void ReferenceEngine::prepare(const RunContext& ctx) {
   ctx_ = ctx;
-  const auto& cfg = *ctx.cfg;
   const int tp = ctx.spec->tp;
   rounded_.clear();
   weights_ = ctx.weights;

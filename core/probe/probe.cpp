@@ -184,7 +184,25 @@ void sketch_rows(const float* data, int64_t r0, int64_t rows, int64_t C, const d
 
 }  // namespace
 
+namespace {
+ProbeRecord record_without_data(const Tensor& t, const std::string& dtype, const ProbeRequest& req);
+}  // namespace
+
 ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, const ProbeRequest& req) {
+  ProbeRecord rec = record_without_data(t, dtype, req);
+  if (req.level == ProbeLevel::ProbeLevel_full) rec.data = t;
+  return rec;
+}
+
+ProbeRecord compute_probe_record(Tensor&& t, const std::string& dtype, const ProbeRequest& req) {
+  ProbeRecord rec = record_without_data(t, dtype, req);
+  if (req.level == ProbeLevel::ProbeLevel_full) rec.data = std::move(t);
+  return rec;
+}
+
+namespace {
+
+ProbeRecord record_without_data(const Tensor& t, const std::string& dtype, const ProbeRequest& req) {
   ProbeRecord rec;
   rec.shape = t.shape;
   rec.dtype = dtype;
@@ -290,9 +308,10 @@ ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, cons
     for (int64_t b = 0; b < (T + kBlock - 1) / kBlock; ++b)
       sketch_rows(data, b * kBlock, std::min(kBlock, T - b * kBlock), C, coeff.data(), rec.sketch.data());
   }
-  if (req.level == ProbeLevel::ProbeLevel_full) rec.data = t;
   return rec;
 }
+
+}  // namespace
 
 void TeeSink::stage_begin(int layer, Stage stage, int rank) {
   for (auto* s : sinks_) s->stage_begin(layer, stage, rank);

@@ -54,6 +54,8 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
 // Host implementation (the reference engine's, and the fallback for any engine): `dtype` says which raw
 // bytes the checksum covers (bf16/fp16 values count as their 16-bit patterns).
 ProbeRecord compute_probe_record(const Tensor& t, const std::string& dtype, const ProbeRequest& req);
+// The same for a tensor the caller gives up: at full level it becomes the record's data (no copy).
+ProbeRecord compute_probe_record(Tensor&& t, const std::string& dtype, const ProbeRequest& req);
 
 // The record `rec` would be at a level no higher than its own: what compute_probe_record gives at `level` for the same
 // tensor (a full record without its data; a sketch record without its sketch at stats).
@@ -90,6 +92,10 @@ class ProbeSink {
   // That wait is over: what runs now is the stage last begun.
   virtual void waiting_over() {}
   virtual void record(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) = 0;
+  // The same record, given up by the caller: a sink that keeps records takes it without a copy. Default: record().
+  virtual void record_owned(int layer, const ProbeSpec& spec, int rank, ProbeRecord&& rec) {
+    record(layer, spec, rank, rec);
+  }
   // A weight the engine computes with (build_weights' spec), recorded once per layer and rank before the
   // layer's first stage. Default: not kept.
   virtual void record_weight(int /*layer*/, const ProbeSpec& /*spec*/, int /*rank*/, const ProbeRecord& /*rec*/) {}

@@ -23,6 +23,11 @@ class LevelSplitSink : public ProbeSink {
     writer_.record(layer, spec, rank, record_at_level(rec, level));
     full_.record(layer, spec, rank, rec);
   }
+  void record_owned(int layer, const ProbeSpec& spec, int rank, ProbeRecord&& rec) override {
+    const ProbeLevel level = plan_.recorded_level(spec.name, shape_numel(local_shape(spec, tp_)));
+    writer_.record(layer, spec, rank, record_at_level(rec, level));
+    full_.record_owned(layer, spec, rank, std::move(rec));
+  }
   void record_weight(int layer, const ProbeSpec& spec, int rank, const ProbeRecord& rec) override {
     writer_.record_weight(layer, spec, rank, rec);
   }

@@ -153,7 +153,8 @@ void Runner::run(Engine& engine, const std::vector<LayerWeights>& weights, const
       failed = std::current_exception();
     }
     const size_t n = std::min(recs.size(), started.size());
-    for (size_t i = 0; i < n; ++i) sink.record(started[i].layer, *started[i].spec, started[i].rank, recs[i]);
+    for (size_t i = 0; i < n; ++i)
+      sink.record_owned(started[i].layer, *started[i].spec, started[i].rank, std::move(recs[i]));
     started.erase(started.begin(), started.begin() + static_cast<std::ptrdiff_t>(n));
     if (failed) {
       started.clear();

@@ -102,7 +102,7 @@ int run_bisect_cmd(const BisectCmdOptions& o) {
 void setup_bisect(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<BisectCmdOptions>();
   auto* cmd = app.add_subcommand(
-      "bisect", "Run the reference and a candidate (child processes), find the first stage, rank, head and token where "
+      "bisect", "Run the reference (in this process) and a candidate (a child process), find the first stage, rank, head and token where "
                 "they diverge, prove which stage introduced it, and name the pattern. Exit 0 none, 1 divergence, "
                 "2 bad usage, 3 the candidate crashed or hung");
   add_run_options(*cmd, o->run);

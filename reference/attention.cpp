@@ -56,9 +56,13 @@ void copy_rows_into(Attn& dst, const Attn& src, int64_t t0) {
 }
 }  // namespace
 
-Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int window) {
+namespace {
+// attend() with the queries and keys in one part (q2, k2 null) or two.
+Attn attend_parts(const Tensor& q, const Tensor* q2, const Tensor& k, const Tensor* k2, const Tensor& v, double scale,
+                  bool causal, int window) {
   const int64_t Tq = q.dim(0), Nl = q.dim(1), Dk = q.dim(2), Tk = k.dim(0), Dv = v.dim(-1);
   const int64_t kh = k.rank() == 2 ? 1 : k.dim(1), vh = v.rank() == 2 ? 1 : v.dim(1);
+  const int64_t D2 = q2 ? q2->dim(2) : 0, kh2 = !k2 || k2->rank() == 2 ? 1 : k2->dim(1);
   Attn a{Tensor({Tq, Nl, Dv}), Tensor({Tq, Nl}, kNegInf)};
   if (Tk == 0) return a;
   using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
@@ -74,7 +78,14 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
     const Strided Q(q.ptr() + h * Dk, Tq, Dk, Eigen::OuterStride<>(Nl * Dk));
     const Strided K(k.ptr() + (kh == 1 ? 0 : h) * Dk, Tk, Dk, Eigen::OuterStride<>(kh * Dk));
     const Strided Vm(v.ptr() + (vh == 1 ? 0 : h) * Dv, Tk, Dv, Eigen::OuterStride<>(vh * Dv));
-    RowMatrix S = (Q.middleRows(i0, n) * K.topRows(vis).transpose()) * static_cast<float>(scale);  // [n, vis]
+    RowMatrix S(n, vis);  // the block's scores
+    S.noalias() = Q.middleRows(i0, n) * K.topRows(vis).transpose();
+    if (q2) {
+      const Strided Q2(q2->ptr() + h * D2, Tq, D2, Eigen::OuterStride<>(Nl * D2));
+      const Strided K2(k2->ptr() + (kh2 == 1 ? 0 : h) * D2, Tk, D2, Eigen::OuterStride<>(kh2 * D2));
+      S.noalias() += Q2.middleRows(i0, n) * K2.topRows(vis).transpose();
+    }
+    S *= static_cast<float>(scale);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t i = i0 + r;
       const int64_t visible = std::max<int64_t>(0, causal ? std::min(Tk, i + 1 + (Tk - Tq)) : Tk);
@@ -115,6 +126,16 @@ Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, boo
                            " blocks at once");
   }
   return a;
+}
+}  // namespace
+
+Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int window) {
+  return attend_parts(q, nullptr, k, nullptr, v, scale, causal, window);
+}
+
+Attn attend(const Tensor& q1, const Tensor& q2, const Tensor& k1, const Tensor& k2, const Tensor& v, double scale,
+            bool causal, int window) {
+  return attend_parts(q1, &q2, k1, &k2, v, scale, causal, window);
 }
 
 Attn merge_lse(const Attn& x, const Attn& y, bool base2) {
@@ -167,16 +188,19 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
                    const MlaConfig& cfg, const MhaOptions& opt) {
   const int64_t T = q_nope.dim(0), Nl = q_nope.dim(1), L = cfg.kv_lora_rank;
   Attn all{Tensor({T, Nl, static_cast<int64_t>(cfg.v_head)}), Tensor({T, Nl})};
-  const Tensor Q = concat_last(q_nope, q_pe_rope);  // [T, Nl, P+R]
-  const Tensor K = concat_last(k_nope, k_pe_rope);  // [T, Nl, P+R], k_pe broadcast over heads
+  // DSA: the selected keys are gathered from Q = [q_nope | q_pe_rope] and K = [k_nope | k_pe_rope broadcast].
+  if (opt.keys)
+    return attention_mha_selected(concat_last(q_nope, q_pe_rope), concat_last(k_nope, k_pe_rope), v, cache, batch,
+                                  w_kvb_local, cfg, *opt.keys);
+  // Otherwise the nope and rope lanes stay apart: scores q_nope·k_nope + q_pe·k_pe (k_pe shared by the heads).
   // One sequence holding every row (a prefill of batch 1): its rows are the tensors themselves, not copies.
   const bool whole = batch.num_seqs() == 1 && batch.first_token(0) == 0 && batch.new_lens[0] == T;
-  if (opt.keys) return attention_mha_selected(Q, K, v, cache, batch, w_kvb_local, cfg, *opt.keys);
   for (int b = 0; b < batch.num_seqs(); ++b) {
     const int64_t t0 = batch.first_token(b), n = batch.new_lens[b], ctx = batch.context_lens[b];
-    Attn part = whole ? attend(Q, K, v, cfg.softmax_scale, opt.causal, opt.window)
-                      : attend(rows_of(Q, t0, n), rows_of(K, t0, n), rows_of(v, t0, n), cfg.softmax_scale,
-                               opt.causal, opt.window);
+    Attn part = whole ? attend(q_nope, q_pe_rope, k_nope, k_pe_rope, v, cfg.softmax_scale, opt.causal, opt.window)
+                      : attend(rows_of(q_nope, t0, n), rows_of(q_pe_rope, t0, n), rows_of(k_nope, t0, n),
+                               rows_of(k_pe_rope, t0, n), rows_of(v, t0, n), cfg.softmax_scale, opt.causal,
+                               opt.window);
     if (ctx > 0) {
       // Context: latent rows from the cache, up-projected through kv_b_proj, attended without a mask.
       const Tensor rows = gather_cache_rows(cache, batch, b, static_cast<int>(ctx));  // [ctx, L+R]
@@ -186,8 +210,9 @@ Attn attention_mha(const Tensor& q_nope, const Tensor& q_pe_rope, const Tensor& 
         std::memcpy(c_pe.ptr() + s * cfg.qk_rope, rows.ptr() + s * (L + cfg.qk_rope) + L, sizeof(float) * cfg.qk_rope);
       }
       const KvB up = kv_b_proj(c_kv, w_kvb_local, cfg);
-      const Attn ctx_part = attend(whole ? Q : rows_of(Q, t0, n), concat_last(up.k_nope, c_pe), up.v,
-                                   cfg.softmax_scale, false);
+      const Attn ctx_part = whole ? attend(q_nope, q_pe_rope, up.k_nope, c_pe, up.v, cfg.softmax_scale, false)
+                                  : attend(rows_of(q_nope, t0, n), rows_of(q_pe_rope, t0, n), up.k_nope, c_pe,
+                                           up.v, cfg.softmax_scale, false);
       part = merge_lse(part, ctx_part, opt.lse_base2);
     }
     if (whole) return part;

@@ -71,6 +71,10 @@ inline constexpr int64_t kAttendRowBlock = 64;
 // window > 0: each query sees only the last `window` of its visible keys (a sliding window; sliding-window in
 // docs/bugs.md plants it).
 Attn attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int window = 0);
+// The same with each query and key in two parts, q = [q1 | q2] and k = [k1 | k2] along the last axis (the prefill
+// form's nope and rope lanes, k2 [Tk, 1 or Nl, D2] or [Tk, D2]): scores q1·k1 + q2·k2, without joining the parts.
+Attn attend(const Tensor& q1, const Tensor& q2, const Tensor& k1, const Tensor& k2, const Tensor& v, double scale,
+            bool causal, int window = 0);
 
 // LSE merge of two partial attentions over disjoint key sets (natural log): lse = ln(e^a + e^b),
 // out = e^(a-lse)·out_a + e^(b-lse)·out_b.

@@ -66,6 +66,29 @@ inline bool near_bf16_boundary(float f) {
   return low >= 0x8000u - 64 && low <= 0x8000u + 64;
 }
 
+// The m pairs of a block from their uniforms and the vector log, sin and cos: each value rounded to bf16, recomputed
+// with the scalar functions when it lies near a rounding boundary.
+inline void finish_pairs(float* out, int m, const double* u1, const double* th, const double* lg, const double* sn,
+                         const double* cs, float stddev) {
+  for (int j = 0; j < m; ++j) {
+    const double r = std::sqrt(-2.0 * lg[j]);
+    float a = static_cast<float>(r * cs[j] * stddev), b = static_cast<float>(r * sn[j] * stddev);
+    if (near_bf16_boundary(a) || near_bf16_boundary(b)) {
+      const double rs = std::sqrt(-2.0 * std::log(u1[j]));
+      a = static_cast<float>(rs * std::cos(th[j]) * stddev);
+      b = static_cast<float>(rs * std::sin(th[j]) * stddev);
+    }
+    out[2 * j] = round_bf16(a);
+    out[2 * j + 1] = round_bf16(b);
+  }
+}
+
+// The last value of an odd count: its pair's cos only.
+inline void finish_odd(float* out, int64_t n, uint64_t base, float stddev) {
+  const double r = std::sqrt(-2.0 * std::log(pair_u1(base, n - 1)));
+  out[n - 1] = round_bf16(static_cast<float>(r * std::cos(pair_theta(base, n - 1)) * stddev));
+}
+
 __attribute__((target("avx2,fma"))) void fill_normal_bf16_avx2(float* out, int64_t n, uint64_t base, float stddev) {
   const int64_t pairs = n / 2;
   constexpr int kBlock = 256;
@@ -83,22 +106,9 @@ __attribute__((target("avx2,fma"))) void fill_normal_bf16_avx2(float* out, int64
       _mm256_store_pd(sn + j, _ZGVdN4v_sin(t));
       _mm256_store_pd(cs + j, _ZGVdN4v_cos(t));
     }
-    for (int j = 0; j < m; ++j) {
-      const double r = std::sqrt(-2.0 * lg[j]);
-      float a = static_cast<float>(r * cs[j] * stddev), b = static_cast<float>(r * sn[j] * stddev);
-      if (near_bf16_boundary(a) || near_bf16_boundary(b)) {
-        const double rs = std::sqrt(-2.0 * std::log(u1[j]));
-        a = static_cast<float>(rs * std::cos(th[j]) * stddev);
-        b = static_cast<float>(rs * std::sin(th[j]) * stddev);
-      }
-      out[2 * (p0 + j)] = round_bf16(a);
-      out[2 * (p0 + j) + 1] = round_bf16(b);
-    }
+    finish_pairs(out + 2 * p0, m, u1, th, lg, sn, cs, stddev);
   }
-  if (n % 2) {  // the last value of an odd count: its pair's cos only
-    const double r = std::sqrt(-2.0 * std::log(pair_u1(base, n - 1)));
-    out[n - 1] = round_bf16(static_cast<float>(r * std::cos(pair_theta(base, n - 1)) * stddev));
-  }
+  if (n % 2) finish_odd(out, n, base, stddev);
 }
 
 extern "C" {
@@ -148,22 +158,9 @@ __attribute__((target("avx512f,avx512dq"))) void fill_normal_bf16_avx512(float* 
       _mm512_store_pd(sn + j, _ZGVeN8v_sin(t));
       _mm512_store_pd(cs + j, _ZGVeN8v_cos(t));
     }
-    for (int j = 0; j < m; ++j) {
-      const double r = std::sqrt(-2.0 * lg[j]);
-      float a = static_cast<float>(r * cs[j] * stddev), b = static_cast<float>(r * sn[j] * stddev);
-      if (near_bf16_boundary(a) || near_bf16_boundary(b)) {
-        const double rs = std::sqrt(-2.0 * std::log(u1[j]));
-        a = static_cast<float>(rs * std::cos(th[j]) * stddev);
-        b = static_cast<float>(rs * std::sin(th[j]) * stddev);
-      }
-      out[2 * (p0 + j)] = round_bf16(a);
-      out[2 * (p0 + j) + 1] = round_bf16(b);
-    }
+    finish_pairs(out + 2 * p0, m, u1, th, lg, sn, cs, stddev);
   }
-  if (n % 2) {  // the last value of an odd count: its pair's cos only
-    const double r = std::sqrt(-2.0 * std::log(pair_u1(base, n - 1)));
-    out[n - 1] = round_bf16(static_cast<float>(r * std::cos(pair_theta(base, n - 1)) * stddev));
-  }
+  if (n % 2) finish_odd(out, n, base, stddev);
 }
 
 std::atomic<int> fill_width{512};

@@ -19,6 +19,7 @@
 #include "core/model/errors.h"
 #include "core/model/inputs.h"
 #include "core/model/weights.h"
+#include "harness/run/run_meta.h"
 #include "harness/run/runner.h"
 #include "harness/run/synthetic_inputs.h"
 #include "harness/run/tolerance_for.h"
@@ -33,23 +34,15 @@ namespace fs = std::filesystem;
 namespace {
 
 DumpMeta golden_meta(const MlaConfig& cfg, const RunSpec& spec, uint64_t weight_seed, const Engine& engine) {
-  DumpMeta m;
-  m.engine = engine.name();
-  m.engine_options = engine.options();
-  m.engine_dtype = engine.dtype();
-  m.device = engine.device();
-  m.model = cfg.to_json();
-  m.run_options = run_spec_to_json(spec);
-  m.run_options["weights"] = "synthetic";
-  m.run_options["weight_seed"] = weight_seed;
-  m.run_options["input"] = "synthetic";
-  m.run_options["probe_level"] = "full";
-  m.run_options["full_probes"] = "";
-  m.tp = spec.tp;
-  m.mode = mode_name(spec.mode);
-  m.seed = spec.seed;
-  m.probe_level = "full";
-  return m;
+  RunDescription run;
+  run.options = run_spec_to_json(spec);
+  run.options["weights"] = "synthetic";
+  run.options["weight_seed"] = weight_seed;
+  run.options["input"] = "synthetic";
+  run.options["probe_level"] = "full";
+  run.options["full_probes"] = "";
+  run.probe_level = "full";
+  return run_dump_meta(engine, cfg, spec, run, "");
 }
 
 // Forwards to a sink and tells `on_stop` when a watchdog closes the run ("stopped: ...").

@@ -11,7 +11,7 @@ DumpMeta run_dump_meta(const Engine& engine, const MlaConfig& cfg, const RunSpec
   meta.device = engine.device();
   meta.model = cfg.to_json();
   meta.run_options = run.options;
-  meta.run_options["weights_loaded"] = weights_loaded;
+  if (!weights_loaded.empty()) meta.run_options["weights_loaded"] = weights_loaded;
   meta.tp = spec.tp;
   meta.mode = mode_name(spec.mode);
   meta.seed = spec.seed;

@@ -17,7 +17,8 @@ struct RunDescription {
   std::string command;      // the command line that makes this run
 };
 
-// The dump's meta of `engine`'s run: `weights_loaded` is the loaded weights' description (LoadedWeights).
+// The dump's meta of `engine`'s run: `weights_loaded` is the loaded weights' description (LoadedWeights; "": none
+// recorded).
 DumpMeta run_dump_meta(const Engine& engine, const MlaConfig& cfg, const RunSpec& spec, const RunDescription& run,
                        const std::string& weights_loaded);
 

@@ -22,7 +22,7 @@ hyp::StageCase base_case(Stage stage, int tokens = 16) {
   c.cfg = *find_preset("tiny");
   c.spec.tokens = tokens;
   c.batch = make_batch(c.spec);
-  c.w = synthetic_weights(c.cfg, 1, true, 7)[0];
+  c.w = std::make_shared<const LayerWeights>(synthetic_weights(c.cfg, 1, true, 7)[0]);
   c.stage = stage;
   return c;
 }
@@ -146,7 +146,7 @@ TEST(Hypotheses, NormEpsIsFittedOnTheLogGrid) {
     double ss = 0;
     for (int64_t i = 0; i < L; ++i) ss += double(c.in["kv_c"].data[t * L + i]) * c.in["kv_c"].data[t * L + i];
     const double inv = 1.0 / std::sqrt(ss / L + 1e-2);
-    for (int64_t i = 0; i < L; ++i) y.data[t * L + i] = static_cast<float>(c.in["kv_c"].data[t * L + i] * inv * c.w.kv_a_norm.data[i]);
+    for (int64_t i = 0; i < L; ++i) y.data[t * L + i] = static_cast<float>(c.in["kv_c"].data[t * L + i] * inv * c.w->kv_a_norm.data[i]);
   }
   c.cand["kv_c_norm"] = y;
   c.tol["kv_c_norm"] = Tolerance{1e-3, 2e-3, "test"};
@@ -180,7 +180,7 @@ TEST(Hypotheses, NoiseIsNeverConfirmed) {
   auto n = base_case(Stage::Stage_kv_a_proj);
   const int64_t T = n.spec.tokens;
   n.in["x"] = normal({T, n.cfg.hidden}, 5);
-  const Tensor kva = n.w.kv_a_proj;
+  const Tensor kva = n.w->kv_a_proj;
   Tensor y({T, kva.dim(0)});
   for (int64_t t = 0; t < T; ++t)
     for (int64_t o = 0; o < kva.dim(0); ++o) {

@@ -29,7 +29,7 @@ Absorb of(const StageCase& c) {
 void head_product(const StageCase& c, const Absorb& a, int64_t h, int64_t g, int64_t part, bool transposed, Tensor& out) {
   const MlaConfig& m = c.cfg;
   const int64_t T = a.in->dim(0), N = a.in->dim(1), L = m.kv_lora_rank, PV = m.qk_nope + m.v_head;
-  const float* w = c.w.kv_b_proj.ptr() + (g * PV + part) * L;  // a [rows, L] block, row-major
+  const float* w = c.w->kv_b_proj.ptr() + (g * PV + part) * L;  // a [rows, L] block, row-major
   using Strided = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
   using StridedOut = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
   Strided X(a.in->ptr() + h * a.A, T, a.A, Eigen::OuterStride<>(N * a.A));

@@ -61,7 +61,7 @@ Keys keys_of(const StageCase& c, const Tensor& cache, const Batch& batch) {
       const Tensor rows = ref::gather_cache_rows(cache, batch, b, static_cast<int>(ctx));
       Tensor lat({ctx, L});
       for (int64_t s = 0; s < ctx; ++s) std::copy_n(rows.ptr() + s * (L + R), L, lat.ptr() + s * L);
-      const auto kv = ref::kv_b_proj(lat, c.w.kv_b_proj, cfg);
+      const auto kv = ref::kv_b_proj(lat, c.w->kv_b_proj, cfg);
       for (int64_t s = 0; s < ctx; ++s)
         for (int64_t h = 0; h < N; ++h) {
           float* kd = out.k.ptr() + ((o + s) * N + h) * Dk;

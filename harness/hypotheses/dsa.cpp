@@ -37,7 +37,7 @@ std::vector<BugClass> dsa_classes() {
   std::vector<BugClass> v;
   v.push_back(make("dsa.index_k_norm_skipped", 0, {Stage::Stage_indexer_k}, "the indexer's key LayerNorm left out",
                    [](const StageCase& c, const Outputs&) {
-                     const auto& W = c.w;
+                     const auto& W = *c.w;
                      return std::vector<Variant>{variant(
                          "idx_k",
                          ref::indexer_k(input(c, "x"), W.idx_wk, W.idx_k_norm, W.idx_k_norm_bias, MlaConfig::kIndexNormEps,
@@ -47,7 +47,7 @@ std::vector<BugClass> dsa_classes() {
   v.push_back(make("dsa.index_rope_layout", 0, {Stage::Stage_indexer_q, Stage::Stage_indexer_k},
                    "the indexer's rope in the other lane pairing (interleaved vs half-split)", [](const StageCase& c, const Outputs&) {
                      const RopeStyle s = other_rope_style(c.cfg.index_rope_style);
-                     const auto& W = c.w;
+                     const auto& W = *c.w;
                      const std::string phrase = std::string("with its rope lanes paired ") +
                                                 (s == RopeStyle::RopeStyle_neox ? "half-split" : "interleaved");
                      if (c.stage == Stage::Stage_indexer_q)

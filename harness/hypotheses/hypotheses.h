@@ -10,6 +10,7 @@
 #include <functional>
 #include <iosfwd>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,9 @@ struct StageCase {
   MlaConfig cfg;
   RunSpec spec;
   Batch batch;
-  LayerWeights w;  // the layer's global weights
+  // The layer's global weights, shared rather than copied (a layer's are hundreds of MB): make_case's is a view of
+  // the caller's, which outlive the search.
+  std::shared_ptr<const LayerWeights> w;
   int layer = 0;
   Stage stage = Stage::Stage_layer_input;
   std::string focus;  // the output the sentence quotes (the first divergent probe); default the furthest off
@@ -127,7 +130,8 @@ Report search(StageCase c);
 
 // Builds the case of `stage` at `layer`: inputs from `inputs_dump` (the tensors the candidate's stage read: the
 // capture itself for a replay, the reference's full run for a bisect's isolation), outputs from `outputs_dump` (the
-// candidate's), tolerances from `tol`, weights and batch from the run. Returns false, with `why`, when a tensor the
+// candidate's), tolerances from `tol`, weights (a view of `w`: it must outlive the search) and batch from the run.
+// Returns false, with `why`, when a tensor the
 // search needs is not held in full.
 bool make_case(StageCase& c, const Dump& inputs_dump, const Dump& outputs_dump, const MlaConfig& cfg,
                const RunSpec& spec, const LayerWeights& w, const Inputs& run_inputs, int layer, Stage stage,

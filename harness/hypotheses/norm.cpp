@@ -20,9 +20,9 @@ struct NormIo {
 
 NormIo io(const StageCase& c) {
   switch (c.stage) {
-    case Stage::Stage_input_norm: return {&input(c, "h"), &c.w.input_norm, "x"};
-    case Stage::Stage_q_a_norm: return {&input(c, "q_a"), &c.w.q_a_norm, "q_c"};
-    default: return {&input(c, "kv_c"), &c.w.kv_a_norm, "kv_c_norm"};
+    case Stage::Stage_input_norm: return {&input(c, "h"), &c.w->input_norm, "x"};
+    case Stage::Stage_q_a_norm: return {&input(c, "q_a"), &c.w->q_a_norm, "q_c"};
+    default: return {&input(c, "kv_c"), &c.w->kv_a_norm, "kv_c_norm"};
   }
 }
 

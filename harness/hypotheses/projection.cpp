@@ -25,21 +25,21 @@ struct Linear {
 bool linear_of(const StageCase& c, Linear& l) {
   const MlaConfig& m = c.cfg;
   switch (c.stage) {
-    case Stage::Stage_q_a_proj: l = {&input(c, "x"), &c.w.q_a_proj, 1, m.q_lora_rank, 0, "q_a", ""}; return true;
+    case Stage::Stage_q_a_proj: l = {&input(c, "x"), &c.w->q_a_proj, 1, m.q_lora_rank, 0, "q_a", ""}; return true;
     case Stage::Stage_q_b_proj:
     case Stage::Stage_q_proj:
-      l = {&input(c, c.stage == Stage::Stage_q_b_proj ? "q_c" : "x"), &c.w.q_b_proj, m.heads, m.qk_nope, m.qk_rope,
+      l = {&input(c, c.stage == Stage::Stage_q_b_proj ? "q_c" : "x"), &c.w->q_b_proj, m.heads, m.qk_nope, m.qk_rope,
            "q_nope", "q_pe"};
       return true;
-    case Stage::Stage_kv_a_proj: l = {&input(c, "x"), &c.w.kv_a_proj, 1, m.kv_lora_rank, m.qk_rope, "kv_c", "k_pe"}; return true;
+    case Stage::Stage_kv_a_proj: l = {&input(c, "x"), &c.w->kv_a_proj, 1, m.kv_lora_rank, m.qk_rope, "kv_c", "k_pe"}; return true;
     case Stage::Stage_kv_b_proj:
-      l = {&input(c, "kv_c_norm"), &c.w.kv_b_proj, m.heads, m.qk_nope, m.v_head, "k_nope", "v"};
+      l = {&input(c, "kv_c_norm"), &c.w->kv_b_proj, m.heads, m.qk_nope, m.v_head, "k_nope", "v"};
       return true;
     case Stage::Stage_o_proj: {
       static thread_local Tensor flat;
       const Tensor& ao = input(c, "attn_out");
       flat = ao.reshaped({ao.dim(0), ao.numel() / ao.dim(0)});
-      l = {&flat, &c.w.o_proj, 1, m.hidden, 0, "o_partial", ""};
+      l = {&flat, &c.w->o_proj, 1, m.hidden, 0, "o_partial", ""};
       return true;
     }
     default: return false;

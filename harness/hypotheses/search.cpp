@@ -132,7 +132,7 @@ Tensor write_rows(const Tensor& before, const Batch& batch, const Tensor& rows) 
 
 Outputs reference_outputs(const StageCase& c) {
   const MlaConfig& cfg = c.cfg;
-  const auto& W = c.w;
+  const auto& W = *c.w;
   Outputs o;
   std::optional<ref::Selection> sel;
   if (cfg.has_dsa() && c.in.count("topk")) sel = ref::selection_of(input(c, "topk"));
@@ -565,7 +565,7 @@ bool make_case(StageCase& c, const Dump& inputs_dump, const Dump& outputs_dump, 
   c.cfg = cfg;
   c.spec = spec;
   c.batch = run_inputs.batch;
-  c.w = w;
+  c.w = std::shared_ptr<const LayerWeights>(&w, [](const LayerWeights*) {});  // a view
   c.layer = layer;
   c.stage = stage;
   c.tol = tol;

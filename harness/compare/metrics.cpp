@@ -70,71 +70,102 @@ Metrics full_metrics(const Tensor& a, const Tensor& b, const DumpProbe& p, int l
   };
   double nope_d = 0, nope_b = 0, rope_d = 0, rope_b = 0, h1_d = 0, h1_b = 0, h2_d = 0, h2_b = 0;
   int64_t mismatches = 0, compared = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.data[i], y = b.data[i];
-    const bool fx = std::isfinite(x), fy = std::isfinite(y);
-    m.nan_a += std::isnan(x);
-    m.nan_b += std::isnan(y);
-    m.inf_a += std::isinf(x);
-    m.inf_b += std::isinf(y);
-    const int64_t t = i / row, c = i % row, h = N > 0 ? c / X : -1, ch = c % last;
-    if (fx != fy || (!fx && !fy && !(std::isnan(x) && std::isnan(y)) && x != y)) {
-      if (m.nonfinite_agree) {
-        Coord at{layer, N > 0 && tp_a > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
-        std::ostringstream os;
-        os << (std::isnan(x) ? "NaN" : std::isinf(x) ? (x > 0 ? "+inf" : "-inf") : std::to_string(x)) << " vs "
-           << (std::isnan(y) ? "NaN" : std::isinf(y) ? (y > 0 ? "+inf" : "-inf") : std::to_string(y)) << " at "
-           << at.to_string();
-        m.first_nonfinite = os.str();
+  // Element by element, in element order: every sum below is added to in the order of that walk. The sums of the
+  // row, the head and the rank an element belongs to are held in locals while their elements go by (the same
+  // additions in the same order, without a load and a store through memory for each).
+  std::vector<int> rank_of_head(N, 0);
+  if (N > 0 && tp_a > 0 && N / tp_a > 0)
+    for (int64_t h = 0; h < N; ++h) rank_of_head[h] = static_cast<int>(h / (N / tp_a));
+  const int64_t segments = N > 0 ? N : 1, width = N > 0 ? X : row;
+  for (int64_t t = 0; t < T; ++t) {
+    double td = 0, tb = 0, ta = 0, tab = 0;
+    int64_t ch = 0;  // the element's index along the last axis
+    for (int64_t seg = 0; seg < segments; ++seg) {
+      const int64_t h = N > 0 ? seg : -1;
+      const int r = N > 0 ? rank_of_head[seg] : 0;
+      double hd = N > 0 ? head_d[h] : 0, hb = N > 0 ? head_b[h] : 0, thd = 0, thb = 0;
+      double rd = N > 0 ? rank_d[r] : 0, rb = N > 0 ? rank_b[r] : 0;
+      for (int64_t j = 0; j < width; ++j) {
+        const int64_t c = seg * width + j, i = t * row + c;
+        const int64_t chv = ch;
+        if (++ch == last) ch = 0;
+        const double x = a.data[i], y = b.data[i];
+        const bool fx = std::isfinite(x), fy = std::isfinite(y);
+        if (!fx || !fy) {
+          m.nan_a += std::isnan(x);
+          m.nan_b += std::isnan(y);
+          m.inf_a += std::isinf(x);
+          m.inf_b += std::isinf(y);
+          if (fx != fy || (!fx && !fy && !(std::isnan(x) && std::isnan(y)) && x != y)) {
+            if (m.nonfinite_agree) {
+              Coord at{layer, N > 0 && tp_a > 0 ? static_cast<int>(h / (N / tp_a)) : -1, t, h, N > 0 ? c % X : c};
+              std::ostringstream os;
+              os << (std::isnan(x) ? "NaN" : std::isinf(x) ? (x > 0 ? "+inf" : "-inf") : std::to_string(x)) << " vs "
+                 << (std::isnan(y) ? "NaN" : std::isinf(y) ? (y > 0 ? "+inf" : "-inf") : std::to_string(y)) << " at "
+                 << at.to_string();
+              m.first_nonfinite = os.str();
+            }
+            m.nonfinite_agree = false;
+            tok_nonfinite[t] = 1;
+          }
+          continue;  // both non-finite the same way, or not comparable
+        }
+        const double d = x - y;
+        dd += d * d;
+        bb += y * y;
+        aa += x * x;
+        ab += x * y;
+        td += d * d;
+        tb += y * y;
+        ta += x * x;
+        tab += x * y;
+        m.channel_err2[c] += d * d;
+        m.channel_ref2[c] += y * y;
+        m.channel_cand2[c] += x * x;
+        m.channel_dot[c] += x * y;
+        if (N > 0) {
+          hd += d * d;
+          hb += y * y;
+          thd += d * d;
+          thb += y * y;
+          rd += d * d;
+          rb += y * y;
+        }
+        if (p.rope_from >= 0) {
+          (chv >= p.rope_from ? rope_d : nope_d) += d * d;
+          (chv >= p.rope_from ? rope_b : nope_b) += y * y;
+        }
+        (chv < last / 2 ? h1_d : h2_d) += d * d;
+        (chv < last / 2 ? h1_b : h2_b) += y * y;
+        ++compared;
+        if (std::fabs(d) > opt.atol + opt.rtol * std::fabs(y)) ++mismatches;
+        if (std::fabs(d) > m.max_abs) {
+          m.max_abs = std::fabs(d);
+          m.max_at = coord_of(t, c);
+          m.a_at_max = x;
+          m.b_at_max = y;
+        }
+        if (d != 0 && (m.worst.size() < 8 || std::fabs(d) > std::fabs(m.worst.back().a - m.worst.back().b))) {
+          Metrics::Element e{coord_of(t, c), x, y};
+          auto pos = std::find_if(m.worst.begin(), m.worst.end(),
+                                  [&](const Metrics::Element& w) { return std::fabs(w.a - w.b) < std::fabs(d); });
+          m.worst.insert(pos, e);
+          if (m.worst.size() > 8) m.worst.pop_back();
+        }
       }
-      m.nonfinite_agree = false;
-      tok_nonfinite[t] = 1;
-      continue;
+      if (N > 0) {
+        head_d[h] = hd;
+        head_b[h] = hb;
+        th_d[t * N + h] = thd;
+        th_b[t * N + h] = thb;
+        rank_d[r] = rd;
+        rank_b[r] = rb;
+      }
     }
-    if (!fx) continue;  // both non-finite the same way
-    const double d = x - y;
-    dd += d * d;
-    bb += y * y;
-    aa += x * x;
-    ab += x * y;
-    tok_d[t] += d * d;
-    tok_b[t] += y * y;
-    tok_a[t] += x * x;
-    tok_ab[t] += x * y;
-    m.channel_err2[c] += d * d;
-    m.channel_ref2[c] += y * y;
-    m.channel_cand2[c] += x * x;
-    m.channel_dot[c] += x * y;
-    if (N > 0) {
-      head_d[h] += d * d;
-      head_b[h] += y * y;
-      th_d[t * N + h] += d * d;
-      th_b[t * N + h] += y * y;
-      const int r = static_cast<int>(h / (N / tp_a));
-      rank_d[r] += d * d;
-      rank_b[r] += y * y;
-    }
-    if (p.rope_from >= 0) {
-      (ch >= p.rope_from ? rope_d : nope_d) += d * d;
-      (ch >= p.rope_from ? rope_b : nope_b) += y * y;
-    }
-    (ch < last / 2 ? h1_d : h2_d) += d * d;
-    (ch < last / 2 ? h1_b : h2_b) += y * y;
-    ++compared;
-    if (std::fabs(d) > opt.atol + opt.rtol * std::fabs(y)) ++mismatches;
-    if (std::fabs(d) > m.max_abs) {
-      m.max_abs = std::fabs(d);
-      m.max_at = coord_of(t, c);
-      m.a_at_max = x;
-      m.b_at_max = y;
-    }
-    if (d != 0 && (m.worst.size() < 8 || std::fabs(d) > std::fabs(m.worst.back().a - m.worst.back().b))) {
-      Metrics::Element e{coord_of(t, c), x, y};
-      auto pos = std::find_if(m.worst.begin(), m.worst.end(),
-                              [&](const Metrics::Element& w) { return std::fabs(w.a - w.b) < std::fabs(d); });
-      m.worst.insert(pos, e);
-      if (m.worst.size() > 8) m.worst.pop_back();
-    }
+    tok_d[t] = td;
+    tok_b[t] = tb;
+    tok_a[t] = ta;
+    tok_ab[t] = tab;
   }
   m.rel_l2 = ratio_or_inf(std::sqrt(dd), std::sqrt(bb));
   m.nmse = ratio_or_inf(dd, bb);

@@ -142,8 +142,8 @@ __attribute__((target("avx512f,avx512dq"))) void fill_normal_bf16_avx512(float* 
     for (int j = 0; j < kBlock; j += 8) {
       // Pair q = p0 + j + lane starts at value 2q: its radius's counter is base + 4q (pair_u1(base, 2q)), its
       // angle's base + 4q + 1 (pair_theta).
-      const __m512i c = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(base + 4 * static_cast<uint64_t>(p0 + j))),
-                                         _mm512_slli_epi64(step, 1));
+      const uint64_t first = base + 4 * static_cast<uint64_t>(p0 + j);
+      const __m512i c = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first)), _mm512_slli_epi64(step, 1));
       const __m512d a = _mm512_cvtepu64_pd(_mm512_srli_epi64(mix8(c), 11));
       const __m512d b = _mm512_cvtepu64_pd(_mm512_srli_epi64(mix8(_mm512_add_epi64(c, _mm512_set1_epi64(1))), 11));
       _mm512_store_pd(u1 + j, _mm512_mul_pd(_mm512_add_pd(a, _mm512_set1_pd(1.0)),

@@ -180,7 +180,9 @@ BisectReport run_bisect(const BisectOptions& opt) {
   if (ref_here) {
     struct RunsLine : ProgressHook {
       std::function<void(const std::string&)> at;
-      void tick(const std::string& what, double fraction, double eta_s) override { at(what + fmt_fraction_eta(fraction, eta_s)); }
+      void tick(const std::string& what, double fraction, double eta_s) override {
+        at(what + fmt_fraction_eta(fraction, eta_s));
+      }
     } line;
     line.at = [&](const std::string& words) { progress_at(0, words); };
     try {
@@ -191,8 +193,8 @@ BisectReport run_bisect(const BisectOptions& opt) {
       for (size_t i = 3; i < ref_argv.size(); ++i)  // past the binary, "run" and "--no-table"
         if (ref_argv[i] != "--quiet") command += " " + shell_quote(ref_argv[i]);
       const RunDescription described{opt.run_options, probe_level_name(opt.plan.level), "", command};
-      ref_full = run_reference_here(*e, cfg, spec, weights, *inputs_here, opt.plan,
-                                    run_dump_meta(*e, cfg, spec, described, ref_loaded.description), rep.reference_dump);
+      const DumpMeta meta = run_dump_meta(*e, cfg, spec, described, ref_loaded.description);
+      ref_full = run_reference_here(*e, cfg, spec, weights, *inputs_here, opt.plan, meta, rep.reference_dump);
       line.at("run done");
       ref_child.exit_code = 0;
     } catch (const std::exception& ex) {

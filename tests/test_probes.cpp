@@ -140,6 +140,7 @@ TEST(ProbeRecordHost, EqualsTheDefinitionOnAnyNumberOfThreads) {
       EXPECT_EQ(rec.nan, nan) << at;
       EXPECT_EQ(rec.inf, inf) << at;
       EXPECT_EQ(rec.absmax, static_cast<double>(amax)) << at;
+      // A double chain over at most 32 K values against a long double one: ~1e-13 relative at worst.
       EXPECT_NEAR(rec.l2, std::sqrt(static_cast<double>(sumsq)), 1e-12 * rec.l2) << at;
       const double mean = static_cast<double>(sum) / (n - nan - inf);
       EXPECT_NEAR(rec.mean, mean, 1e-12 * rec.l2) << at;
@@ -156,6 +157,7 @@ TEST(ProbeRecordHost, EqualsTheDefinitionOnAnyNumberOfThreads) {
         long double s = 0;
         for (int64_t c = 0; c < C; ++c) s += static_cast<long double>(t.data[r * C + c]) * t.data[r * C + c];
         const float want = static_cast<float>(std::sqrt(s));
+        // The maps are floats: one float rounding (6e-8) of a double chain, well inside 1e-6.
         if (std::isfinite(want)) EXPECT_NEAR(rec.token_l2[r], want, 1e-6 * want) << at << " row " << r;
         else EXPECT_EQ(std::isnan(rec.token_l2[r]), std::isnan(want)) << at << " row " << r;
         for (int64_t h = 0; h < k.heads; ++h) {
